@@ -1,0 +1,1 @@
+"""Streamlit shell of Speedup Lab: entry point, page registry, shared UI state."""

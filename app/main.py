@@ -1,0 +1,25 @@
+"""Speedup Lab entry point: ``streamlit run app/main.py``.
+
+Sets up the page config and Streamlit's multipage navigation over ``pages/``; the pages themselves
+only read widgets, call ``engine``, and draw.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app.registry import PAGES_DIR, available_pages  # noqa: E402
+
+st.set_page_config(page_title="Speedup Lab", page_icon="⚡", layout="wide")
+
+pages = [
+    st.Page(str(PAGES_DIR / p.file), title=p.title, icon=p.icon, url_path=p.url_path,
+            default=(p.file == "home.py"))
+    for p in available_pages()
+]
+st.navigation(pages).run()

@@ -1,0 +1,38 @@
+"""The app's pages, in tour order. One entry per file in ``pages/``; the home page and the tour read this."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES_DIR = ROOT / "pages"
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    file: str        # file name in pages/
+    title: str
+    icon: str
+    url_path: str    # the page's URL segment, stable for shared links
+    summary: str     # one line for the home page
+
+
+PAGES: list[PageInfo] = [
+    PageInfo("home.py", "Home", "🏠", "home", "What each page shows."),
+    PageInfo("live.py", "Live speculative decoding", "🔴", "live",
+             "Real speculative decoding on the embedded model, round by round, every probability visible."),
+    PageInfo("whatif.py", "What-if: how much faster?", "📈", "whatif",
+             "The analytic speedup model, a step simulator and the distribution check."),
+    PageInfo("prefix_cache.py", "Prefix caching", "🧱", "prefix-cache",
+             "Paged KV blocks shared between requests, and the real prefill time saved."),
+    PageInfo("flash_attention.py", "FlashAttention", "⚡", "flash-attention",
+             "Attention in tiles with a running softmax: exact, with less memory traffic."),
+    PageInfo("kv_cache.py", "KV-cache size (MHA/GQA/MQA)", "🧮", "kv-cache",
+             "How big the KV cache is, what each decode step reads, and why GQA/MQA shrink both."),
+]
+
+
+def available_pages() -> list[PageInfo]:
+    """Registered pages whose file exists (pages land one by one)."""
+    return [p for p in PAGES if (PAGES_DIR / p.file).is_file()]

@@ -1,0 +1,68 @@
+"""Shared UI state: widget values mirrored in the URL query parameters, so a link reproduces a view.
+
+Usage on a page::
+
+    gamma = url_param("gamma", 4, int, lo=1, hi=16)   # seeds st.session_state["gamma"] from the URL
+    st.slider("γ", 1, 16, key="gamma")                 # the widget reads/writes the same key
+    sync_url(["gamma", ...])                           # after the widgets: write current values back
+
+Values from the URL are parsed and clamped; anything unparsable falls back to the default, so a
+hand-edited link never breaks a page.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import streamlit as st
+
+
+def _parse(raw: str, default: Any, cast: Callable[[str], Any]) -> Any:
+    try:
+        if cast is bool:
+            return raw.lower() in ("1", "true", "yes", "on")
+        return cast(raw)
+    except (TypeError, ValueError):
+        return default
+
+
+def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
+              hi: Any = None, choices: Iterable[Any] | None = None) -> Any:
+    """Seed ``st.session_state[key]`` from the URL (first run of a session) and return the value.
+
+    Args:
+        key: session-state key and query-parameter name.
+        default: used when the URL has no (valid) value.
+        cast: parser for the raw string (int, float, str, bool).
+        lo, hi: clamp numeric values into [lo, hi].
+        choices: allowed values; anything else falls back to ``default``.
+    """
+    if key not in st.session_state:
+        value = default
+        if key in st.query_params:
+            value = _parse(st.query_params[key], default, cast)
+        if choices is not None and value not in list(choices):
+            value = default
+        if lo is not None and value is not None and value < lo:
+            value = lo
+        if hi is not None and value is not None and value > hi:
+            value = hi
+        st.session_state[key] = value
+    return st.session_state[key]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def sync_url(keys: Iterable[str]) -> None:
+    """Write the current session-state values of ``keys`` into the URL query parameters."""
+    for k in keys:
+        if k in st.session_state and st.session_state[k] is not None:
+            s = _fmt(st.session_state[k])
+            if st.query_params.get(k) != s:
+                st.query_params[k] = s

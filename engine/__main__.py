@@ -1,0 +1,44 @@
+"""Command line: ``python -m engine prepare`` and ``python -m engine generate --prompt TEXT ...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from engine.models import prepare_embedded
+
+    def progress(msg: str, frac: float) -> None:
+        print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+    path = prepare_embedded(progress)
+    print(f"Embedded model cached at {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache")
+    p.set_defaults(func=_cmd_prepare)
+    try:
+        from engine.cli import add_generate  # the generate command (speculative decoding)
+
+        add_generate(sub)
+    except ImportError:
+        pass
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except Exception as e:  # noqa: BLE001
+        from engine.errors import SpeedupLabError
+
+        if isinstance(e, SpeedupLabError):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
