@@ -1,0 +1,28 @@
+"""Process-wide resources shared by every browser session: loaded models (Streamlit's resource cache).
+
+Models are read-only during decoding (each session keeps its own KV caches), so sharing them across
+sessions is safe.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.models import LoadedModel, load_model, load_tokenizer
+
+
+@st.cache_resource(show_spinner=False, max_entries=6)
+def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """Load ``spec`` once per process (see ``engine.models.load_model``); raises ModelLoadError."""
+    bar = st.progress(0.0, text=f"Loading {spec}…")
+    try:
+        return load_model(spec, device=device, dtype=dtype,
+                          progress=lambda msg, frac: bar.progress(min(max(frac, 0.0), 1.0), text=msg))
+    finally:
+        bar.empty()
+
+
+@st.cache_resource(show_spinner=False, max_entries=6)
+def get_tokenizer(spec: str = "embedded"):
+    """The tokenizer of ``spec``, loaded once per process; raises ModelLoadError."""
+    return load_tokenizer(spec)
