@@ -1,0 +1,173 @@
+"""engine.analytic against hand-computed values (arithmetic in the comments)."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+from engine.analytic import (HARDWARE_PRESETS, analytic_view, batch_speedup_curve, best_gamma,
+                             break_even_alpha, compare_with_measured, expected_tokens_per_pass,
+                             roofline_step_s, simulate_rounds, speedup, tokens_per_pass_distribution,
+                             try_it_exercises, verify_cost_ratio)
+from engine.errors import InputError
+
+
+def test_seed_values_from_the_explainer():
+    # (1 - 0.8^5) / 0.2 = (1 - 0.32768) / 0.2 = 3.3616
+    assert expected_tokens_per_pass(0.8, 4) == pytest.approx(3.3616)
+    # 3.3616 / (4 * 0.05 + 1) = 3.3616 / 1.2 = 2.80133
+    assert speedup(0.8, 4, 0.05) == pytest.approx(2.801333, rel=1e-6)
+    # (1 - 0.6^5) / 0.4 = (1 - 0.07776) / 0.4 = 2.3056
+    assert expected_tokens_per_pass(0.6, 4) == pytest.approx(2.3056)
+
+
+def test_limits_are_finite():
+    assert expected_tokens_per_pass(1.0, 4) == 5.0          # limit γ + 1
+    assert expected_tokens_per_pass(0.0, 4) == 1.0          # only the target's own token
+    assert speedup(1.0, 16, 0.0) == 17.0                    # 17 / (0 + 1)
+    assert speedup(0.0, 1, 1.0) == 0.5                      # 1 / (1 + 1)
+    # close to 1 the closed form would lose precision; the sum stays smooth: ≈ 5 − 10·1e-9
+    assert expected_tokens_per_pass(1 - 1e-9, 4) == pytest.approx(5.0, abs=1e-7)
+    for a in (0.0, 1.0):
+        for c in (0.0, 1.0):
+            for s in (0.0, 1.0):
+                v = analytic_view(a, 16, c, s)
+                nums = [v.tokens_per_pass, v.speedup, v.speedup_realistic, v.best_speedup,
+                        v.best_speedup_realistic] + sum(v.heat, []) + v.tokens_vs_alpha \
+                    + sum(v.curves.values(), []) + sum(v.curves_realistic.values(), [])
+                assert all(math.isfinite(x) for x in nums)
+
+
+def test_best_gamma():
+    # α = 0.6, c = 0.05: γ=3: 2.176/1.15 = 1.8922; γ=4: 2.3056/1.2 = 1.9213; γ=5: 2.38336/1.25 = 1.9067
+    g, s = best_gamma(0.6, 0.05)
+    assert g == 4 and s == pytest.approx(2.3056 / 1.2)
+    # α = 0.8, c = 0.05: γ=8: (1 - 0.8^9)/0.2 / 1.4 = (1 - 0.134218)/0.2/1.4 = 3.09208; γ=7: 3.0827; γ=9: 3.0781
+    g, s = best_gamma(0.8, 0.05)
+    assert g == 8 and s == pytest.approx((1 - 0.8 ** 9) / 0.2 / 1.4)
+    # free draft, perfect agreement: the longest draft wins
+    assert best_gamma(1.0, 0.0)[0] == 16
+
+
+def test_break_even_alpha():
+    # simple model, γ = 1: (1 + α)/(1 + c) = 1  ⇒  α = c; longer drafts need more (1+α+α² = 1+2c ⇒ α > c)
+    assert break_even_alpha(0.3) == pytest.approx(0.3, abs=1e-8)
+    assert break_even_alpha(0.05) == pytest.approx(0.05, abs=1e-8)
+    assert break_even_alpha(0.0) == 0.0          # a free draft never loses
+    assert break_even_alpha(1.0) is None         # (1 + α)/2 ≤ 1 for every α: never pays
+    # with verify slope s, γ = 1: (1 + α)/(1 + c + s) = 1  ⇒  α = c + s = 0.4
+    assert break_even_alpha(0.3, slope=0.1) == pytest.approx(0.4, abs=1e-8)
+    # fixed γ = 2, c = 0.3: 1 + α + α² = 1.6 ⇒ α = (−1 + √3.4)/2 = 0.42195
+    assert break_even_alpha(0.3, gamma=2) == pytest.approx((-1 + math.sqrt(3.4)) / 2, abs=1e-8)
+
+
+def test_verify_cost_ratio():
+    assert verify_cost_ratio(5, 0.0) == 1.0
+    assert verify_cost_ratio(5, 0.25) == 2.0                # 1 + 0.25·4
+    curve = {1: 10.0, 3: 12.0, 5: 16.0}
+    assert verify_cost_ratio(5, measured_ms=curve) == pytest.approx(1.6)   # 16/10
+    assert verify_cost_ratio(2, measured_ms=curve) == pytest.approx(1.1)   # interp 11/10
+    assert verify_cost_ratio(7, measured_ms=curve) == pytest.approx(2.0)   # extend: 16 + 2·2 = 20 → 2.0
+    # no n = 1 point: t(1) extrapolated back from 2 → 12 (slope 2/ms per token): 10
+    assert verify_cost_ratio(4, measured_ms={2: 12.0, 4: 16.0}) == pytest.approx(1.6)
+    with pytest.raises(InputError):
+        verify_cost_ratio(0)
+    with pytest.raises(InputError):
+        verify_cost_ratio(3, measured_ms={1: 0.0})
+    with pytest.raises(InputError):
+        verify_cost_ratio(3, slope=-1)
+
+
+def test_realistic_model_lowers_speedup():
+    v = analytic_view(0.8, 4, 0.05, 0.1)
+    # 3.3616 / (0.2 + 1 + 0.1·4) = 3.3616 / 1.6 = 2.101
+    assert v.speedup_realistic == pytest.approx(3.3616 / 1.6)
+    assert v.speedup_realistic < v.speedup
+    assert v.best_gamma_realistic < v.best_gamma
+
+
+def test_distribution_is_truncated_geometric():
+    d = tokens_per_pass_distribution(0.8, 4)
+    # P(1)=0.2, P(2)=0.16, P(3)=0.128, P(4)=0.1024, P(5)=0.8^4=0.4096
+    assert d == pytest.approx([0.2, 0.16, 0.128, 0.1024, 0.4096])
+    assert d.sum() == pytest.approx(1.0)
+    assert float((np.arange(1, 6) * d).sum()) == pytest.approx(3.3616)
+    assert tokens_per_pass_distribution(1.0, 3).tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_simulator_converges_and_is_reproducible():
+    r = simulate_rounds(0.8, 4, 10_000, seed=1)
+    # standard deviation of T: E[T²] = 1·.2 + 4·.16 + 9·.128 + 16·.1024 + 25·.4096 = 13.6624; var = 13.6624 − 3.3616² = 2.3621
+    # sd of the mean over 10 000 rounds = √2.3621/100 = 0.0154; allow 4 sd
+    assert abs(r.mean - 3.3616) < 4 * 0.0154
+    assert sum(r.counts) == 10_000 and len(r.counts) == 5
+    freq = np.array(r.counts) / 10_000
+    assert np.abs(freq - r.exact).max() < 0.02
+    # round i does not depend on how many rounds were asked for (Step extends the history)
+    assert simulate_rounds(0.8, 4, 10, seed=1).tokens == r.tokens[:10]
+    assert simulate_rounds(0.0, 4, 5).tokens == [1] * 5
+    assert simulate_rounds(1.0, 4, 5).tokens == [5] * 5
+    last = simulate_rounds(1.0, 2, 1).last_round
+    assert last == ["accepted", "accepted", "bonus"]
+    assert simulate_rounds(0.5, 3, 0).mean is None
+
+
+def test_exercises():
+    ex = try_it_exercises(3.2, 12)
+    assert ex[0].numbers["expected"] == pytest.approx(3.3616)
+    assert "12 simulated rounds gave 3.20" in ex[0].answer
+    assert ex[1].numbers["best_gamma_06"] == 4 and ex[1].numbers["best_gamma_08"] == 8
+    # a 5th draft token: gain 0.6^5 / 2.3056 = 0.07776/2.3056 = 3.37 % < cost 0.05/1.2 = 4.17 %
+    assert ex[1].numbers["gain_next"] < ex[1].numbers["cost_next"]
+    assert ex[2].numbers["break_even"] == pytest.approx(0.3, abs=1e-6)
+
+
+def test_roofline_and_batch_curve():
+    # 7e9 params × 2 bytes / 3.35e12 B/s = 4.179 ms; compute at batch 1: 2·7e9/989e12 = 0.014 ms
+    assert roofline_step_s(7e9, 2, 3.35e12, 989e12, 1, 1) == pytest.approx(14e9 / 3.35e12)
+    assert roofline_step_s(7e9, 2, 3.35e12, 989e12, 1000, 1) == pytest.approx(2 * 7e9 * 1000 / 989e12)
+    hw = HARDWARE_PRESETS["H100 SXM"]
+    b = batch_speedup_curve(0.8, 4, 0.05, 7, 2, hw.bandwidth / 1e9, hw.peak_flops / 1e12)
+    assert b.speedup_at_1 == pytest.approx(3.3616 / 1.2)
+    # verify ridge: 2·989e12 / (2·3.35e12·5) = 59.04 sequences
+    assert b.ridge_batch_verify == pytest.approx(989 / 3.35 / 5)
+    # crossover: 3.3616·4.1791 = 0.2·4.1791 + 2·7e9·B·5/989e12 (ms) ⇒ B = (14.0485 − 0.8358)/0.070779 = 186.7
+    assert b.crossover_batch == pytest.approx(186.7, abs=0.5)
+    assert b.speedups[0] > 1 > b.speedups[-1]
+    assert all(x >= y - 1e-12 for x, y in zip(b.speedups, b.speedups[1:]))   # never rises with B
+    # all compute-bound: 3.3616 / (0.2 + 5) = 0.6465
+    assert b.speedups[-1] == pytest.approx(3.3616 / 5.2)
+    assert batch_speedup_curve(0.1, 4, 1.0, 7, 2, 3350, 989).crossover_batch == 0.0
+    assert batch_speedup_curve(0.8, 4, 0.05, 7, 2, 3350, 989, max_batch=8).crossover_batch is None
+    with pytest.raises(InputError):
+        batch_speedup_curve(0.8, 4, 0.05, -7, 2, 3350, 989)
+
+
+def test_compare_with_measured():
+    run = types.SimpleNamespace(acceptance_rate=0.75, draft_cost_ratio=0.1, gamma=3,
+                                verify_ms_by_tokens={1: 20.0, 4: 26.0}, measured_speedup=1.7)
+    m = compare_with_measured(run)
+    # E = 1 + .75 + .5625 + .421875 = 2.734375; simple: / (0.3 + 1) = 2.1034; curve: t(4)/t(1) = 1.3 → / 1.6 = 1.7090
+    assert m.tokens_per_pass == pytest.approx(2.734375)
+    assert m.predicted_simple == pytest.approx(2.734375 / 1.3)
+    assert m.predicted_curve == pytest.approx(2.734375 / 1.6)
+    assert m.measured == 1.7 and m.curve_ns == [1, 4]
+    m2 = compare_with_measured(types.SimpleNamespace(acceptance_rate=0.5, draft_cost_ratio=0.2, gamma=2,
+                                                     verify_ms_by_tokens={}, measured_speedup=None))
+    assert m2.predicted_curve is None and m2.measured is None
+    with pytest.raises(InputError):
+        compare_with_measured(object())
+    with pytest.raises(InputError):
+        compare_with_measured(types.SimpleNamespace(acceptance_rate=0.5, draft_cost_ratio=1.5, gamma=2,
+                                                    verify_ms_by_tokens={}, measured_speedup=None))
+
+
+@pytest.mark.parametrize("bad", [(-0.1, 4, 0.05), (1.1, 4, 0.05), (float("nan"), 4, 0.05),
+                                 (0.5, 0, 0.05), (0.5, 65, 0.05), (0.5, 2.5, 0.05), (0.5, 4, -0.1),
+                                 (0.5, 4, 1.5), ("x", 4, 0.1)])
+def test_bad_input_raises(bad):
+    with pytest.raises(InputError):
+        speedup(*bad)
