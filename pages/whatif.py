@@ -1,0 +1,347 @@
+"""What-if page: the analytic speedup model of speculative decoding, a Step simulator with the
+explainer's three "Try it" exercises, when it stops paying (batch roofline), and the toy distribution
+check run through the engine's own sampling code.
+
+UI only: every number comes from ``engine.analytic`` or ``engine.toy``. Widget keys start with ``wi_``
+(session state is shared between pages) and are mirrored in the URL.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.state import sync_url, url_param
+from engine.analytic import (GAMMA_MAX, HARDWARE_PRESETS, SIM_MAX_ROUNDS, analytic_view,
+                             batch_speedup_curve, compare_with_measured, simulate_rounds,
+                             try_it_exercises)
+from engine.errors import SpeedupLabError
+from engine.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, \
+    verify_always_accept
+
+CUSTOM_HW = "Custom"
+RULES = ("Speculative sampling (engine)", "Naive: accept every draft token")
+BYTES = {"bf16 / fp16 (2 bytes)": 2.0, "fp8 (1 byte)": 1.0, "int4 (0.5 byte)": 0.5, "fp32 (4 bytes)": 4.0}
+CHART_H = 340
+MAX_BATCHES = [8, 64, 256, 1024, 4096, 16384, 65536]
+TOY_NS = [1000, 2000, 5000, 10000, 20000]
+
+# ------------------------------------------------------------------ state (URL ↔ session)
+url_param("wi_alpha", 0.80, float, lo=0.0, hi=1.0)
+url_param("wi_gamma", 4, int, lo=1, hi=GAMMA_MAX)
+url_param("wi_cost", 0.05, float, lo=0.0, hi=1.0)
+url_param("wi_slope", 0.05, float, lo=0.0, hi=1.0)
+url_param("wi_steps", 0, int, lo=0, hi=SIM_MAX_ROUNDS)
+url_param("wi_seed", 0, int, lo=0, hi=10**6)
+url_param("wi_hw", "H100 SXM", str, choices=[*HARDWARE_PRESETS, CUSTOM_HW])
+url_param("wi_params_b", 7.0, float, lo=0.1, hi=1000.0)
+url_param("wi_bytes", next(iter(BYTES)), str, choices=list(BYTES))
+url_param("wi_bw", 3350.0, float, lo=1.0, hi=100000.0)
+url_param("wi_peak", 989.0, float, lo=0.1, hi=100000.0)
+url_param("wi_max_batch", 1024, int, choices=MAX_BATCHES)
+url_param("wi_toy_target", 8.0, float, lo=PEAK_RANGE[0], hi=30.0)
+url_param("wi_toy_draft", 4.0, float, lo=PEAK_RANGE[0], hi=30.0)
+url_param("wi_toy_ctx", "cat", str, choices=VOCAB)
+url_param("wi_toy_gamma", 4, int, lo=1, hi=TOY_MAX_GAMMA)
+url_param("wi_toy_n", 10000, int, choices=TOY_NS)
+url_param("wi_toy_seed", 0, int, lo=0, hi=10**6)
+url_param("wi_toy_rule", RULES[0], str, choices=RULES)
+URL_KEYS = ["wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps", "wi_seed", "wi_hw", "wi_params_b",
+            "wi_bytes", "wi_bw", "wi_peak", "wi_max_batch", "wi_toy_target", "wi_toy_draft", "wi_toy_ctx",
+            "wi_toy_gamma", "wi_toy_n", "wi_toy_seed", "wi_toy_rule"]
+
+
+def _set(**values) -> None:
+    """Button callback: write widget values (before the widgets are drawn on the next run)."""
+    for k, v in values.items():
+        st.session_state[f"wi_{k}"] = v
+
+
+def _step(n: int) -> None:
+    st.session_state["wi_steps"] = min(st.session_state["wi_steps"] + n, SIM_MAX_ROUNDS)
+
+
+def _on_hw() -> None:
+    """A preset fixes bandwidth and peak (their inputs are disabled); Custom keeps the last values."""
+    hw = HARDWARE_PRESETS.get(st.session_state["wi_hw"])
+    if hw is not None:
+        st.session_state["wi_bw"] = round(hw.bandwidth / 1e9, 1)
+        st.session_state["wi_peak"] = round(hw.peak_flops / 1e12, 1)
+
+
+_on_hw()
+
+
+@st.cache_data(show_spinner="Running speculative sampling on the toy models…", max_entries=32)
+def _toy(n: int, gamma: int, target_peak: float, draft_peak: float, context: str, seed: int, rule: str):
+    verify = verify_always_accept if rule == RULES[1] else None
+    kw = {} if verify is None else {"verify": verify}
+    return run_toy_rounds(n, gamma, target_peak, draft_peak, context, seed, **kw)
+
+
+def _fmt_alpha(a: float | None) -> str:
+    return "never pays" if a is None else f"{a:.1%}"
+
+
+# ------------------------------------------------------------------ page
+st.title("📈 What-if: how much faster?")
+st.markdown(
+    "Speculative decoding's speedup follows from three numbers: the **acceptance rate α** (chance the "
+    "target keeps a draft token), the **draft length γ**, and the **draft cost c** (one draft step as a "
+    "fraction of a target pass). Move them and watch the expected gain; then check that the output "
+    "distribution does not change.")
+
+c1, c2, c3 = st.columns(3)
+c1.slider("Acceptance rate α", 0.0, 1.0, step=0.01, key="wi_alpha",
+          help="Probability that one draft token is accepted; equals Σ min(p, q).")
+c2.slider("Draft length γ", 1, GAMMA_MAX, step=1, key="wi_gamma", help="Draft tokens per round.")
+c3.slider("Draft cost c (fraction of a target pass)", 0.0, 1.0, step=0.01, key="wi_cost")
+alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"], st.session_state["wi_cost"]
+
+tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(
+    ["📊 Analytic model", "🎲 Step simulator · Try it", "📉 When it does not help",
+     "🧪 Distribution check", "📏 My measured numbers"])
+
+# ------------------------------------------------------------------ analytic model
+with tab_model:
+    st.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step=0.01, key="wi_slope",
+              help="How much each extra token in the target's verify pass costs, as a fraction of a "
+                   "decode step. 0 = the simple model (free while memory-bound); 1 = fully compute-bound.")
+    try:
+        v = analytic_view(alpha, gamma, cost, st.session_state["wi_slope"])
+    except SpeedupLabError as e:
+        st.error(str(e))
+        st.stop()
+    m1, m2, m3, m4 = st.columns(4)
+    m1.metric("Tokens per target pass E", f"{v.tokens_per_pass:.2f}", help="(1 − α^(γ+1)) / (1 − α)")
+    m2.metric("Speedup E / (γc + 1)", f"{v.speedup:.2f}×",
+              delta=f"{v.speedup_realistic:.2f}× with verify cost", delta_color="off")
+    m3.metric("Best γ at this α, c", f"{v.best_gamma}  ({v.best_speedup:.2f}×)",
+              delta=f"γ = {v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) with verify cost",
+              delta_color="off")
+    m4.metric("Break-even α", _fmt_alpha(v.break_even),
+              delta=f"{_fmt_alpha(v.break_even_realistic)} with verify cost", delta_color="off",
+              help="Below this acceptance rate even the best γ is slower than plain decoding.")
+    st.caption(
+        f"Formulas: Leviathan et al. 2023, Eq. 1 and Theorem 3.8. With the verify-cost model a pass over "
+        f"γ + 1 = {gamma + 1} tokens costs {v.verify_ratio:.2f} decode steps, so the speedup is "
+        f"E / (γc + {v.verify_ratio:.2f}) = {v.speedup_realistic:.2f}× instead of {v.speedup:.2f}×: the "
+        f"simple formula assumes checking γ tokens is free, which is why it overestimates.")
+
+    left, right = st.columns(2)
+    fig = go.Figure()
+    for a, ys in v.curves.items():
+        is_cur = abs(a - alpha) < 1e-9
+        fig.add_scatter(x=v.gammas, y=ys, mode="lines", name=f"α = {a:.2f}" + (" (yours)" if is_cur else ""),
+                        line={"width": 4 if is_cur else 1.5})
+        best = max(range(len(ys)), key=lambda i: ys[i])
+        fig.add_scatter(x=[v.gammas[best]], y=[ys[best]], mode="markers", showlegend=False,
+                        marker={"symbol": "star", "size": 12, "color": "black"},
+                        hovertext=f"best γ = {v.gammas[best]} at α = {a:.2f}")
+    fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
+                    name="yours, with verify cost", line={"dash": "dash", "width": 3})
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+    fig.update_layout(title="Speedup against γ (★ best γ)", xaxis_title="draft length γ",
+                      yaxis_title="speedup ×", height=CHART_H, margin={"t": 40, "b": 10})
+    left.plotly_chart(fig, width="stretch", key="wi_fig_gamma")
+
+    heat = go.Figure(go.Heatmap(z=v.heat, x=v.heat_gammas, y=v.heat_alphas, colorscale="RdYlGn",
+                                zmid=1.0, colorbar={"title": "×"},
+                                hovertemplate="γ=%{x}, α=%{y}: %{z:.2f}×<extra></extra>"))
+    heat.add_scatter(x=[gamma], y=[alpha], mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
+                     name="you", showlegend=False)
+    heat.update_layout(title=f"Speedup over (α, γ) at c = {cost:.2f}", xaxis_title="γ", yaxis_title="α",
+                       height=CHART_H, margin={"t": 40, "b": 10})
+    right.plotly_chart(heat, width="stretch", key="wi_fig_heat")
+
+    fe = go.Figure()
+    fe.add_scatter(x=v.alpha_grid, y=v.tokens_vs_alpha, mode="lines", name=f"γ = {gamma}")
+    fe.add_scatter(x=[alpha], y=[v.tokens_per_pass], mode="markers", marker={"size": 12}, name="you")
+    fe.update_layout(title=f"Tokens per target pass against α (γ = {gamma})", xaxis_title="α",
+                     yaxis_title="tokens per pass", height=CHART_H - 40, margin={"t": 40, "b": 10})
+    st.plotly_chart(fe, width="stretch", key="wi_fig_tokens")
+
+# ------------------------------------------------------------------ step simulator
+with tab_sim:
+    st.markdown("Each **Step** runs one round: the γ draft tokens are accepted independently with "
+                "probability α until the first rejection; the target then adds its own token (the "
+                "correction, or a bonus token when all γ were accepted).")
+    b1, b2, b3, b4, b5 = st.columns([1, 1, 1, 1, 2])
+    b1.button("Step", on_click=_step, args=(1,), key="wi_btn_step", type="primary")
+    b2.button("Step ×10", on_click=_step, args=(10,), key="wi_btn_step10")
+    b3.button("Step ×100", on_click=_step, args=(100,), key="wi_btn_step100")
+    b4.button("Reset", on_click=_set, kwargs={"steps": 0}, key="wi_btn_reset")
+    b5.number_input("Random seed", 0, 10**6, step=1, key="wi_seed")
+    try:
+        sim = simulate_rounds(alpha, gamma, st.session_state["wi_steps"], st.session_state["wi_seed"])
+    except SpeedupLabError as e:
+        st.error(str(e))
+        st.stop()
+    if sim.n == 0:
+        st.info(f"No rounds yet. Press **Step**. Expected: {sim.expected:.2f} tokens per target pass.")
+    else:
+        icons = {"accepted": "✅ accepted", "rejected": "❌ rejected", "correction": "🎯 target's correction",
+                 "bonus": "🎁 bonus token"}
+        st.markdown(f"**Round {sim.n}:** " + " → ".join(icons[x] for x in sim.last_round)
+                    + f" = **{sim.tokens[-1]} token{'s' if sim.tokens[-1] != 1 else ''}** from one target pass")
+        s1, s2, s3 = st.columns(3)
+        s1.metric("Rounds (target passes)", sim.n)
+        s2.metric("Average tokens per pass", f"{sim.mean:.3f}", delta=f"{sim.mean - sim.expected:+.3f} vs E",
+                  delta_color="off")
+        s3.metric("Expected E", f"{sim.expected:.3f}")
+        left, right = st.columns(2)
+        fr = go.Figure()
+        fr.add_scatter(x=list(range(1, sim.n + 1)), y=sim.running_mean, mode="lines", name="running average")
+        fr.add_hline(y=sim.expected, line_dash="dash", annotation_text=f"E = {sim.expected:.2f}")
+        fr.update_layout(title="Running average of tokens per pass", xaxis_title="round",
+                         yaxis_title="tokens per pass", height=CHART_H, margin={"t": 40, "b": 10})
+        left.plotly_chart(fr, width="stretch", key="wi_fig_running")
+        ks = list(range(1, gamma + 2))
+        fh = go.Figure()
+        fh.add_bar(x=ks, y=[c / sim.n for c in sim.counts], name="simulated")
+        fh.add_bar(x=ks, y=sim.exact, name="exact (truncated geometric)")
+        fh.update_layout(title="Tokens per pass: simulated vs exact", xaxis_title="tokens in the round",
+                         yaxis_title="fraction of rounds", barmode="group", height=CHART_H,
+                         margin={"t": 40, "b": 10})
+        right.plotly_chart(fh, width="stretch", key="wi_fig_hist")
+
+    st.subheader("Try it")
+    e1, e2, e3 = st.columns(3)
+    e1.button("Exercise 1: defaults (80 %, γ 4, 5 %)", key="wi_btn_ex1", on_click=_set,
+              kwargs={"alpha": 0.8, "gamma": 4, "cost": 0.05, "steps": 0})
+    e2.button("Exercise 2: α = 60 %", key="wi_btn_ex2", on_click=_set,
+              kwargs={"alpha": 0.6, "cost": 0.05, "steps": 0})
+    e3.button("Exercise 3: c = 30 %", key="wi_btn_ex3", on_click=_set, kwargs={"cost": 0.3, "steps": 0})
+    at_defaults = abs(alpha - 0.8) < 1e-9 and gamma == 4
+    for ex in try_it_exercises(sim.mean if at_defaults else None, sim.n if at_defaults else 0):
+        with st.expander(ex.question, expanded=True):
+            st.markdown(ex.answer)
+
+# ------------------------------------------------------------------ batch roofline
+with tab_batch:
+    st.markdown(
+        "Speculation trades spare compute for fewer memory-bound passes. With a batch of B sequences a "
+        "verify pass processes B·(γ + 1) tokens; once that work exceeds what the memory time hides "
+        "(roofline), every extra draft token costs real time and the gain shrinks into a loss.")
+    h1, h2, h3 = st.columns(3)
+    h1.selectbox("Hardware", [*HARDWARE_PRESETS, CUSTOM_HW], key="wi_hw", on_change=_on_hw)
+    h1.number_input("Target parameters (billions)", 0.1, 1000.0, step=1.0, key="wi_params_b")
+    h2.number_input("Memory bandwidth (GB/s)", 1.0, 100000.0, step=100.0, key="wi_bw",
+                    disabled=st.session_state["wi_hw"] != CUSTOM_HW)
+    h2.number_input("Peak compute (TFLOP/s)", 0.1, 100000.0, step=10.0, key="wi_peak",
+                    disabled=st.session_state["wi_hw"] != CUSTOM_HW)
+    h3.selectbox("Weight format", list(BYTES), key="wi_bytes")
+    h3.select_slider("Largest batch", MAX_BATCHES, key="wi_max_batch")
+    try:
+        bc = batch_speedup_curve(alpha, gamma, cost, st.session_state["wi_params_b"],
+                                 BYTES[st.session_state["wi_bytes"]], st.session_state["wi_bw"],
+                                 st.session_state["wi_peak"], st.session_state["wi_max_batch"])
+    except SpeedupLabError as e:
+        st.error(str(e))
+    else:
+        k1, k2, k3 = st.columns(3)
+        k1.metric("Speedup at batch 1", f"{bc.speedup_at_1:.2f}×")
+        k2.metric("Verify pass compute-bound from batch", f"{bc.ridge_batch_verify:,.0f}",
+                  delta=f"plain decode from {bc.ridge_batch_decode:,.0f}", delta_color="off")
+        if bc.crossover_batch == 0.0:
+            k3.metric("Slower than plain decoding from batch", "1 (always)")
+        elif bc.crossover_batch is None:
+            k3.metric("Slower than plain decoding from batch", f"> {st.session_state['wi_max_batch']:,}")
+        else:
+            k3.metric("Slower than plain decoding from batch", f"≈ {bc.crossover_batch:,.0f}")
+        fb = go.Figure()
+        fb.add_scatter(x=bc.batches, y=bc.speedups, mode="lines", name="speculative speedup")
+        fb.add_hline(y=1.0, line_dash="dot", annotation_text="break-even")
+        if bc.crossover_batch:
+            fb.add_vline(x=bc.crossover_batch, line_dash="dash", line_color="red",
+                         annotation_text=f"slowdown past B ≈ {bc.crossover_batch:,.0f}")
+        fb.update_layout(title=f"Speedup against batch size (α = {alpha:.2f}, γ = {gamma}, c = {cost:.2f})",
+                         xaxis={"title": "batch size B", "type": "log"}, yaxis_title="speedup ×",
+                         height=CHART_H, margin={"t": 40, "b": 10})
+        st.plotly_chart(fb, width="stretch", key="wi_fig_batch")
+        st.caption("Roofline per pass: max(weight bytes / bandwidth, 2·params·B·tokens / peak FLOP/s); "
+                   "ignores KV-cache reads and attention, so real systems cross over earlier. The draft "
+                   "step is charged c × a plain decode step at the same batch.")
+
+# ------------------------------------------------------------------ toy distribution check
+with tab_toy:
+    st.markdown(
+        "The explainer's toy: five words (the, cat, sat, on, mat); after each word both models favour "
+        "the next one in that cycle, the target more confidently than the draft. Each round drafts γ "
+        "tokens from q and verifies them with the engine's own `verify_sampling`. If the rule is right, "
+        "the first token of every round follows the target's p exactly.")
+    t1, t2, t3 = st.columns(3)
+    t1.slider("Target confidence (weight of its favourite word)", PEAK_RANGE[0], 30.0, step=0.5,
+              key="wi_toy_target")
+    t1.slider("Draft confidence", PEAK_RANGE[0], 30.0, step=0.5, key="wi_toy_draft")
+    t2.selectbox("Context word", VOCAB, key="wi_toy_ctx")
+    t2.slider("Draft length γ (toy)", 1, TOY_MAX_GAMMA, key="wi_toy_gamma")
+    t3.select_slider("Rounds N", TOY_NS, key="wi_toy_n")
+    t3.number_input("Seed", 0, 10**6, step=1, key="wi_toy_seed")
+    st.radio("Verification rule", RULES, key="wi_toy_rule", horizontal=True)
+    try:
+        tr = _toy(st.session_state["wi_toy_n"], st.session_state["wi_toy_gamma"],
+                  st.session_state["wi_toy_target"], st.session_state["wi_toy_draft"],
+                  st.session_state["wi_toy_ctx"], st.session_state["wi_toy_seed"],
+                  st.session_state["wi_toy_rule"])
+    except SpeedupLabError as e:
+        st.error(str(e))
+    else:
+        q1, q2, q3, q4 = st.columns(4)
+        q1.metric("Acceptance rate (measured)", f"{tr.alpha_measured:.3f}",
+                  delta=f"Σ min(p, q) = {tr.alpha_formula:.3f}", delta_color="off")
+        q2.metric("Tokens per target pass", f"{tr.tokens_per_pass:.2f}",
+                  delta=f"formula {tr.tokens_formula:.2f}", delta_color="off")
+        q3.metric("χ² p-value (first token vs p)", f"{tr.chi2_p:.3g}",
+                  delta="consistent with p" if tr.chi2_p >= 0.01 else "differs from p",
+                  delta_color="normal" if tr.chi2_p >= 0.01 else "inverse")
+        q4.metric("Total variation distance", f"{tr.tvd:.4f}")
+        ft = go.Figure()
+        ft.add_bar(x=tr.vocab, y=tr.p, name="target p")
+        ft.add_bar(x=tr.vocab, y=tr.first_freq, name=f"speculative output ({tr.n_rounds:,} rounds)")
+        ft.add_bar(x=tr.vocab, y=tr.q, name="draft q", opacity=0.45)
+        ft.update_layout(title=f"First token after “{tr.context}”", barmode="group", yaxis_title="probability",
+                         height=CHART_H, margin={"t": 40, "b": 10})
+        st.plotly_chart(ft, width="stretch", key="wi_fig_toy")
+        st.dataframe({"word": tr.vocab, "target p": [round(x, 3) for x in tr.p],
+                      "speculative output": [round(x, 3) for x in tr.first_freq],
+                      "draft q": [round(x, 3) for x in tr.q]}, hide_index=True)
+        if st.session_state["wi_toy_rule"] == RULES[1]:
+            st.warning("The naive rule keeps every draft token, so the output follows the draft's q, not "
+                       "the target's p: the χ² test rejects it.")
+
+# ------------------------------------------------------------------ measured numbers from the live page
+with tab_meas:
+    run = st.session_state.get("measured_run")
+    if run is None:
+        st.info("No measured run in this session yet: run the live page first (🔴 Live speculative "
+                "decoding), then come back to compare its measured speedup with the model's prediction.")
+    else:
+        try:
+            mc = compare_with_measured(run)
+        except SpeedupLabError as e:
+            st.error(str(e))
+        else:
+            st.markdown(f"Measured on the live page: α = **{mc.alpha:.3f}**, γ = **{mc.gamma}**, "
+                        f"c = **{mc.c:.3f}** (draft step / target step).")
+            r1, r2, r3 = st.columns(3)
+            r1.metric("Predicted (simple formula)", f"{mc.predicted_simple:.2f}×")
+            r2.metric("Predicted (measured verify cost)",
+                      "—" if mc.predicted_curve is None else f"{mc.predicted_curve:.2f}×",
+                      delta=None if mc.verify_ratio is None else
+                      f"verify pass = {mc.verify_ratio:.2f} decode steps", delta_color="off")
+            r3.metric("Measured", "not measured" if mc.measured is None else f"{mc.measured:.2f}×")
+            if mc.curve_ns:
+                fm = go.Figure()
+                fm.add_scatter(x=mc.curve_ns, y=mc.curve_ms, mode="lines+markers", name="measured")
+                fm.update_layout(title="Measured target pass time by tokens in the pass",
+                                 xaxis_title="tokens fed to the target", yaxis_title="ms",
+                                 height=CHART_H - 60, margin={"t": 40, "b": 10})
+                st.plotly_chart(fm, width="stretch", key="wi_fig_measured")
+            else:
+                st.caption("The run has no verify-time curve; only the simple prediction is shown.")
+            st.button("Use these α, γ, c in the sliders above", key="wi_btn_use_measured", on_click=_set,
+                      kwargs={"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),
+                              "cost": round(mc.c, 2), "steps": 0})
+
+sync_url(URL_KEYS)
