@@ -1,0 +1,177 @@
+"""AppTest for pages/whatif.py: every slider, button and input, URL state, no NaN/inf shown."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "whatif.py")
+TIMEOUT = 60
+
+
+def _app(**query) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    # keep the toy run small in tests unless a test asks otherwise
+    at.query_params["wi_toy_n"] = "1000"
+    for k, v in query.items():
+        at.query_params[k] = str(v)
+    return at.run()
+
+
+def _metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _no_bad_numbers(at) -> None:
+    assert not at.exception, at.exception
+    texts = [m.value for m in at.metric] + [str(m.delta) for m in at.metric] \
+        + [md.value for md in at.markdown] + [c.value for c in at.caption]
+    for t in texts:
+        assert not re.search(r"\bnan\b|\binf\b|∞", t, re.IGNORECASE), t
+
+
+def test_defaults_show_the_seed_values():
+    at = _app()
+    _no_bad_numbers(at)
+    m = _metrics(at)
+    assert m["Tokens per target pass E"] == "3.36"          # (1 − 0.8^5)/0.2 = 3.3616
+    assert m["Speedup E / (γc + 1)"] == "2.80×"              # 3.3616 / 1.2
+    assert m["Best γ at this α, c"].startswith("8")
+    assert m["Break-even α"] == "5.0%"                       # = c in the simple model
+    assert at.query_params["wi_alpha"] == ["0.8"] or at.query_params["wi_alpha"] == "0.8"
+
+
+def test_analytic_sliders_and_extremes():
+    at = _app()
+    at.slider(key="wi_alpha").set_value(0.6).run()
+    assert _metrics(at)["Tokens per target pass E"] == "2.31"   # (1 − 0.6^5)/0.4 = 2.3056
+    at.slider(key="wi_gamma").set_value(1).run()
+    assert _metrics(at)["Tokens per target pass E"] == "1.60"   # 1 + 0.6
+    at.slider(key="wi_cost").set_value(1.0).run()
+    assert _metrics(at)["Break-even α"] == "never pays"
+    at.slider(key="wi_slope").set_value(0.5).run()
+    # γ = 1, α = 0.6, c = 1, s = 0.5: 1.6 / (1 + 1 + 0.5) = 0.64
+    assert "0.64×" in _metrics(at)["Speedup E / (γc + 1)"] or "0.64×" in str(at.metric[1].delta)
+    for a, c in ((1.0, 0.0), (0.0, 0.0), (1.0, 1.0), (0.0, 1.0)):
+        at.slider(key="wi_alpha").set_value(a)
+        at.slider(key="wi_cost").set_value(c)
+        at.slider(key="wi_gamma").set_value(16).run()
+        _no_bad_numbers(at)
+    # α = 0, c = 1: every round emits 1 token and costs 17 → never pays; α = 1, c = 1: 17/17 = 1.00×
+    assert _metrics(at)["Tokens per target pass E"] == "1.00"
+    assert at.query_params["wi_gamma"] in ("16", ["16"])
+
+
+def test_step_buttons_and_simulator():
+    at = _app()
+    assert any("No rounds yet" in i.value for i in at.info)
+    at.button(key="wi_btn_step").click().run()
+    assert _metrics(at)["Rounds (target passes)"] == "1"
+    assert any(md.value.startswith("**Round 1:**") for md in at.markdown)
+    at.button(key="wi_btn_step10").click().run()
+    assert _metrics(at)["Rounds (target passes)"] == "11"
+    at.button(key="wi_btn_step100").click().run()
+    assert _metrics(at)["Rounds (target passes)"] == "111"
+    mean = float(_metrics(at)["Average tokens per pass"])
+    assert 2.9 < mean < 3.8                                   # E = 3.36, sd of mean over 111 ≈ 0.15
+    ex1 = [e for e in at.expander if e.label.startswith("1.")][0]
+    assert "111 simulated rounds gave" in ex1.markdown[0].value
+    at.number_input(key="wi_seed").set_value(7).run()
+    assert float(_metrics(at)["Average tokens per pass"]) != mean
+    at.button(key="wi_btn_reset").click().run()
+    assert any("No rounds yet" in i.value for i in at.info)
+    assert at.query_params["wi_steps"] in ("0", ["0"])
+
+
+def test_try_it_buttons():
+    at = _app(wi_alpha=0.3, wi_gamma=9, wi_cost=0.5)
+    at.button(key="wi_btn_ex1").click().run()
+    assert (at.slider(key="wi_alpha").value, at.slider(key="wi_gamma").value,
+            at.slider(key="wi_cost").value) == (0.8, 4, 0.05)
+    at.button(key="wi_btn_ex2").click().run()
+    assert at.slider(key="wi_alpha").value == 0.6
+    ex2 = [e for e in at.expander if e.label.startswith("2.")][0]
+    assert "drops from 8" in ex2.markdown[0].value and "to 4" in ex2.markdown[0].value
+    at.button(key="wi_btn_ex3").click().run()
+    assert at.slider(key="wi_cost").value == 0.3
+    ex3 = [e for e in at.expander if e.label.startswith("3.")][0]
+    assert "α ≈ 0.30" in ex3.markdown[0].value
+
+
+def test_batch_roofline_inputs():
+    at = _app()
+    m = _metrics(at)
+    assert m["Slower than plain decoding from batch"] == "≈ 187"   # hand-computed in test_analytic
+    at.selectbox(key="wi_hw").set_value("RTX 4090").run()
+    assert at.number_input(key="wi_bw").value == 1008.0 and at.number_input(key="wi_bw").disabled
+    at.selectbox(key="wi_hw").set_value("Custom").run()
+    assert not at.number_input(key="wi_bw").disabled
+    at.number_input(key="wi_bw").set_value(1000.0)
+    at.number_input(key="wi_peak").set_value(100.0)
+    at.number_input(key="wi_params_b").set_value(70.0)
+    at.selectbox(key="wi_bytes").set_value("fp8 (1 byte)").run()
+    # verify ridge: 1·100e12 / (2·1000e9·5) = 10 sequences
+    assert _metrics(at)["Verify pass compute-bound from batch"] == "10"
+    at.select_slider(key="wi_max_batch").set_value(8).run()
+    assert _metrics(at)["Slower than plain decoding from batch"] == "> 8"
+    _no_bad_numbers(at)
+
+
+def test_toy_distribution_check_widgets():
+    at = _app()
+    m = _metrics(at)
+    assert float(m["Acceptance rate (measured)"]) == pytest.approx(5 / 6, abs=0.03)
+    assert "Σ min(p, q) = 0.833" in str(at.metric[[x.label for x in at.metric].index(
+        "Acceptance rate (measured)")].delta)
+    assert float(m["χ² p-value (first token vs p)"]) > 0.01
+    at.slider(key="wi_toy_draft").set_value(8.0).run()            # draft = target → α = 1
+    assert _metrics(at)["Acceptance rate (measured)"] == "1.000"
+    at.slider(key="wi_toy_target").set_value(2.0).run()
+    at.slider(key="wi_toy_gamma").set_value(2).run()
+    at.selectbox(key="wi_toy_ctx").set_value("on").run()
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert "First token after “on”" in titles
+    at.number_input(key="wi_toy_seed").set_value(3).run()
+    at.select_slider(key="wi_toy_n").set_value(2000).run()
+    assert not at.exception
+    at.slider(key="wi_toy_target").set_value(8.0)
+    at.slider(key="wi_toy_draft").set_value(4.0)
+    at.radio(key="wi_toy_rule").set_value("Naive: accept every draft token").run()
+    assert float(_metrics(at)["χ² p-value (first token vs p)"]) < 0.01
+    assert at.warning and "naive rule" in at.warning[0].value
+    _no_bad_numbers(at)
+
+
+def test_measured_numbers_section():
+    at = _app()
+    assert any("run the live page first" in i.value for i in at.info)
+    at.session_state["measured_run"] = types.SimpleNamespace(
+        acceptance_rate=0.75, draft_cost_ratio=0.1, gamma=3, verify_ms_by_tokens={1: 20.0, 4: 26.0},
+        measured_speedup=1.7)
+    at.run()
+    m = _metrics(at)
+    # E = 2.734375; simple 2.734375/1.3 = 2.10; with t(4)/t(1) = 1.3: 2.734375/1.6 = 1.71
+    assert m["Predicted (simple formula)"] == "2.10×"
+    assert m["Predicted (measured verify cost)"] == "1.71×"
+    assert m["Measured"] == "1.70×"
+    at.button(key="wi_btn_use_measured").click().run()
+    assert (at.slider(key="wi_alpha").value, at.slider(key="wi_gamma").value,
+            at.slider(key="wi_cost").value) == (0.75, 3, 0.1)
+    at.session_state["measured_run"] = types.SimpleNamespace(acceptance_rate=None)
+    at.run()
+    assert at.error and "run the live page first" in at.error[0].value
+    assert not at.exception
+
+
+def test_url_state_is_read_and_bad_values_fall_back():
+    at = _app(wi_alpha=0.6, wi_gamma=99, wi_cost="abc", wi_hw="Nope")
+    assert at.slider(key="wi_alpha").value == 0.6
+    assert at.slider(key="wi_gamma").value == 16          # clamped
+    assert at.slider(key="wi_cost").value == 0.05         # unparsable → default
+    assert at.selectbox(key="wi_hw").value == "H100 SXM"
+    assert not at.exception
