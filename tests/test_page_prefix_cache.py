@@ -1,0 +1,138 @@
+"""AppTest for pages/prefix_cache.py: drive the widgets and buttons, check the numbers against the engine,
+and check that bad input shows st.error instead of raising."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.models import load_tokenizer
+from engine.prefix_cache import join_requests, preset_requests, simulate_texts
+
+from pathlib import Path
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "prefix_cache.py")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("embedded")
+
+
+def _run(at: AppTest | None = None) -> AppTest:
+    if at is None:
+        at = AppTest.from_file(PAGE, default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _metric(at, label):
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_default_view_matches_engine(tok):
+    at = _run()
+    assert not at.error
+    # defaults: preset "system", block 16, capacity 64, 2 at once, 0.5 ms/token
+    sim, _ = simulate_texts(join_requests(preset_requests("system")), tok, 16, 64, 2, 0.5)
+    assert _metric(at, "Hit rate (requests shown)") == f"{sim.hit_rate:.1%}"
+    assert _metric(at, "Prefill tokens skipped") == f"{sim.hit_tokens:,} of {sim.prompt_tokens:,}"
+    assert _metric(at, "Estimated TTFT saved (sum)") == f"{sim.saved_ms:,.1f} ms"
+    # saved = skipped tokens × 0.5 ms
+    assert sim.saved_ms == pytest.approx(sim.hit_tokens * 0.5)
+    df = at.dataframe[0].value
+    assert list(df["Hit tokens"]) == [r.hit_tokens for r in sim.requests]
+    assert df["Hit tokens"].iloc[0] == 0 and (df["Hit tokens"].iloc[1:] > 0).all()
+    assert (df["Hit tokens"] < df["Prompt tokens"]).all()
+
+
+def test_step_buttons(tok):
+    at = _run()
+    n = len(preset_requests("system"))
+    assert at.slider(key="pc_step").value == n
+    at.button[0].click()            # ◀ Previous
+    at = _run(at)
+    assert at.slider(key="pc_step").value == n - 1
+    assert len(at.dataframe[0].value) == n - 1
+    at.slider(key="pc_step").set_value(1)
+    at = _run(at)
+    assert _metric(at, "Hit rate (requests shown)") == "0.0%"   # the first request can only miss
+    at.button[1].click()            # Next ▶
+    at = _run(at)
+    assert at.slider(key="pc_step").value == 2
+    at.button[2].click()            # All
+    at = _run(at)
+    assert at.slider(key="pc_step").value == n
+
+
+def test_timestamp_start_vs_end(tok):
+    at = _run()
+    at.selectbox(key="pc_preset").set_value("timestamp")
+    at = _run(at)
+    assert _metric(at, "Hit rate (requests shown)") == "0.0%"     # 16-token blocks: nothing shared
+    at.radio(key="pc_ts").set_value("end")
+    at = _run(at)
+    sim, _ = simulate_texts(join_requests(preset_requests("timestamp", timestamp_first=False)), tok,
+                            16, 64, 2, 0.5)
+    assert _metric(at, "Hit rate (requests shown)") == f"{sim.hit_rate:.1%}"
+    assert sim.hit_rate > 0.5
+
+
+def test_small_capacity_evicts_and_block_size_changes(tok):
+    at = _run()
+    at.slider(key="pc_capacity").set_value(14)
+    at.slider(key="pc_conc").set_value(1)
+    at.slider(key="pc_block").set_value(16)
+    at.selectbox(key="pc_preset").set_value("timestamp")
+    at = _run(at)
+    sim, _ = simulate_texts(join_requests(preset_requests("timestamp")), tok, 16, 14, 1, 0.5)
+    assert sim.evictions > 0
+    assert _metric(at, "Blocks evicted") == str(sim.evictions)
+    at.slider(key="pc_block").set_value(4)
+    at.slider(key="pc_capacity").set_value(512)
+    at = _run(at)
+    sim4, _ = simulate_texts(join_requests(preset_requests("timestamp")), tok, 4, 512, 1, 0.5)
+    assert _metric(at, "Prefill tokens skipped") == f"{sim4.hit_tokens:,} of {sim4.prompt_tokens:,}"
+
+
+@pytest.mark.parametrize("text, capacity, msg", [
+    ("hello there\n---\n\n---\nworld", 64, "Request 2 is empty"),
+    ("   ", 64, "empty"),
+    ("a fairly long request " * 20, 1, "needs"),
+])
+def test_bad_input_shows_error(text, capacity, msg):
+    at = _run()
+    at.text_area(key="pc_text").set_value(text)
+    at.slider(key="pc_capacity").set_value(capacity)
+    at = _run(at)
+    assert at.error and msg in at.error[0].value
+    assert not at.metric     # stopped before drawing results
+
+
+def test_url_state_seeds_widgets():
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.query_params["pc_block"] = "999"       # clamped to 64
+    at.query_params["pc_preset"] = "fewshot"
+    at.query_params["pc_conc"] = "abc"        # unparsable → default 2
+    at = _run(at)
+    assert at.slider(key="pc_block").value == 64
+    assert at.selectbox(key="pc_preset").value == "fewshot"
+    assert at.slider(key="pc_conc").value == 2
+
+
+@pytest.mark.slow
+def test_measure_button_runs_real_model():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at = _run(at)
+    at.button(key="pc_measure_btn").click()
+    at = _run(at)
+    assert not at.error
+    diff = float(_metric(at, "First-token logits, max |difference|"))
+    assert diff < 1e-4
+    assert _metric(at, "TTFT, full prefill (measured)").endswith(" ms")
+    assert at.success and "same first token (yes)" in at.success[0].value
+    # the measured cost can now drive the simulator
+    at.checkbox(key="pc_use_measured").check()
+    at = _run(at)
+    assert at.number_input(key="pc_ms").disabled
