@@ -145,7 +145,7 @@ def test_roofline_table_and_device_choice():
     df = at.dataframe[1].value  # the roofline table
     row = df[df["device"] == "H100 SXM"].iloc[0]
     # empty cache, compute-bound from batch 296 (989e12 / 3.35e12 = 295.2)
-    assert row["compute-bound from batch (this context)"] == "296"
+    assert row["compute-bound from batch"] == "296"
     # step: 16060522496 B / 3.35e12 B/s = 4.794 ms
     assert row["step (ms)"] == "4.794"
     assert "296" in " ".join(md.value for md in at.markdown)

@@ -1,0 +1,47 @@
+"""The KV-cache page in a real browser: it renders real numbers, and a shared link restores a preset."""
+
+from urllib.parse import quote
+
+import pytest
+
+from tests.e2e.conftest import screenshot, wait_idle
+
+pytestmark = pytest.mark.e2e
+
+
+def test_kv_cache_page_renders(page, app_url):
+    page.set_viewport_size({"width": 1400, "height": 4200})  # Streamlit scrolls inside the app: show it all
+    page.goto(app_url + "/kv-cache")
+    wait_idle(page)
+    page.get_by_text("KV-cache size: MHA, GQA and MQA").first.wait_for()
+    page.get_by_text("Sources of the presets and the formulas").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    body = page.inner_text("body")
+    # embedded SmolLM2: 2 · 30 layers · 3 KV heads · 64 · 2 bytes = 23040 B = 22.5 KiB per token
+    assert "22.5 KiB" in body
+    assert "GQA" in body and "A decode step on the roofline" in body
+    assert not page.locator('[data-testid="stException"]').count()
+    assert screenshot(page, "kv_cache").stat().st_size > 20_000
+
+
+def test_kv_cache_link_restores_preset(page, app_url):
+    page.set_viewport_size({"width": 1400, "height": 4200})
+    page.goto(app_url + "/kv-cache?preset=" + quote("Llama-3.1-8B") + "&context=0&gpu=" + quote("H100 SXM"))
+    wait_idle(page)
+    page.get_by_text("KV-cache size: MHA, GQA and MQA").first.wait_for()
+    page.get_by_text("Sources of the presets and the formulas").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    body = page.inner_text("body")
+    # 2 · 32 · 8 · 128 · 2 = 131072 B = 128 KiB per token; H100 compute-bound from batch 296
+    assert "128 KiB" in body
+    assert "296" in body
+    assert not page.locator('[data-testid="stException"]').count()
+    screenshot(page, "kv_cache_llama31_8b")
+
+
+def test_kv_cache_bad_config_shows_error(page, app_url):
+    # 4 KV heads cannot serve the embedded model's 9 query heads
+    page.goto(app_url + "/kv-cache?kv_heads=4")
+    wait_idle(page)
+    page.get_by_text("do not divide").first.wait_for()
+    assert not page.locator('[data-testid="stException"]').count()
