@@ -23,6 +23,8 @@ CUSTOM_HW = "Custom"
 RULES = ("Speculative sampling (engine)", "Naive: accept every draft token")
 BYTES = {"bf16 / fp16 (2 bytes)": 2.0, "fp8 (1 byte)": 1.0, "int4 (0.5 byte)": 0.5, "fp32 (4 bytes)": 4.0}
 CHART_H = 340
+TABS = ("Analytic model", "Step simulator · Try it", "When it does not help", "Distribution check",
+        "My measured numbers")
 MAX_BATCHES = [8, 64, 256, 1024, 4096, 16384, 65536]
 TOY_NS = [1000, 2000, 5000, 10000, 20000]
 
@@ -98,12 +100,12 @@ c2.slider("Draft length γ", 1, GAMMA_MAX, step=1, key="wi_gamma", help="Draft t
 c3.slider("Draft cost c (fraction of a target pass)", 0.0, 1.0, step=0.01, key="wi_cost")
 alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"], st.session_state["wi_cost"]
 
-tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(
-    ["📊 Analytic model", "🎲 Step simulator · Try it", "📉 When it does not help",
-     "🧪 Distribution check", "📏 My measured numbers"])
+# Only the open tab's content runs (tabs bound to the URL as ?wi_tab=...), so a rerun builds at most
+# three charts.
+tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_tab", bind="query-params")
 
 # ------------------------------------------------------------------ analytic model
-with tab_model:
+def _section_model() -> None:
     st.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step=0.01, key="wi_slope",
               help="How much each extra token in the target's verify pass costs, as a fraction of a "
                    "decode step. 0 = the simple model (free while memory-bound); 1 = fully compute-bound.")
@@ -115,12 +117,12 @@ with tab_model:
     m1, m2, m3, m4 = st.columns(4)
     m1.metric("Tokens per target pass E", f"{v.tokens_per_pass:.2f}", help="(1 − α^(γ+1)) / (1 − α)")
     m2.metric("Speedup E / (γc + 1)", f"{v.speedup:.2f}×",
-              delta=f"{v.speedup_realistic:.2f}× with verify cost", delta_color="off")
+              delta=f"{v.speedup_realistic:.2f}× with verify cost", delta_color="off", delta_arrow="off")
     m3.metric("Best γ at this α, c", f"{v.best_gamma}  ({v.best_speedup:.2f}×)",
               delta=f"γ = {v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) with verify cost",
-              delta_color="off")
+              delta_color="off", delta_arrow="off")
     m4.metric("Break-even α", _fmt_alpha(v.break_even),
-              delta=f"{_fmt_alpha(v.break_even_realistic)} with verify cost", delta_color="off",
+              delta=f"{_fmt_alpha(v.break_even_realistic)} with verify cost", delta_color="off", delta_arrow="off",
               help="Below this acceptance rate even the best γ is slower than plain decoding.")
     st.caption(
         f"Formulas: Leviathan et al. 2023, Eq. 1 and Theorem 3.8. With the verify-cost model a pass over "
@@ -134,10 +136,9 @@ with tab_model:
         is_cur = abs(a - alpha) < 1e-9
         fig.add_scatter(x=v.gammas, y=ys, mode="lines", name=f"α = {a:.2f}" + (" (yours)" if is_cur else ""),
                         line={"width": 4 if is_cur else 1.5})
-        best = max(range(len(ys)), key=lambda i: ys[i])
-        fig.add_scatter(x=[v.gammas[best]], y=[ys[best]], mode="markers", showlegend=False,
-                        marker={"symbol": "star", "size": 12, "color": "black"},
-                        hovertext=f"best γ = {v.gammas[best]} at α = {a:.2f}")
+    stars = [max(range(len(ys)), key=lambda i: ys[i]) for ys in v.curves.values()]
+    fig.add_scatter(x=[v.gammas[i] for i in stars], y=[ys[i] for i, ys in zip(stars, v.curves.values())],
+                    mode="markers", name="best γ", marker={"symbol": "star", "size": 12, "color": "black"})
     fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
                     name="yours, with verify cost", line={"dash": "dash", "width": 3})
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
@@ -145,8 +146,12 @@ with tab_model:
                       yaxis_title="speedup ×", height=CHART_H, margin={"t": 40, "b": 10})
     left.plotly_chart(fig, width="stretch", key="wi_fig_gamma")
 
-    heat = go.Figure(go.Heatmap(z=v.heat, x=v.heat_gammas, y=v.heat_alphas, colorscale="RdYlGn",
-                                zmid=1.0, colorbar={"title": "×"},
+    zmax = max(max(row) for row in v.heat)
+    split = 1.0 / zmax  # colour 1× (break-even) pale yellow: red below, green above
+    scale = [[0.0, "#d73027"], [split, "#ffffbf"], [1.0, "#1a9850"]] if split < 1 else \
+        [[0.0, "#d73027"], [1.0, "#ffffbf"]]
+    heat = go.Figure(go.Heatmap(z=v.heat, x=v.heat_gammas, y=v.heat_alphas, colorscale=scale,
+                                zmin=0.0, zmax=zmax, colorbar={"title": "×"},
                                 hovertemplate="γ=%{x}, α=%{y}: %{z:.2f}×<extra></extra>"))
     heat.add_scatter(x=[gamma], y=[alpha], mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
                      name="you", showlegend=False)
@@ -162,7 +167,7 @@ with tab_model:
     st.plotly_chart(fe, width="stretch", key="wi_fig_tokens")
 
 # ------------------------------------------------------------------ step simulator
-with tab_sim:
+def _section_simulator() -> None:
     st.markdown("Each **Step** runs one round: the γ draft tokens are accepted independently with "
                 "probability α until the first rejection; the target then adds its own token (the "
                 "correction, or a bonus token when all γ were accepted).")
@@ -187,7 +192,7 @@ with tab_sim:
         s1, s2, s3 = st.columns(3)
         s1.metric("Rounds (target passes)", sim.n)
         s2.metric("Average tokens per pass", f"{sim.mean:.3f}", delta=f"{sim.mean - sim.expected:+.3f} vs E",
-                  delta_color="off")
+                  delta_color="off", delta_arrow="off")
         s3.metric("Expected E", f"{sim.expected:.3f}")
         left, right = st.columns(2)
         fr = go.Figure()
@@ -218,7 +223,7 @@ with tab_sim:
             st.markdown(ex.answer)
 
 # ------------------------------------------------------------------ batch roofline
-with tab_batch:
+def _section_batch() -> None:
     st.markdown(
         "Speculation trades spare compute for fewer memory-bound passes. With a batch of B sequences a "
         "verify pass processes B·(γ + 1) tokens; once that work exceeds what the memory time hides "
@@ -242,7 +247,7 @@ with tab_batch:
         k1, k2, k3 = st.columns(3)
         k1.metric("Speedup at batch 1", f"{bc.speedup_at_1:.2f}×")
         k2.metric("Verify pass compute-bound from batch", f"{bc.ridge_batch_verify:,.0f}",
-                  delta=f"plain decode from {bc.ridge_batch_decode:,.0f}", delta_color="off")
+                  delta=f"plain decode from {bc.ridge_batch_decode:,.0f}", delta_color="off", delta_arrow="off")
         if bc.crossover_batch == 0.0:
             k3.metric("Slower than plain decoding from batch", "1 (always)")
         elif bc.crossover_batch is None:
@@ -264,7 +269,7 @@ with tab_batch:
                    "step is charged c × a plain decode step at the same batch.")
 
 # ------------------------------------------------------------------ toy distribution check
-with tab_toy:
+def _section_toy() -> None:
     st.markdown(
         "The explainer's toy: five words (the, cat, sat, on, mat); after each word both models favour "
         "the next one in that cycle, the target more confidently than the draft. Each round drafts γ "
@@ -289,12 +294,12 @@ with tab_toy:
     else:
         q1, q2, q3, q4 = st.columns(4)
         q1.metric("Acceptance rate (measured)", f"{tr.alpha_measured:.3f}",
-                  delta=f"Σ min(p, q) = {tr.alpha_formula:.3f}", delta_color="off")
+                  delta=f"Σ min(p, q) = {tr.alpha_formula:.3f}", delta_color="off", delta_arrow="off")
         q2.metric("Tokens per target pass", f"{tr.tokens_per_pass:.2f}",
-                  delta=f"formula {tr.tokens_formula:.2f}", delta_color="off")
+                  delta=f"formula {tr.tokens_formula:.2f}", delta_color="off", delta_arrow="off")
         q3.metric("χ² p-value (first token vs p)", f"{tr.chi2_p:.3g}",
                   delta="consistent with p" if tr.chi2_p >= 0.01 else "differs from p",
-                  delta_color="normal" if tr.chi2_p >= 0.01 else "inverse")
+                  delta_color="green" if tr.chi2_p >= 0.01 else "red", delta_arrow="off")
         q4.metric("Total variation distance", f"{tr.tvd:.4f}")
         ft = go.Figure()
         ft.add_bar(x=tr.vocab, y=tr.p, name="target p")
@@ -311,7 +316,7 @@ with tab_toy:
                        "the target's p: the χ² test rejects it.")
 
 # ------------------------------------------------------------------ measured numbers from the live page
-with tab_meas:
+def _section_measured() -> None:
     run = st.session_state.get("measured_run")
     if run is None:
         st.info("No measured run in this session yet: run the live page first (🔴 Live speculative "
@@ -329,7 +334,7 @@ with tab_meas:
             r2.metric("Predicted (measured verify cost)",
                       "—" if mc.predicted_curve is None else f"{mc.predicted_curve:.2f}×",
                       delta=None if mc.verify_ratio is None else
-                      f"verify pass = {mc.verify_ratio:.2f} decode steps", delta_color="off")
+                      f"verify pass = {mc.verify_ratio:.2f} decode steps", delta_color="off", delta_arrow="off")
             r3.metric("Measured", "not measured" if mc.measured is None else f"{mc.measured:.2f}×")
             if mc.curve_ns:
                 fm = go.Figure()
@@ -343,5 +348,12 @@ with tab_meas:
             st.button("Use these α, γ, c in the sliders above", key="wi_btn_use_measured", on_click=_set,
                       kwargs={"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),
                               "cost": round(mc.c, 2), "steps": 0})
+
+for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),
+                       (tab_batch, _section_batch), (tab_toy, _section_toy),
+                       (tab_meas, _section_measured)):
+    if _tab.open:
+        with _tab:
+            _section()
 
 sync_url(URL_KEYS)

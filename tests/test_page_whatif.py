@@ -23,6 +23,12 @@ def _app(**query) -> AppTest:
     return at.run()
 
 
+def _tab(at, label: str) -> AppTest:
+    """Open a tab (only the open tab's content runs)."""
+    at.session_state["wi_tab"] = label
+    return at.run()
+
+
 def _metrics(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
@@ -68,7 +74,7 @@ def test_analytic_sliders_and_extremes():
 
 
 def test_step_buttons_and_simulator():
-    at = _app()
+    at = _tab(_app(), "Step simulator · Try it")
     assert any("No rounds yet" in i.value for i in at.info)
     at.button(key="wi_btn_step").click().run()
     assert _metrics(at)["Rounds (target passes)"] == "1"
@@ -89,7 +95,7 @@ def test_step_buttons_and_simulator():
 
 
 def test_try_it_buttons():
-    at = _app(wi_alpha=0.3, wi_gamma=9, wi_cost=0.5)
+    at = _tab(_app(wi_alpha=0.3, wi_gamma=9, wi_cost=0.5), "Step simulator · Try it")
     at.button(key="wi_btn_ex1").click().run()
     assert (at.slider(key="wi_alpha").value, at.slider(key="wi_gamma").value,
             at.slider(key="wi_cost").value) == (0.8, 4, 0.05)
@@ -104,7 +110,7 @@ def test_try_it_buttons():
 
 
 def test_batch_roofline_inputs():
-    at = _app()
+    at = _tab(_app(), "When it does not help")
     m = _metrics(at)
     assert m["Slower than plain decoding from batch"] == "≈ 187"   # hand-computed in test_analytic
     at.selectbox(key="wi_hw").set_value("RTX 4090").run()
@@ -123,7 +129,7 @@ def test_batch_roofline_inputs():
 
 
 def test_toy_distribution_check_widgets():
-    at = _app()
+    at = _tab(_app(), "Distribution check")
     m = _metrics(at)
     assert float(m["Acceptance rate (measured)"]) == pytest.approx(5 / 6, abs=0.03)
     assert "Σ min(p, q) = 0.833" in str(at.metric[[x.label for x in at.metric].index(
@@ -148,7 +154,7 @@ def test_toy_distribution_check_widgets():
 
 
 def test_measured_numbers_section():
-    at = _app()
+    at = _tab(_app(), "My measured numbers")
     assert any("run the live page first" in i.value for i in at.info)
     at.session_state["measured_run"] = types.SimpleNamespace(
         acceptance_rate=0.75, draft_cost_ratio=0.1, gamma=3, verify_ms_by_tokens={1: 20.0, 4: 26.0},
@@ -173,5 +179,14 @@ def test_url_state_is_read_and_bad_values_fall_back():
     assert at.slider(key="wi_alpha").value == 0.6
     assert at.slider(key="wi_gamma").value == 16          # clamped
     assert at.slider(key="wi_cost").value == 0.05         # unparsable → default
-    assert at.selectbox(key="wi_hw").value == "H100 SXM"
     assert not at.exception
+
+
+def test_only_the_open_tab_runs_and_tab_comes_from_the_url():
+    at = _app()
+    labels = [m.label for m in at.metric]
+    assert "Tokens per target pass E" in labels and "Acceptance rate (measured)" not in labels
+    at = _app(wi_tab="When it does not help", wi_hw="Nope")
+    assert at.selectbox(key="wi_hw").value == "H100 SXM"      # unknown preset → default
+    assert "Tokens per target pass E" not in [m.label for m in at.metric]
+    assert "Speedup at batch 1" in [m.label for m in at.metric]
