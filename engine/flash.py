@@ -650,6 +650,14 @@ def paper_comparison() -> PaperComparison:
                            ex["standard_gb"], ex["flash_gb"])
 
 
+def format_bytes(b: float) -> str:
+    """Bytes in decimal units as the FlashAttention paper writes them (1 GB = 10⁹ bytes): '9.13 GB'."""
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(b) >= f:
+            return f"{b / f:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
 # ----------------------------------------------------------------------------------------------------
 # The page's one call
 # ----------------------------------------------------------------------------------------------------
