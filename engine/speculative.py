@@ -1,0 +1,265 @@
+"""Speculative decoding: draft γ tokens, verify them in one target pass, keep the agreed prefix.
+
+One round (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2):
+
+1. Draft: the proposer gives k ≤ γ tokens x_1..x_k and the distributions q_1..q_k they came from.
+2. Verify: one target pass over the uncached context plus x_1..x_k gives p_1..p_{k+1}.
+3. Judge left to right (``engine.sampling``): greedy accepts x_i iff it is argmax p_i; sampling accepts
+   with probability min(1, p_i(x_i)/q_i(x_i)). The first rejection is replaced by the target's
+   correction; after k acceptances the target adds a bonus token from p_{k+1}.
+4. KV rollback: both caches are cropped back to the kept prefix at the start of the next pass.
+
+``SpeculativeDecoder`` runs rounds one at a time (the live page steps it); ``generate`` loops them.
+With no proposer (baseline), each round is a plain decode step through the same KV-cache code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InputError
+from engine.models import LoadedModel
+from engine.proposers import CachedLM, Proposer
+from engine.sampling import MAX_GAMMA, SamplingConfig, sample, verify_greedy, verify_sampling, warp_probs
+from engine.trace import DraftPosition, Round, RunStats, TopToken, run_stats
+
+MAX_NEW_TOKENS = 4096
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt; instruct models get their chat template (one user turn) when ``chat``.
+
+    Raises:
+        InputError: for an empty prompt.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError("The prompt is empty: type something for the model to continue.")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # BatchEncoding in transformers 5
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer.encode(prompt, add_special_tokens=True)]
+
+
+class _TokenText:
+    """Memoized text of single token ids (decoding is the costliest part of building a trace)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.memo: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        s = self.memo.get(token_id)
+        if s is None:
+            s = self.tokenizer.decode([token_id], skip_special_tokens=False,
+                                      clean_up_tokenization_spaces=False)
+            self.memo[token_id] = s
+        return s
+
+    def top(self, probs: torch.Tensor, n: int = 5) -> list[TopToken]:
+        vals, idx = torch.topk(probs, min(n, probs.shape[-1]))
+        return [TopToken(int(i), self(int(i)), float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
+
+
+@dataclass
+class GenerationResult:
+    """A finished run: prompt and generated ids, text, rounds and statistics."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    rounds: list[Round]
+    stats: RunStats
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids,
+                "rounds": [r.to_dict() for r in self.rounds], "stats": self.stats.to_dict()}
+
+
+class SpeculativeDecoder:
+    """Stateful speculative decoding of one sequence; ``step()`` runs one round.
+
+    Args:
+        target: the target model.
+        proposer: where draft tokens come from; None for the baseline (plain decoding).
+        prompt_ids: the prompt's token ids (see ``encode_prompt``).
+        gamma: γ, draft tokens per round (1..64; ignored for the baseline).
+        sampling: temperature / top-k / top-p, applied identically to p and q.
+        seed: seeds the run's generator (draft sampling, uniforms, corrections): same seed, same run.
+        max_new_tokens: never exceeded, for any γ.
+        stop_on_eos: stop after the target's EOS token (it is kept in the output).
+
+    Raises:
+        InputError: empty prompt, γ out of range, max_new_tokens < 1, or prompt + max_new_tokens
+            longer than the target's context.
+    """
+
+    def __init__(self, target: LoadedModel, proposer: Proposer | None, prompt_ids: list[int],
+                 gamma: int = 4, sampling: SamplingConfig | None = None, seed: int = 0,
+                 max_new_tokens: int = 64, stop_on_eos: bool = True):
+        if not prompt_ids:
+            raise InputError("The prompt is empty: type something for the model to continue.")
+        if proposer is not None and not (isinstance(gamma, int) and 1 <= gamma <= MAX_GAMMA):
+            raise InputError(f"γ (draft tokens per round) must be a whole number from 1 to {MAX_GAMMA}, got {gamma}.")
+        if not (isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS):
+            raise InputError(f"max new tokens must be from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens}.")
+        if len(prompt_ids) + max_new_tokens > target.max_context:
+            raise InputError(
+                f"The prompt is {len(prompt_ids)} tokens; with {max_new_tokens} new tokens that exceeds "
+                f"the model's context of {target.max_context} tokens. Shorten the prompt or the output.")
+        self.target = target
+        self.proposer = proposer
+        self.gamma = gamma if proposer is not None else 0
+        self.sampling = sampling or SamplingConfig()
+        self.seed = seed
+        self.max_new_tokens = max_new_tokens
+        self.stop_on_eos = stop_on_eos
+        self.prompt_ids = list(prompt_ids)
+        self.seq = list(prompt_ids)
+        self.rounds: list[Round] = []
+        self.generator = torch.Generator().manual_seed(seed)
+        self.target_lm = CachedLM(target.model, target.device)
+        self.text = _TokenText(target.tokenizer)
+        self.eos = target.eos_token_ids if stop_on_eos else set()
+        self.finished = False
+        self.stop_reason: str | None = None
+        self.prefill_ms = 0.0
+        self.elapsed_ms = 0.0
+        self._prefilled = False
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.seq[len(self.prompt_ids):]
+
+    def _prefill(self) -> None:
+        """Process the prompt except its last token in target (and draft); timed as prefill."""
+        t0 = time.perf_counter()
+        if self.proposer is not None:
+            self.proposer.reset()
+        if len(self.prompt_ids) > 1:
+            self.target_lm.logits_for(self.prompt_ids[:-1], 1)
+        self.prefill_ms = (time.perf_counter() - t0) * 1000
+        self.elapsed_ms += self.prefill_ms
+        self._prefilled = True
+
+    def step(self) -> Round:
+        """Run one round (draft, one target pass, judge, emit) and return its trace record.
+
+        Raises:
+            RuntimeError: if the run has already finished.
+        """
+        if self.finished:
+            raise RuntimeError("This run is finished; start a new one.")
+        t_round = time.perf_counter()
+        if not self._prefilled:
+            self._prefill()
+        text = self.text
+        cfg = self.sampling
+        remaining = self.max_new_tokens - len(self.new_ids)
+        k_max = min(self.gamma, remaining - 1)  # the target always adds one token of its own
+
+        # 1. draft
+        t0 = time.perf_counter()
+        if self.proposer is not None and k_max > 0:
+            prop = self.proposer.propose(self.seq, k_max, cfg, self.generator)
+            draft, q = prop.tokens[:k_max], prop.q[:k_max]
+        else:
+            draft, q = [], torch.zeros(0)
+        draft_ms = (time.perf_counter() - t0) * 1000
+
+        # 2. verify: one target pass over the uncached context + the k draft tokens
+        t0 = time.perf_counter()
+        k = len(draft)
+        before = self.target_lm.cached_len
+        logits = self.target_lm.logits_for(self.seq + draft, k + 1).cpu()
+        tokens_verified = len(self.seq) + k - before
+        p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
+        if cfg.greedy:
+            verdict = verify_greedy(draft, [int(i) for i in torch.argmax(logits, dim=-1)])
+        else:
+            verdict = verify_sampling(draft, q, p, self.generator)
+        verify_ms = (time.perf_counter() - t0) * 1000
+
+        # 3. emit: accepted prefix + the target's own token, stopping at EOS / max_new_tokens
+        emitted = draft[:verdict.n_accepted] + [verdict.next_token]
+        stop_reason = None
+        for i, t in enumerate(emitted):
+            if t in self.eos:
+                emitted, stop_reason = emitted[:i + 1], "eos"
+                break
+        if len(emitted) >= remaining:
+            emitted = emitted[:remaining]
+            stop_reason = stop_reason or "max_new_tokens"
+        context_len = len(self.seq)
+        self.seq.extend(emitted)
+        # 4. KV rollback: the target keeps the context and the accepted draft tokens (the correction or
+        # bonus token is fed at the next pass); the draft drops what it drafted past the kept prefix
+        self.target_lm.crop(context_len + min(verdict.n_accepted, len(emitted)))
+        if self.proposer is not None:
+            self.proposer.rollback(self.seq)
+
+        positions = []
+        for i, x in enumerate(draft):
+            if i < verdict.n_accepted:
+                verdict_s = "accepted"
+            elif i == verdict.n_accepted:
+                verdict_s = "rejected"
+            else:
+                verdict_s = "discarded"
+            evaluated = i < len(verdict.accept_probs)
+            positions.append(DraftPosition(
+                token_id=x, text=text(x), q=float(q[i, x]), p=float(p[i, x]),
+                accept_prob=verdict.accept_probs[i] if evaluated else None,
+                u=verdict.uniforms[i] if i < len(verdict.uniforms) else None,
+                verdict=verdict_s, top_p=text.top(p[i]), top_q=text.top(q[i])))
+        kind = verdict.next_kind if k > 0 else "plain"
+        rnd = Round(
+            index=len(self.rounds), context_len=context_len, drafted=positions,
+            n_accepted=verdict.n_accepted, next_token_id=verdict.next_token,
+            next_text=text(verdict.next_token), next_kind=kind,
+            next_top_p=text.top(p[verdict.n_accepted]),
+            residual_top=text.top(verdict.residual) if verdict.residual is not None else None,
+            emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms,
+            tokens_verified=tokens_verified, stop_reason=stop_reason)
+        self.rounds.append(rnd)
+        self.elapsed_ms += (time.perf_counter() - t_round) * 1000
+        if stop_reason:
+            self.finished, self.stop_reason = True, stop_reason
+        return rnd
+
+    def run(self, on_round=None, should_stop=None) -> GenerationResult:
+        """Step until finished. ``on_round(round, decoder)`` is called after each round;
+        ``should_stop()`` returning True stops early (the result covers the rounds run so far)."""
+        while not self.finished:
+            if should_stop is not None and should_stop():
+                break
+            rnd = self.step()
+            if on_round is not None:
+                on_round(rnd, self)
+        return self.result()
+
+    def stats(self) -> RunStats:
+        return run_stats(self.rounds, self.prefill_ms, self.elapsed_ms)
+
+    def result(self) -> GenerationResult:
+        tok = self.target.tokenizer
+        return GenerationResult(
+            prompt_ids=self.prompt_ids, token_ids=self.new_ids,
+            text=tok.decode(self.new_ids, skip_special_tokens=True), rounds=self.rounds, stats=self.stats())
+
+
+def generate(target: LoadedModel, proposer: Proposer | None, prompt_ids: list[int], gamma: int = 4,
+             sampling: SamplingConfig | None = None, seed: int = 0, max_new_tokens: int = 64,
+             stop_on_eos: bool = True, on_round=None, should_stop=None) -> GenerationResult:
+    """Run speculative decoding (or, with ``proposer=None``, plain decoding) to the end.
+
+    See ``SpeculativeDecoder`` for arguments and errors.
+    """
+    dec = SpeculativeDecoder(target, proposer, prompt_ids, gamma=gamma, sampling=sampling, seed=seed,
+                             max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos)
+    return dec.run(on_round=on_round, should_stop=should_stop)

@@ -1,0 +1,181 @@
+"""Trace records of a speculative decoding run (JSON-serializable) and the run statistics.
+
+A ``Round`` is one draft-then-verify cycle; ``RunStats`` aggregates rounds into the numbers the app
+and the command line show (α̂, tokens per target pass, per-position acceptance, c, verify cost curve).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TopToken:
+    """One entry of a top-5 list: token id, its text, its probability."""
+
+    id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class DraftPosition:
+    """One draft token as the verify pass judged it.
+
+    Attributes:
+        token_id, text: the draft token.
+        q: the draft's probability of it (the distribution it was sampled from; 1.0 for prompt lookup).
+        p: the target's probability of it at the same position.
+        accept_prob: min(1, p/q) under sampling; 1 or 0 under greedy (argmax match); None if the
+            position was never evaluated (after an earlier rejection).
+        u: the uniform draw compared with accept_prob (sampling only).
+        verdict: "accepted", "rejected" or "discarded" (drafted after the first rejection).
+        top_p, top_q: the 5 most likely tokens under p and q at this position.
+    """
+
+    token_id: int
+    text: str
+    q: float
+    p: float
+    accept_prob: float | None
+    u: float | None
+    verdict: str
+    top_p: list[TopToken] = field(default_factory=list)
+    top_q: list[TopToken] = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    """One round: the draft phase, one target verify pass, and what was emitted.
+
+    Attributes:
+        index: 0-based round number.
+        context_len: tokens in the sequence before the round (prompt + generated).
+        drafted: the draft positions (may be empty: prompt lookup found nothing, or baseline mode).
+        n_accepted: draft tokens kept.
+        next_token_id, next_text: the target's own token (correction, bonus, or plain step).
+        next_kind: "correction", "bonus" or "plain" (no draft tokens were proposed).
+        next_top_p: top-5 of p at the position of the target's own token.
+        residual_top: for a correction under sampling, the top-5 of norm(max(0, p − q)).
+        emitted_ids: tokens appended this round (after EOS / max_new_tokens truncation).
+        draft_ms, verify_ms: wall time of the draft phase and of the target pass, in ms.
+        tokens_verified: tokens fed to the target in its pass (uncached context + draft tokens).
+        stop_reason: "eos", "max_new_tokens" or None.
+    """
+
+    index: int
+    context_len: int
+    drafted: list[DraftPosition]
+    n_accepted: int
+    next_token_id: int
+    next_text: str
+    next_kind: str
+    next_top_p: list[TopToken]
+    residual_top: list[TopToken] | None
+    emitted_ids: list[int]
+    draft_ms: float
+    verify_ms: float
+    tokens_verified: int
+    stop_reason: str | None = None
+
+    @property
+    def n_drafted(self) -> int:
+        return len(self.drafted)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["n_drafted"] = self.n_drafted
+        return d
+
+
+@dataclass
+class RunStats:
+    """Aggregate statistics of a run.
+
+    Attributes:
+        rounds: number of target verify passes (one per round).
+        new_tokens: tokens generated.
+        drafted, accepted: draft tokens proposed / accepted over the run.
+        judged: draft tokens the target judged (accepted + rejected; tokens drafted after a rejection
+            are discarded unjudged).
+        acceptance_rate: α̂ = accepted ÷ judged, the per-token acceptance probability α of the analytic
+            model (Leviathan et al. 2023, §3.1; the maximum-likelihood estimate when each judged token
+            is accepted independently with probability α). None if nothing was judged.
+        accepted_fraction: accepted ÷ drafted, the share of all draft tokens kept (what some engines
+            call "draft acceptance rate"; lower than α because tokens after a rejection count too).
+        tokens_per_target_pass: new tokens ÷ rounds (bonus and corrections included).
+        acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
+            evaluated, i.e. P(accept at i | all before accepted).
+        draft_ms_per_token: mean draft time per draft token (ms).
+        verify_ms_mean: mean time of a target pass (ms).
+        draft_cost_ratio: c = draft_ms_per_token ÷ target pass time (the ``c`` of the analytic model).
+        verify_ms_by_tokens: median target-pass time (ms) by number of tokens fed in that pass.
+        prefill_ms: time to prefill the prompt (ms).
+        total_ms: wall time of the whole generation, prefill included (ms).
+        tokens_per_s: new_tokens ÷ total time.
+    """
+
+    rounds: int
+    new_tokens: int
+    drafted: int
+    accepted: int
+    judged: int
+    acceptance_rate: float | None
+    accepted_fraction: float | None
+    tokens_per_target_pass: float | None
+    acceptance_by_position: list[float]
+    draft_ms_per_token: float | None
+    verify_ms_mean: float | None
+    draft_cost_ratio: float | None
+    verify_ms_by_tokens: dict[int, float]
+    prefill_ms: float
+    total_ms: float
+    tokens_per_s: float | None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verify_ms_by_tokens"] = {str(k): v for k, v in self.verify_ms_by_tokens.items()}
+        return d
+
+
+def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunStats:
+    """Aggregate a list of rounds (see ``RunStats`` for each field's definition)."""
+    new_tokens = sum(len(r.emitted_ids) for r in rounds)
+    drafted = sum(r.n_drafted for r in rounds)
+    accepted = sum(r.n_accepted for r in rounds)
+    evaluated: dict[int, int] = {}
+    kept: dict[int, int] = {}
+    for r in rounds:
+        for i, d in enumerate(r.drafted):
+            if d.verdict == "discarded":
+                break
+            evaluated[i] = evaluated.get(i, 0) + 1
+            kept[i] = kept.get(i, 0) + (d.verdict == "accepted")
+    by_pos = [kept[i] / evaluated[i] for i in sorted(evaluated)]
+    judged = sum(evaluated.values())
+    draft_ms = sum(r.draft_ms for r in rounds)
+    verify = [r.verify_ms for r in rounds]
+    verify_mean = statistics.fmean(verify) if verify else None
+    draft_per_tok = draft_ms / drafted if drafted else None
+    by_tokens: dict[int, list[float]] = {}
+    for r in rounds:
+        by_tokens.setdefault(r.tokens_verified, []).append(r.verify_ms)
+    return RunStats(
+        rounds=len(rounds),
+        new_tokens=new_tokens,
+        drafted=drafted,
+        accepted=accepted,
+        judged=judged,
+        acceptance_rate=accepted / judged if judged else None,
+        accepted_fraction=accepted / drafted if drafted else None,
+        tokens_per_target_pass=new_tokens / len(rounds) if rounds else None,
+        acceptance_by_position=by_pos,
+        draft_ms_per_token=draft_per_tok,
+        verify_ms_mean=verify_mean,
+        draft_cost_ratio=(draft_per_tok / verify_mean) if (draft_per_tok is not None and verify_mean) else None,
+        verify_ms_by_tokens={n: statistics.median(v) for n, v in sorted(by_tokens.items())},
+        prefill_ms=prefill_ms,
+        total_ms=total_ms,
+        tokens_per_s=new_tokens / (total_ms / 1000) if total_ms > 0 else None,
+    )
