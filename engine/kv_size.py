@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from engine.errors import InputError, ModelLoadError
+from engine.errors import InputError
 
 # --------------------------------------------------------------------------------------------------
 # Data types
@@ -200,46 +200,53 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str = "bf16") -> float:
     return model.num_layers * kv_elements_per_token_per_layer(model) * dtype_bytes(kv_dtype)
 
 
-def cached_tokens(model: ModelSpec, context: int) -> tuple[int, int]:
+def cached_tokens(model: ModelSpec, context: int, between_steps: bool = False) -> tuple[int, int]:
     """Tokens held per layer for a ``context``-token sequence: (global layer, sliding layer).
 
-    A sliding-window layer keeps ``min(context, W)`` tokens (the window includes the newest token;
-    transformers' ``DynamicSlidingWindowLayer`` keeps ``W − 1`` between steps and adds the new one
-    during the step). Without a window both numbers equal ``context``.
+    A sliding-window layer attends to ``min(context, W)`` tokens, the newest one included, so that is
+    what a decode step holds and reads. Between steps only ``W − 1`` are needed (the next token
+    brings its own key and value): transformers' ``DynamicSlidingWindowLayer`` keeps
+    ``min(context, W − 1)``, which ``between_steps=True`` counts. Without a window both numbers
+    equal ``context``.
 
     Raises:
         InputError: negative context.
     """
     context = _check_len(context, "sequence length", 0)
     if model.sliding_window > 0 and model.sliding_layers > 0:
-        return context, min(context, model.sliding_window)
+        return context, min(context, model.sliding_window - (1 if between_steps else 0))
     return context, context
 
 
-def kv_bytes_per_sequence(model: ModelSpec, context: int, kv_dtype: str = "bf16") -> float:
+def kv_bytes_per_sequence(model: ModelSpec, context: int, kv_dtype: str = "bf16",
+                          between_steps: bool = False) -> float:
     """KV-cache bytes of one sequence of ``context`` tokens.
 
     ``per_layer_token_bytes · (global_layers · context + sliding_layers · min(context, W))``.
     Gemma-2-9B at 8192 tokens in bf16: per layer and token ``2·8·256·2 = 8192`` B, so
-    ``8192 · (21·8192 + 21·4096) = 2 113 929 216`` B.
+    ``8192 · (21·8192 + 21·4096) = 2 113 929 216`` B. With ``between_steps`` the sliding layers
+    count ``W − 1`` (what a transformers ``DynamicCache`` holds between steps; see
+    :func:`cached_tokens`).
 
     Raises:
         InputError: invalid model, dtype or negative context.
     """
     per = kv_elements_per_token_per_layer(model) * dtype_bytes(kv_dtype)
-    full_tok, slide_tok = cached_tokens(model, context)
+    full_tok, slide_tok = cached_tokens(model, context, between_steps)
     sliding = model.sliding_layers if model.sliding_window > 0 else 0
     return per * ((model.num_layers - sliding) * full_tok + sliding * slide_tok)
 
 
-def kv_bytes(model: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "bf16") -> float:
-    """KV-cache bytes of ``batch`` sequences of ``context`` tokens each.
+def kv_bytes(model: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "bf16",
+             between_steps: bool = False) -> float:
+    """KV-cache bytes of ``batch`` sequences of ``context`` tokens each (see
+    :func:`kv_bytes_per_sequence` for ``between_steps``).
 
     Raises:
         InputError: invalid model or dtype, negative context, batch < 1.
     """
     batch = _check_len(batch, "batch size", 1)
-    return batch * kv_bytes_per_sequence(model, context, kv_dtype)
+    return batch * kv_bytes_per_sequence(model, context, kv_dtype, between_steps)
 
 
 def weights_bytes(model: ModelSpec, weight_dtype: str = "bf16") -> float:
@@ -249,6 +256,18 @@ def weights_bytes(model: ModelSpec, weight_dtype: str = "bf16") -> float:
         InputError: unknown dtype.
     """
     return model.params * dtype_bytes(weight_dtype)
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units with 3 significant digits: 131072 → "128 KiB", 1536 → "1.5 KiB"."""
+    if n is None or not math.isfinite(n):
+        return "∞"
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    v, i = float(n), 0
+    while abs(v) >= 1024 and i < len(units) - 1:
+        v /= 1024
+        i += 1
+    return f"{v:.3g} {units[i]}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -842,6 +861,9 @@ class KVReport:
     hardware: dict[str, HardwareSpec]
     gpu: str
     curve: dict[str, list[float]] = field(default_factory=dict)
+    compute_bound_no_kv: dict[str, int | None] = field(default_factory=dict)
+    verify_gamma: int = 4
+    verify_ms: float = 0.0
 
 
 def kv_report(model: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "bf16",
@@ -850,7 +872,9 @@ def kv_report(model: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "b
     """All numbers of the KV-cache page for one setting (each from the functions above).
 
     ``curve`` holds the chosen device's roofline against batch size: keys "batch", "memory_ms",
-    "compute_ms", "step_ms" (batch 1 … 1024, log-spaced).
+    "compute_ms", "step_ms" (batch 1 … 1024, log-spaced). ``compute_bound_no_kv`` is the compute-bound
+    batch for an empty cache (context 0: weights only); ``verify_ms`` is the chosen device's step time
+    when each sequence verifies ``verify_gamma`` = 4 draft tokens (``tokens_per_seq`` = γ + 1).
 
     Raises:
         InputError: invalid model, lengths, dtypes, or an unknown device name.
@@ -873,6 +897,7 @@ def kv_report(model: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "b
                         kv_bytes_per_token(m, kv_dtype), kv_bytes(m, context, batch, kv_dtype)))
     steps = {n: decode_step(model, hw, batch, context, kv_dtype, 1, weight_dtype) for n, hw in hardware.items()}
     cb = {n: compute_bound_batch(model, hw, context, kv_dtype, 1, weight_dtype) for n, hw in hardware.items()}
+    cb0 = {n: compute_bound_batch(model, hw, 0, kv_dtype, 1, weight_dtype) for n, hw in hardware.items()}
     hw = hardware[gpu]
     bs = sorted({int(round(2 ** (i / 4))) for i in range(0, 41)})
     pts = [decode_step(model, hw, b, context, kv_dtype, 1, weight_dtype) for b in bs]
@@ -881,7 +906,8 @@ def kv_report(model: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "b
     return KVReport(model, context, batch, kv_dtype, weight_dtype, per_tok, per_seq, batch * per_seq,
                     weights_bytes(model, weight_dtype), compare,
                     fit_in_memory(model, hw, context, batch, kv_dtype, weight_dtype, usable_fraction),
-                    steps, cb, hardware, gpu, curve)
+                    steps, cb, hardware, gpu, curve, cb0, 4,
+                    decode_step_time(model, hw, batch, context, kv_dtype, 5, weight_dtype))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -895,9 +921,10 @@ class RealKVCheck:
     Attributes:
         tokens: tokens in the cache (prefill + decode steps).
         measured_bytes: sum over layers of ``keys.nbytes + values.nbytes`` of the ``DynamicCache``.
-        predicted_bytes: :func:`kv_bytes` for the model's config, batch 1, the cache's dtype.
+        predicted_bytes: :func:`kv_bytes` for the model's config, batch 1, the cache's dtype
+            (``between_steps=True``).
         kv_dtype: dtype name of the cached tensors.
-        layer_shape: shape of one layer's key tensor ``[batch, kv_heads, tokens, head_dim]``.
+        layer_shape: shape of the last layer's key tensor ``[batch, kv_heads, tokens, head_dim]``.
         num_layers: layers in the cache.
     """
 
@@ -917,32 +944,45 @@ def real_kv_check(lm, n_tokens: int = 64, decode_steps: int = 4) -> RealKVCheck:
     """Run ``lm`` (a :class:`engine.models.LoadedModel`) on ``n_tokens`` tokens and measure its cache.
 
     Prefills ``n_tokens − decode_steps`` tokens of a fixed text (repeated as needed), then feeds
-    ``decode_steps`` tokens one at a time (greedy), all into one ``transformers.DynamicCache``; sums
-    ``layer.keys.nbytes + layer.values.nbytes`` over ``cache.layers`` and compares with
-    :func:`kv_bytes` for the model's own config.
+    ``decode_steps`` tokens one at a time (greedy); see :func:`cache_check`.
 
     Raises:
         InputError: ``n_tokens`` outside [1, 4096] or ``decode_steps`` outside [0, n_tokens − 1].
     """
-    import torch
-    from transformers import DynamicCache
-
     n_tokens = _check_len(n_tokens, "number of tokens", 1)
     if n_tokens > 4096:
         raise InputError("Use at most 4096 tokens for the real-model check.")
     decode_steps = _check_len(decode_steps, "number of decode steps", 0)
     if decode_steps >= n_tokens:
         raise InputError("The decode steps must be fewer than the tokens (at least one is prefilled).")
-    text = ("The KV cache stores a key and a value vector for every token, layer and KV head. ")
+    text = "The KV cache stores a key and a value vector for every token, layer and KV head. "
     ids = lm.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
     reps = math.ceil((n_tokens - decode_steps) / len(ids))
     prompt = ids.repeat(reps)[: n_tokens - decode_steps].unsqueeze(0).to(lm.device)
-    cache = DynamicCache(config=lm.model.config)
+    return cache_check(lm.model, prompt, decode_steps)
+
+
+def cache_check(model, prompt, decode_steps: int = 0) -> RealKVCheck:
+    """Run a causal LM into a fresh ``DynamicCache`` and compare the bytes it holds with the calculator.
+
+    Args:
+        model: a transformers causal LM (eval mode).
+        prompt: token ids, shape ``[1, n_prompt]``, prefilled in one forward pass; then
+            ``decode_steps`` greedy tokens are fed one at a time.
+
+    Sums ``keys.nbytes + values.nbytes`` over ``cache.layers`` and compares with
+    :func:`kv_bytes` (``between_steps=True``: sliding-window layers hold ``W − 1`` tokens between
+    steps) for ``model_from_config(model.config)``, batch 1, in the cache's dtype.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        out = lm.model(input_ids=prompt, cache=cache, use_cache=True)
+        out = model(input_ids=prompt, cache=cache, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
         for _ in range(decode_steps):
-            out = lm.model(input_ids=nxt, cache=cache, use_cache=True)
+            out = model(input_ids=nxt, cache=cache, use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
     measured = 0
     shape: tuple[int, ...] = ()
@@ -950,9 +990,9 @@ def real_kv_check(lm, n_tokens: int = 64, decode_steps: int = 4) -> RealKVCheck:
         measured += layer.keys.numel() * layer.keys.element_size()
         measured += layer.values.numel() * layer.values.element_size()
         shape = tuple(layer.keys.shape)
-    tdt = cache.layers[0].keys.dtype
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-    kv_dtype = names.get(tdt, "fp32")
-    spec = model_from_config(lm.model.config, name=lm.name)
-    predicted = kv_bytes(spec, n_tokens, 1, kv_dtype)
+    kv_dtype = names.get(cache.layers[0].keys.dtype, "fp32")
+    n_tokens = int(prompt.shape[-1]) + decode_steps
+    spec = model_from_config(model.config, params=0)
+    predicted = kv_bytes(spec, n_tokens, 1, kv_dtype, between_steps=True)
     return RealKVCheck(n_tokens, int(measured), predicted, kv_dtype, shape, len(cache.layers))

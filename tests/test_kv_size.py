@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
 from engine.errors import InputError, ModelLoadError
-from engine.kv_size import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
+from engine.kv_size import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec,
                             attention_flops_per_token, compute_bound_batch, decode_step,
                             decode_step_time, estimate_params, fit_in_memory, format_bytes, kv_bytes,
-                            kv_bytes_per_sequence, kv_bytes_per_token, kv_report, load_hub_config,
+                            kv_bytes_per_sequence, kv_bytes_per_token, kv_report, load_hub_config, cache_check,
                             measure_this_machine, model_from_config, model_from_config_json,
                             real_kv_check, weights_bytes)
 
@@ -336,3 +335,32 @@ def test_real_cache_matches_calculator(embedded):
         assert chk.layer_shape == (1, 3, n, 64) and chk.num_layers == 30
     with pytest.raises(InputError):
         real_kv_check(embedded, 3, decode_steps=3)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_sliding_window_real_cache_tiny_models(family):
+    """Tiny random Mistral (every layer slides) and Gemma-2 (every other layer) with W = 8."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    if family == "mistral":
+        cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+        model = MistralForCausalLM(cfg).eval()
+        # 2 layers · 7 (= W − 1) tokens · 2 (K, V) · 2 KV heads · 8 dims · 4 bytes = 1792
+        expected = 1792
+    else:
+        cfg = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8)
+        model = Gemma2ForCausalLM(cfg).eval()
+        # per layer and token 2·2·16·4 = 256 B; 2 global layers · 20 tokens + 2 sliding layers · 7
+        # = 54 layer-tokens → 13824 B
+        expected = 13824
+    chk = cache_check(model, torch.randint(0, 64, (1, 17)), decode_steps=3)
+    assert chk.tokens == 20
+    assert chk.measured_bytes == expected == chk.predicted_bytes
+    # during a step the sliding layers attend to W = 8 tokens: one more per sliding layer
+    spec = model_from_config(cfg, params=0)
+    per_layer_tok = 2 * spec.num_kv_heads * spec.head_dim * 4
+    assert kv_bytes(spec, 20, 1, "fp32") == expected + spec.sliding_layers * per_layer_tok
