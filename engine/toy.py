@@ -139,7 +139,8 @@ def run_toy_rounds(n_rounds: int = 20_000, gamma: int = 4, target_peak: float = 
     target's rows p [γ + 1, 5] at the same contexts plus the one after x_γ (the bonus row); call
     ``verify`` (by default :func:`engine.sampling.verify_sampling`, the engine's rule) with one seeded
     ``torch.Generator`` for the whole run. Emitted tokens = accepted draft tokens + the correction or
-    bonus token. Cost: about 0.06 ms per round (the per-round verify call), 20 000 rounds ≈ 1.3 s.
+    bonus token. Cost: about 0.1 ms per round, dominated by the per-round verify call (10 000 rounds:
+    1.5 s measured on a busy 2-core CPU, see benchmarks/results/whatif_rerun.md).
 
     Args:
         n_rounds: 1..20 000. gamma: γ, 1..8. target_peak, draft_peak: favourite-word weights in
