@@ -31,10 +31,9 @@ def test_kv_cache_link_restores_preset(page, app_url):
     page.get_by_text("KV-cache size: MHA, GQA and MQA").first.wait_for()
     page.get_by_text("Sources of the presets and the formulas").first.wait_for(timeout=60_000)
     wait_idle(page)
-    body = page.inner_text("body")
     # 2 · 32 · 8 · 128 · 2 = 131072 B = 128 KiB per token; H100 compute-bound from batch 296
-    assert "128 KiB" in body
-    assert "296" in body
+    page.get_by_text("128 KiB").first.wait_for(timeout=60_000)
+    page.get_by_text("From batch 296 on").first.wait_for(timeout=60_000)
     assert not page.locator('[data-testid="stException"]').count()
     screenshot(page, "kv_cache_llama31_8b")
 
@@ -45,3 +44,18 @@ def test_kv_cache_bad_config_shows_error(page, app_url):
     wait_idle(page)
     page.get_by_text("do not divide").first.wait_for()
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_kv_cache_buttons_measure_and_real_check(page, app_url):
+    page.set_viewport_size({"width": 1400, "height": 4200})
+    page.goto(app_url + "/kv-cache?real_n=16")
+    wait_idle(page)
+    page.get_by_role("button", name="Measure this machine").click()
+    page.get_by_text("It is now in the table and the device list").first.wait_for(timeout=60_000)
+    page.get_by_role("button", name="Run the embedded model").click()
+    # 16 tokens · 46080 B (2 · 30 · 3 · 64 · 4 bytes, fp32) = 737280 B
+    page.get_by_text("yes ✓").first.wait_for(timeout=120_000)
+    wait_idle(page)
+    assert page.get_by_text("737,280 B").count() >= 2  # the real cache and the calculator
+    assert not page.locator('[data-testid="stException"]').count()
+    screenshot(page, "kv_cache_buttons")
