@@ -198,9 +198,16 @@ def train(student, samples: list[Sample], *, pad_id: int, epochs: float = 3.0, l
     opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
     batches = make_batches(samples, tokens_per_batch, seed)
     total_steps = max(1, int(round(epochs * len(batches))))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)) *
-        (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
+
+    def lr_at(step: int, minutes: float) -> float:
+        # linear warm-up, then cosine decay to 5 % over the run; the run's progress is the larger of the
+        # step fraction and the time fraction, so a time-capped run still ends at a low learning rate
+        prog = step / total_steps
+        if max_minutes:
+            prog = max(prog, minutes / max_minutes)
+        prog = min(1.0, prog)
+        return lr * min(1.0, (step + 1) / max(1, warmup_steps)) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * prog)))
+
     log, t0 = [], time.perf_counter()
     run_loss, run_agree, run_n = 0.0, 0, 0
     step = 0
@@ -210,6 +217,9 @@ def train(student, samples: list[Sample], *, pad_id: int, epochs: float = 3.0, l
         for b in order:
             if step >= total_steps:
                 break
+            cur_lr = lr_at(step, (time.perf_counter() - t0) / 60)
+            for g in opt.param_groups:
+                g["lr"] = cur_lr
             ids, pos, tids, tlps = collate([samples[i] for i in b], pad_id)
             h = student.model(input_ids=ids).last_hidden_state  # (B, T, H)
             hs = h[pos[:, 0], pos[:, 1]]
@@ -218,20 +228,19 @@ def train(student, samples: list[Sample], *, pad_id: int, epochs: float = 3.0, l
             loss.backward()
             torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
             opt.step()
-            sched.step()
             step += 1
-            run_loss += float(loss) * len(pos)
+            run_loss += loss.item() * len(pos)
             run_agree += agree
             run_n += len(pos)
             minutes = (time.perf_counter() - t0) / 60
             if step % log_every == 0 or step == total_steps:
                 rec = {"step": step, "loss": run_loss / run_n, "agree": run_agree / run_n, "tokens": run_n,
-                       "minutes": round(minutes, 2), "lr": sched.get_last_lr()[0]}
+                       "minutes": round(minutes, 2), "lr": cur_lr}
                 log.append(rec)
                 _log(f"[train] step {step}/{total_steps} loss {rec['loss']:.3f} train-agree "
                      f"{rec['agree']:.3f} lr {rec['lr']:.2e} {minutes:.1f} min")
                 run_loss, run_agree, run_n = 0.0, 0, 0
-            if max_minutes is not None and minutes > max_minutes:
+            if max_minutes and minutes > max_minutes:
                 _log(f"[train] time budget of {max_minutes} min reached at step {step}/{total_steps}")
                 student.eval()
                 return log
