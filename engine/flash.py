@@ -773,12 +773,12 @@ class Measurement:
 
     Attributes:
         n: sequence length; method: "naive" or "fused".
-        ms: median wall time over the repeats, milliseconds.
-        peak_extra_bytes: rise of the process's peak resident memory over the resident memory before the
-            call, bytes (None where /proc cannot be read). Memory the allocator already holds from
-            earlier work is not counted, so small N read low.
-        predicted_extra_bytes: the model's extra memory for the same shape (S and P for naive, plus the
-            output; the output only for fused), bytes.
+        ms: best (minimum) wall time over the repeats, milliseconds; the minimum is the least disturbed
+            by other work on a shared machine.
+        peak_extra_bytes: rise of the worker process's peak resident memory (VmHWM) over its resident
+            memory just before one call, bytes; None where /proc cannot be read.
+        predicted_extra_bytes: the model's extra memory for the same shape: S and P
+            (``2 · heads · N² · 4`` bytes) plus the output for naive; the output only for fused.
         max_abs_diff: max |naive − fused| on this input (both fp32).
     """
 
@@ -790,43 +790,33 @@ class Measurement:
     max_abs_diff: float
 
 
-def measure_attention(ns: list[int], d: int = 64, heads: int = 4, causal: bool = False, repeats: int = 3,
-                      memory_limit_bytes: int = 2 * 1024 ** 3, seed: int = 0) -> list[Measurement]:
-    """Time and peak memory of naive attention vs PyTorch's fused SDPA on this machine (fp32, CPU).
+def _use_mmap_for_large_blocks() -> None:
+    """Make glibc serve every allocation ≥ 64 KiB with its own mmap, returned to the OS on free, so the
+    resident size follows the live tensors (otherwise freed heap memory is reused and a new N×N matrix
+    can fit in memory already counted as resident). No-op outside glibc."""
+    try:
+        import ctypes
 
-    For each N: random ``q, k, v`` of shape ``(1, heads, N, d)``; each method runs once to warm up, then
-    ``repeats`` times (median time); the peak extra resident memory is read from the kernel's VmHWM
-    around one more call. Sizes whose naive S and P (``2 · heads · N² · 4`` bytes) would exceed
-    ``memory_limit_bytes`` are not run (the list simply stops), so the machine never runs out of
-    memory.
+        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
-    Args:
-        ns: sequence lengths, ascending; d: head dimension; heads: number of heads; causal: causal mask;
-        repeats: timed runs per point (1–10); memory_limit_bytes: cap on the naive method's predicted
-        extra memory.
 
-    Returns:
-        Two :class:`Measurement` per N run (naive, then fused).
-
-    Raises:
-        InputError: empty or non-positive sizes, repeats outside 1–10.
-    """
-    if not ns or any(n < 1 for n in ns) or d < 1 or heads < 1:
-        raise InputError("Sequence lengths, head dimension and heads must all be ≥ 1.")
-    if not 1 <= repeats <= 10:
-        raise InputError(f"repeats must be between 1 and 10, got {repeats}.")
+def _measure_points(ns: list[int], d: int, heads: int, causal: bool, repeats: int, memory_limit_bytes: int,
+                    seed: int) -> list[dict]:
+    """The measurement loop, run inside a fresh worker process (see :func:`measure_attention`)."""
+    _use_mmap_for_large_blocks()
     gen = torch.Generator().manual_seed(seed)
-    out: list[Measurement] = []
+    out: list[dict] = []
     for n in sorted(ns):
         naive_pred = 2 * heads * n * n * 4 + heads * n * d * 4
         if naive_pred > memory_limit_bytes:
             break
         q, k, v = (torch.randn(1, heads, n, d, generator=gen) for _ in range(3))
-        results = {}
+        outputs = {}
         for method, fn, pred in (("naive", naive_attention, naive_pred),
                                  ("fused", fused_attention, heads * n * d * 4)):
-            o = fn(q, k, v, causal)  # warm-up
-            results[method] = o
+            outputs[method] = fn(q, k, v, causal)  # warm-up, and the output for the comparison
             times = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -841,9 +831,65 @@ def measure_attention(ns: list[int], d: int = 64, heads: int = 4, causal: bool =
                 del o2
                 if base is not None and hwm is not None:
                     peak = max(hwm - base, 0)
-            out.append(Measurement(n, method, float(np.median(times)), peak, pred, 0.0))
-        diff = float((results["naive"] - results["fused"]).abs().max())
-        out[-1].max_abs_diff = out[-2].max_abs_diff = diff
-        del q, k, v, results
+            out.append(dict(n=n, method=method, ms=min(times), peak_extra_bytes=peak,
+                            predicted_extra_bytes=pred, max_abs_diff=0.0))
+        diff = float((outputs["naive"] - outputs["fused"]).abs().max())
+        out[-1]["max_abs_diff"] = out[-2]["max_abs_diff"] = diff
+        del q, k, v, outputs
         gc.collect()
     return out
+
+
+def measure_attention(ns: list[int], d: int = 64, heads: int = 4, causal: bool = False, repeats: int = 3,
+                      memory_limit_bytes: int = 2 * 1024 ** 3, seed: int = 0, threads: int = 1,
+                      timeout_s: float = 300.0) -> list[Measurement]:
+    """Time and peak memory of naive attention vs PyTorch's fused SDPA on this machine (fp32, CPU).
+
+    Runs in a fresh Python worker process, so the app's own memory does not blur the reading and a
+    failure cannot take the app down. For each N: random ``q, k, v`` of shape ``(1, heads, N, d)``;
+    each method runs once to warm up, then ``repeats`` timed runs (best kept); the peak extra resident
+    memory is read from the kernel's VmHWM around one more call. Sizes whose naive S and P would exceed
+    ``memory_limit_bytes`` are not run (the list stops there), so the machine never runs out of memory.
+
+    Args:
+        ns: sequence lengths; d: head dimension; heads: number of heads; causal: causal mask;
+        repeats: timed runs per point (1–10); memory_limit_bytes: cap on the naive method's predicted
+        extra memory; threads: torch CPU threads in the worker (default 1: on a busy 2-core machine a
+        multi-threaded op waits for its slowest, descheduled thread, which swamps small sizes);
+        timeout_s: give up after this long.
+
+    Returns:
+        Two :class:`Measurement` per N run (naive, then fused), N ascending.
+
+    Raises:
+        InputError: empty or non-positive sizes, repeats outside 1–10.
+        SpeedupLabError: the worker failed or timed out.
+    """
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.errors import SpeedupLabError
+
+    if not ns or any(n < 1 for n in ns) or d < 1 or heads < 1:
+        raise InputError("Sequence lengths, head dimension and heads must all be ≥ 1.")
+    if not 1 <= repeats <= 10:
+        raise InputError(f"repeats must be between 1 and 10, got {repeats}.")
+    if not 1 <= threads <= 64:
+        raise InputError(f"threads must be between 1 and 64, got {threads}.")
+    args = dict(ns=[int(n) for n in ns], d=int(d), heads=int(heads), causal=bool(causal), repeats=int(repeats),
+                memory_limit_bytes=int(memory_limit_bytes), seed=int(seed))
+    code = ("import json, sys, torch; from engine.flash import _measure_points; "
+            f"torch.set_num_threads({int(threads)}); "
+            "print(json.dumps(_measure_points(**json.loads(sys.argv[1]))))")
+    root = Path(__file__).resolve().parent.parent
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=root, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SpeedupLabError(f"The measurement took longer than {timeout_s:g} s; try smaller sizes.") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no message"]
+        raise SpeedupLabError(f"The measurement worker failed (exit {proc.returncode}): {tail[0]}")
+    return [Measurement(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]

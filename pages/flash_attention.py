@@ -28,6 +28,12 @@ def _report(**kwargs):
     return flash_report(**kwargs)
 
 
+def _n_axis(fig: go.Figure, ns: list[int]) -> None:
+    """Log x axis with a tick at every measured/modelled N (powers of two)."""
+    fig.update_xaxes(type="log", title="sequence length N", tickvals=ns,
+                     ticktext=[f"{n // 1024}k" if n >= 1024 else str(n) for n in ns])
+
+
 def _on_preset() -> None:
     st.session_state["sram"] = HARDWARE_PRESETS[st.session_state["preset"]].sram_kib
 
@@ -131,13 +137,14 @@ with left:
     labels = np.where(tr.grid < 0, "masked", (tr.grid + 1).astype(str))
     fig = go.Figure(go.Heatmap(
         z=status, zmin=0, zmax=3, showscale=False, xgap=2, ygap=2,
-        colorscale=[[0, "#e5e7eb"], [0.25, "#e5e7eb"], [0.25, "#93c5fd"], [0.5, "#93c5fd"],
-                    [0.5, "#ffffff"], [0.75, "#ffffff"], [0.75, "#f97316"], [1, "#f97316"]],
+        colorscale=[[0, "#9ca3af"], [0.25, "#9ca3af"], [0.25, "#93c5fd"], [0.5, "#93c5fd"],
+                    [0.5, "#f1f5f9"], [0.75, "#f1f5f9"], [0.75, "#f97316"], [1, "#f97316"]],
         text=labels, texttemplate="%{text}", hovertemplate="Q block %{y}, K/V block %{x}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="Q block i", dtick=1)
     fig.update_xaxes(title="K/V block j", dtick=1, side="top")
-    fig.update_layout(height=320, margin=dict(l=10, r=10, t=50, b=10),
-                      title=dict(text="Tiles: orange = now, blue = done (numbers = visit order)", font_size=13))
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
+    st.markdown("**Tiles** — orange: now, blue: done, light: still to come, grey: skipped (all masked). "
+                "Numbers give the visit order.")
     st.plotly_chart(fig, width="stretch", key="tilemap")
 with right:
     sc = np.where(np.isinf(step.scores), np.nan, step.scores)
@@ -204,8 +211,8 @@ with ch1:
     fig = go.Figure()
     fig.add_scatter(x=cv.ns, y=cv.standard_bytes, name="standard (Algorithm 0)", mode="lines+markers")
     fig.add_scatter(x=cv.ns, y=cv.flash_bytes, name="FlashAttention (Algorithm 1)", mode="lines+markers")
-    fig.update_xaxes(type="log", title="sequence length N")
-    fig.update_yaxes(type="log", title="bytes read + written (HBM)")
+    _n_axis(fig, cv.ns)
+    fig.update_yaxes(type="log", title="bytes read + written (HBM)", tickformat="~s", ticksuffix="B")
     fig.update_layout(title="Main-memory traffic, one forward pass", height=380,
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
     st.plotly_chart(fig, width="stretch", key="traffic")
@@ -213,8 +220,8 @@ with ch2:
     fig = go.Figure()
     fig.add_scatter(x=cv.ns, y=cv.standard_extra_bytes, name="standard: S and P (2N²)", mode="lines+markers")
     fig.add_scatter(x=cv.ns, y=cv.flash_extra_bytes, name="FlashAttention: m and ℓ (2N)", mode="lines+markers")
-    fig.update_xaxes(type="log", title="sequence length N")
-    fig.update_yaxes(type="log", title="extra main memory (bytes)")
+    _n_axis(fig, cv.ns)
+    fig.update_yaxes(type="log", title="extra main memory", tickformat="~s", ticksuffix="B")
     fig.update_layout(title="Extra memory beyond Q, K, V, O", height=380,
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
     st.plotly_chart(fig, width="stretch", key="extra")
@@ -235,14 +242,14 @@ st.dataframe(
 
 pc = rep.paper
 st.subheader("The paper's example: GPT-2 medium on an A100")
-st.dataframe([
+st.table([
     {"": "Dao et al. 2022, Figure 2 (measured)", "standard": f"{pc.paper_standard_gb} GB",
      "FlashAttention": f"{pc.paper_flash_gb} GB", "ratio": f"{pc.paper_ratio:.1f}×",
      "what": "forward + backward, profiled on the GPU"},
     {"": "this model (Algorithms 0 and 1)", "standard": f"{pc.model_standard_gb:.2f} GB",
      "FlashAttention": f"{pc.model_flash_gb:.2f} GB", "ratio": f"{pc.model_ratio:.1f}×",
      "what": f"forward only, Br = {pc.flash.block_q}, Bc = {pc.flash.block_k}"},
-], hide_index=True, width="stretch")
+], border="horizontal", hide_index=True)
 st.markdown(
     f"Same workload: N = {PAPER_EXAMPLE['n']:,}, d = {PAPER_EXAMPLE['d']}, {PAPER_EXAMPLE['heads']} heads × batch "
     f"{PAPER_EXAMPLE['batch']} = {pc.heads_total:,} heads, fp16, M = 192 KiB. The model's numbers are smaller "
@@ -266,8 +273,9 @@ st.header("3 · Measured on this machine")
 st.markdown(
     "Naive PyTorch attention (`softmax(q kᵀ/√d) v`, which materializes the N × N scores) against PyTorch's "
     "fused `scaled_dot_product_attention`, whose CPU kernel also works in tiles with a running softmax. "
-    "fp32, one sequence, random inputs; time is the median of 3 runs; memory is the rise of the process's "
-    "peak resident memory during one call. Sizes whose naive matrices would pass 1.5 GiB are not run."
+    "fp32, one sequence, random inputs, d = 64, run in a separate worker process on one CPU thread; time "
+    "is the best of 3 runs; memory is the rise of the worker's peak resident memory during one call. "
+    "Sizes whose naive matrices would pass 1.5 GiB are not run."
 )
 url_param("mheads", 4, int, lo=1, hi=8)
 url_param("mnmax", 2048, int, choices=MEASURE_N_CHOICES)
@@ -297,7 +305,7 @@ if meas:
         fig = go.Figure()
         fig.add_scatter(x=[m.n for m in naive], y=[m.ms for m in naive], name="naive", mode="lines+markers")
         fig.add_scatter(x=[m.n for m in fused], y=[m.ms for m in fused], name="fused SDPA", mode="lines+markers")
-        fig.update_xaxes(type="log", title="sequence length N")
+        _n_axis(fig, sorted({m.n for m in ms}))
         fig.update_yaxes(type="log", title="time (ms)")
         fig.update_layout(title="Time per call", height=360, legend=dict(orientation="h", y=-0.25),
                           margin=dict(t=50))
@@ -309,8 +317,8 @@ if meas:
                             name=f"{name}: measured", mode="markers", marker_size=10)
             fig.add_scatter(x=[m.n for m in series], y=[m.predicted_extra_bytes for m in series],
                             name=f"{name}: model", mode="lines", line_dash="dash")
-        fig.update_xaxes(type="log", title="sequence length N")
-        fig.update_yaxes(type="log", title="peak extra memory (bytes)")
+        _n_axis(fig, sorted({m.n for m in ms}))
+        fig.update_yaxes(type="log", title="peak extra memory", tickformat="~s", ticksuffix="B")
         fig.update_layout(title="Peak extra memory: measured vs model", height=360,
                           legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
         st.plotly_chart(fig, width="stretch", key="mmem")

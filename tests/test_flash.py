@@ -328,3 +328,13 @@ def test_measure_attention_stops_before_memory_limit():
     # N = 64 needs 2·64²·4 + 64·4·4 = 33,792 B; N = 4096 would need ~134 MB > 1 MB limit: stop.
     ms = measure_attention([64, 4096], d=4, heads=1, repeats=1, memory_limit_bytes=1_000_000)
     assert {m.n for m in ms} == {64}
+
+
+def test_measured_memory_follows_the_model():
+    # N = 512, 2 heads, d = 16: naive keeps S and P alive, 2·2·512²·4 B = 4,194,304 B (+ 65,536 B output);
+    # the fused kernel only allocates the output, 2·512·16·4 = 65,536 B.
+    ms = measure_attention([512], d=16, heads=2, repeats=1)
+    naive, fused = ms
+    assert naive.predicted_extra_bytes == 4_194_304 + 65_536
+    assert 0.8 * naive.predicted_extra_bytes < naive.peak_extra_bytes < 1.2 * naive.predicted_extra_bytes
+    assert fused.peak_extra_bytes < naive.peak_extra_bytes / 4

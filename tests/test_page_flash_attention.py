@@ -123,7 +123,7 @@ def test_traffic_section_a100_then_h100():
     txt = _text(at)
     # A100: 192 KiB / 2 B = 98,304 elements; d = 64: Bc = ⌈98304/256⌉ = 384, Br = min(384, 64) = 64.
     assert "98,304 elements" in txt and "Bc = ⌈M/4d⌉ = **384**" in txt and "= **64** (d = 64)" in txt
-    paper = at.dataframe[2].value
+    paper = at.table[0].value
     # Model: 4,456,448 · 2 B · 1024 heads = 9.13 GB; 800,768 · 2 · 1024 = 1.64 GB.
     assert list(paper["standard"]) == ["40.3 GB", "9.13 GB"]
     assert list(paper["FlashAttention"]) == ["4.4 GB", "1.64 GB"]
