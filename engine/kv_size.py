@@ -535,7 +535,33 @@ def weights_read_bytes(model: ModelSpec, tokens: int, weight_dtype: str = "bf16"
     return p * dtype_bytes(weight_dtype)
 
 
-def decode_step(model: ModelSpec, hw: HardwareSpec, batch: int = 1, context: int = 1024,
+def model_preset(name: str | ModelSpec) -> ModelSpec:
+    """A model from :data:`MODEL_PRESETS` by name (a :class:`ModelSpec` is returned as is).
+
+    Raises:
+        InputError: unknown name.
+    """
+    if isinstance(name, ModelSpec):
+        return name
+    if name not in MODEL_PRESETS:
+        raise InputError(f"Unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}.")
+    return MODEL_PRESETS[name]
+
+
+def hardware_preset(name: str | HardwareSpec) -> HardwareSpec:
+    """A device from :data:`HARDWARE_PRESETS` by name (a :class:`HardwareSpec` is returned as is).
+
+    Raises:
+        InputError: unknown name.
+    """
+    if isinstance(name, HardwareSpec):
+        return name
+    if name not in HARDWARE_PRESETS:
+        raise InputError(f"Unknown device {name!r}; choose one of {', '.join(HARDWARE_PRESETS)}.")
+    return HARDWARE_PRESETS[name]
+
+
+def decode_step(model: ModelSpec | str, hw: HardwareSpec | str, batch: int = 1, context: int = 1024,
                 kv_dtype: str = "bf16", tokens_per_seq: int = 1,
                 weight_dtype: str = "bf16") -> DecodeStep:
     """A decode (or verification) step on the roofline (Williams et al. 2009).
@@ -548,9 +574,13 @@ def decode_step(model: ModelSpec, hw: HardwareSpec, batch: int = 1, context: int
       + ``batch · tokens_per_seq · attention_flops_per_token(context)``
     * time = ``max(bytes / bandwidth, FLOPs / peak)``
 
+    ``model`` and ``hw`` may be preset names (keys of :data:`MODEL_PRESETS`, :data:`HARDWARE_PRESETS`).
+
     Raises:
-        InputError: invalid model/dtype, negative context, batch or tokens_per_seq < 1.
+        InputError: invalid model/dtype, unknown preset name, negative context, batch or
+        tokens_per_seq < 1.
     """
+    model, hw = model_preset(model), hardware_preset(hw)
     validate(model)
     batch = _check_len(batch, "batch size", 1)
     tokens_per_seq = _check_len(tokens_per_seq, "tokens per sequence", 1)
@@ -564,7 +594,7 @@ def decode_step(model: ModelSpec, hw: HardwareSpec, batch: int = 1, context: int
                       "compute" if comp_ms > mem_ms else "memory", tokens)
 
 
-def decode_step_time(model: ModelSpec, hw: HardwareSpec, batch: int = 1, context: int = 1024,
+def decode_step_time(model: ModelSpec | str, hw: HardwareSpec | str, batch: int = 1, context: int = 1024,
                      kv_dtype: str = "bf16", tokens_per_seq: int = 1, weight_dtype: str = "bf16") -> float:
     """Roofline time of one decode step in ms (see :func:`decode_step`).
 
@@ -579,7 +609,7 @@ def decode_step_time(model: ModelSpec, hw: HardwareSpec, batch: int = 1, context
     return decode_step(model, hw, batch, context, kv_dtype, tokens_per_seq, weight_dtype).step_ms
 
 
-def compute_bound_batch(model: ModelSpec, hw: HardwareSpec, context: int = 1024, kv_dtype: str = "bf16",
+def compute_bound_batch(model: ModelSpec | str, hw: HardwareSpec | str, context: int = 1024, kv_dtype: str = "bf16",
                         tokens_per_seq: int = 1, weight_dtype: str = "bf16",
                         max_batch: int = 1 << 20) -> int | None:
     """Smallest batch at which a decode step becomes compute-bound, or None if it never does.
@@ -593,6 +623,7 @@ def compute_bound_batch(model: ModelSpec, hw: HardwareSpec, context: int = 1024,
     Raises:
         InputError: as :func:`decode_step`.
     """
+    model, hw = model_preset(model), hardware_preset(hw)
     if model.active_params and model.active_params < model.params:
         lo, hi = 1, max_batch
         if decode_step(model, hw, hi, context, kv_dtype, tokens_per_seq, weight_dtype).bound != "compute":

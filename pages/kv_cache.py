@@ -224,6 +224,8 @@ else:
               "unbounded (every layer slides)" if fit.max_context is None else f"{fit.max_context:,} tokens")
     f3.metric(f"Largest batch at {rep.context:,} tokens",
               "any (empty cache)" if fit.max_batch is None else f"{fit.max_batch:,}")
+    st.caption("Memory is the only limit counted here: the model's trained context window may be "
+               "shorter, and activations need some of the memory left.")
 
 # ---------------------------------------------------------------------------------------------- roofline
 st.subheader("A decode step on the roofline")

@@ -364,3 +364,14 @@ def test_sliding_window_real_cache_tiny_models(family):
     spec = model_from_config(cfg, params=0)
     per_layer_tok = 2 * spec.num_kv_heads * spec.head_dim * 4
     assert kv_bytes(spec, 20, 1, "fp32") == expected + spec.sliding_layers * per_layer_tok
+
+
+def test_decode_step_time_by_preset_names():
+    # the what-if page can ask by name: same value as with the objects
+    assert decode_step_time("Llama-3.1-8B", "H100 SXM", 1, 1024, tokens_per_seq=5) == \
+        decode_step_time(L8, H100, 1, 1024, tokens_per_seq=5)
+    assert compute_bound_batch("Llama-3.1-8B", "H100 SXM", context=0) == 296
+    with pytest.raises(InputError, match="Unknown model preset"):
+        decode_step_time("GPT-9", "H100 SXM")
+    with pytest.raises(InputError, match="Unknown device"):
+        decode_step_time("Llama-3.1-8B", "TPU")
