@@ -179,3 +179,17 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
         total_ms=total_ms,
         tokens_per_s=new_tokens / (total_ms / 1000) if total_ms > 0 else None,
     )
+
+
+ORIGINS = ("accepted", "correction", "bonus", "plain")
+"""Where a generated token came from: an accepted draft token, the target's correction at a rejected
+position, the target's bonus token after a fully accepted draft, or a plain target step (no draft)."""
+
+
+def token_origins(rounds: list[Round]) -> list[tuple[int, str]]:
+    """Each generated token id with its origin (one of ``ORIGINS``), in order."""
+    out: list[tuple[int, str]] = []
+    for r in rounds:
+        for i, t in enumerate(r.emitted_ids):
+            out.append((t, "accepted" if i < r.n_accepted else r.next_kind))
+    return out

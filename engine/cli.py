@@ -1,0 +1,117 @@
+"""``python -m engine generate``: speculative decoding in the terminal (see ``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.trace import token_origins
+
+COLORS = {"accepted": "\033[32m", "correction": "\033[31m", "bonus": "\033[34m", "plain": ""}
+MARKS = {"accepted": ("", ""), "correction": ("⟨", "⟩"), "bonus": ("«", "»"), "plain": ("", "")}
+RESET = "\033[0m"
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with speculative decoding",
+                       description="Speculative decoding on a real model, printed with each token "
+                                   "marked by origin, then the run statistics.")
+    p.add_argument("--prompt", required=True, help="the user message (chat template applied)")
+    p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
+    p.add_argument("--draft", default=None,
+                   help="embedded-draft | ngram | early-exit:K | none | hub id | folder "
+                        "(default: embedded-draft when shipped, else ngram)")
+    p.add_argument("--gamma", type=int, default=4, help="γ, draft tokens per round (1–64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--baseline", action="store_true",
+                   help="also decode without speculation (same settings and seed) and report the speedup")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.set_defaults(func=run_generate)
+
+
+def default_draft() -> str:
+    from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR
+
+    return EMBEDDED_DRAFT if (EMBEDDED_DRAFT_DIR / "config.json").is_file() else "ngram"
+
+
+def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
+    """Load the target and build the proposer for ``draft_spec`` (None proposer for "none")."""
+    from engine.models import load_model
+    from engine.proposers import make_proposer
+
+    kw = {"progress": progress} if progress else {}
+    target = load_model(target_spec, device=device, dtype=dtype, **kw)
+    if draft_spec in ("none", "baseline", "ngram") or draft_spec.startswith("early-exit"):
+        return target, make_proposer(draft_spec, target)
+    draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
+    return target, make_proposer("model", target, draft)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from engine.sampling import SamplingConfig
+    from engine.speculative import encode_prompt, generate
+
+    def progress(msg, frac):
+        print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+    draft_spec = args.draft or default_draft()
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress)
+    ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
+    kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    res = generate(target, proposer, ids, **kw)
+    base = generate(target, None, ids, **kw) if args.baseline else None
+    if args.json:
+        out = res.to_dict()
+        out["draft"] = draft_spec
+        if base is not None:
+            out["stats"]["baseline_tokens_per_s"] = base.stats.tokens_per_s
+            out["stats"]["speedup"] = base.stats.total_ms / res.stats.total_ms
+            out["stats"]["identical_to_baseline"] = base.token_ids == res.token_ids
+        json.dump(out, sys.stdout, ensure_ascii=False)
+        print()
+        return 0
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    tok = target.tokenizer
+    pieces = []
+    for t, origin in token_origins(res.rounds):
+        s = tok.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if color:
+            pieces.append(f"{COLORS[origin]}{s}{RESET if COLORS[origin] else ''}")
+        else:
+            a, b = MARKS[origin]
+            pieces.append(f"{a}{s}{b}")
+    print("".join(pieces))
+    legend = ("\033[32maccepted draft\033[0m  \033[31mcorrection\033[0m  \033[34mbonus\033[0m  plain"
+              if color else "accepted draft: plain text  ⟨correction⟩  «bonus»")
+    s = res.stats
+    print(f"\n--- {legend}")
+    print(f"target: {target.name}   draft: {proposer.name if proposer else 'none (plain decoding)'}   "
+          f"γ = {args.gamma}   T = {args.temperature}")
+    if s.acceptance_rate is not None:
+        from engine.analytic import expected_tokens_per_pass
+
+        e = expected_tokens_per_pass(s.acceptance_rate, args.gamma)
+        print(f"acceptance rate α̂ = {s.acceptance_rate:.3f} ({s.accepted} of {s.judged} judged; "
+              f"{s.accepted} of {s.drafted} drafted = {s.accepted_fraction:.3f})")
+        print(f"tokens per target pass = {s.tokens_per_target_pass:.2f}  (formula at α̂: {e:.2f})")
+        print("acceptance by draft position: " + ", ".join(f"{a:.2f}" for a in s.acceptance_by_position))
+        if s.draft_cost_ratio is not None:
+            print(f"draft cost c = {s.draft_cost_ratio:.3f} of a target pass")
+    print(f"{s.new_tokens} tokens in {s.rounds} target passes, {s.total_ms:.0f} ms "
+          f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)")
+    if base is not None:
+        same = "identical" if base.token_ids == res.token_ids else "different (sampling)"
+        print(f"baseline: {base.stats.tokens_per_s:.1f} tokens/s; speedup "
+              f"{base.stats.total_ms / res.stats.total_ms:.2f}×; outputs {same}")
+    return 0

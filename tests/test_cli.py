@@ -1,0 +1,57 @@
+"""The command line on a tiny model: JSON output, marked text, clear errors."""
+
+import json
+
+import pytest
+
+from engine.__main__ import main
+from tests.tiny_models import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return str(save_tiny_llama(tmp_path_factory.mktemp("cli") / "m", vocab_size=32, layers=2))
+
+
+def test_generate_json(tiny_dir, capsys):
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", "ngram",
+               "--gamma", "3", "--max-new-tokens", "12", "--json", "--baseline", "--no-chat"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"text", "token_ids", "rounds", "stats"}
+    assert 1 <= len(out["token_ids"]) <= 12
+    assert out["stats"]["identical_to_baseline"] is True  # greedy: same tokens as plain decoding
+    for key in ("acceptance_rate", "tokens_per_target_pass", "tokens_per_s", "draft_cost_ratio",
+                "baseline_tokens_per_s"):
+        assert key in out["stats"]
+    r0 = out["rounds"][0]
+    assert {"drafted", "n_accepted", "next_kind", "draft_ms", "verify_ms"} <= set(r0)
+    assert sum(len(r["emitted_ids"]) for r in out["rounds"]) == len(out["token_ids"])
+
+
+def test_generate_text_marks_origins(tiny_dir, capsys):
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", "early-exit:2",
+               "--gamma", "2", "--max-new-tokens", "6", "--no-chat", "--color", "never"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "acceptance rate α̂ = 1.000" in out  # early exit at all layers is the target itself
+    assert "«" in out  # a bonus token is marked
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--prompt", "  "], "empty"),
+    (["--prompt", "hi", "--gamma", "0"], "γ"),
+    (["--prompt", "hi", "--top-p", "0"], "top-p"),
+    (["--prompt", "hi", "--temperature", "-1"], "Temperature"),
+    (["--prompt", "hi", "--draft", "early-exit:abc"], "early-exit"),
+])
+def test_bad_arguments_exit_2_with_message(tiny_dir, capsys, args, msg):
+    draft = [] if "--draft" in args else ["--draft", "ngram"]
+    rc = main(["generate", "--target", tiny_dir, "--no-chat", *draft, *args])
+    assert rc == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_unknown_target_offline(capsys):
+    assert main(["generate", "--prompt", "hi", "--target", "no-such-org/no-such-model"]) == 2
+    assert "Could not load" in capsys.readouterr().err
