@@ -1,0 +1,266 @@
+"""Pure helpers of the live speculative decoding page: turn ``Round`` traces into safe Markdown,
+table rows and chart data, and compare a speculative run with its baseline.
+
+Model text is untrusted: everything here that goes into Markdown passes through ``escape_markdown``,
+so a token such as ``<script>``, ``**``, ``[x](javascript:…)``, ``$x$`` or ``:+1:`` is shown as the
+literal characters, never as HTML, formatting, a link, LaTeX or an emoji. Chart labels are
+HTML-escaped (plotly interprets a few tags in its text).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import string
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from engine.models import EMBEDDED_DRAFT_DIR
+from engine.trace import ORIGINS, Round, RunStats, TopToken, token_origins
+
+ZWSP = "\u200b"
+NBSP = "\u00a0"
+_PUNCT = set(string.punctuation)
+# characters after which a zero-width space is inserted, so Streamlit's text-level replacements
+# (emoji shortcodes ":+1:", arrows "<-" "->", dashes "--", "~=") cannot match across them
+_BREAK_AFTER = set(":<>-=~")
+
+STYLE = {
+    "accepted": "green-background",
+    "correction": "orange-background",
+    "bonus": "blue-background",
+    "plain": "gray-background",
+    "draft": "gray-background",
+    "rejected": "red-background",
+    "discarded": "gray",
+}
+"""Streamlit colour directive of each token role (generated-text origins and round verdicts)."""
+
+ORIGIN_LABEL = {
+    "accepted": "accepted draft token",
+    "correction": "target correction",
+    "bonus": "bonus token",
+    "plain": "plain target step (no draft)",
+}
+
+
+def escape_markdown(text: str) -> str:
+    """Escape ``text`` so Streamlit Markdown shows it literally (one line; newlines are not handled).
+
+    Every ASCII punctuation character gets a backslash (CommonMark §2.4 allows it for all of them),
+    which disables emphasis, links, code, HTML, LaTeX (``\\$``) and directive brackets; a zero-width
+    space after ``: < > - = ~`` stops emoji shortcodes and typographic replacements.
+    """
+    out = []
+    for ch in text:
+        if ch in _PUNCT:
+            out.append("\\" + ch)
+            if ch in _BREAK_AFTER:
+                out.append(ZWSP)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def visible(text: str) -> str:
+    """A token's text made visible: newline → ↵, tab → ⇥, whitespace-only runs → ␣, empty → ∅."""
+    if text == "":
+        return "∅"
+    t = text.replace("\r", "␍").replace("\n", "↵").replace("\t", "⇥")
+    if t.strip(" ") == "":
+        t = "␣" * len(t)
+    return t
+
+
+def chip(text: str, style: str, strike: bool = False) -> str:
+    """One token as a coloured Markdown span: ``:style[escaped]`` (shown with visible whitespace)."""
+    body = escape_markdown(visible(text))
+    if strike:
+        body = f"~~{body}~~"
+    return f":{style}[{body}]"
+
+
+def _keep_spaces(piece: str) -> str:
+    """Runs of spaces survive Markdown: n ≥ 2 spaces → (n − 1) NBSP + one breakable space."""
+    out, run = [], 0
+    for ch in piece + "\0":
+        if ch == " ":
+            run += 1
+            continue
+        if run:
+            out.append(NBSP * (run - 1) + " " if run > 1 else " ")
+            run = 0
+        out.append(ch)
+    return "".join(out[:-1])
+
+
+def text_span(text: str, style: str) -> str:
+    """Generated text of one token as Markdown, keeping its line breaks (hard breaks) and spaces."""
+    parts = text.split("\n")
+    out = []
+    for i, piece in enumerate(parts):
+        if i > 0:
+            out.append(f":{style}[↵]  \n")
+        if piece:
+            if piece.strip(" ") == "":
+                body = NBSP * len(piece)
+            else:
+                body = escape_markdown(_keep_spaces(piece.replace("\t", "    ")))
+            out.append(f":{style}[{body}]")
+    return "".join(out)
+
+
+def generated_markdown(pieces: list[tuple[str, str]]) -> str:
+    """The generated text with each token coloured by origin.
+
+    Args:
+        pieces: (token text, origin) in order; origin is one of ``engine.trace.ORIGINS``.
+    """
+    return "".join(text_span(t, STYLE[o]) for t, o in pieces)
+
+
+def legend_markdown() -> str:
+    """One line: a sample span per origin with its meaning."""
+    return "  ".join(f":{STYLE[o]}[{ORIGIN_LABEL[o]}]" for o in ORIGINS)
+
+
+def generated_pieces(rounds: list[Round], token_text) -> list[tuple[str, str]]:
+    """(text, origin) of every generated token; ``token_text(id) -> str`` decodes one token."""
+    return [(token_text(t), o) for t, o in token_origins(rounds)]
+
+
+def draft_frame(rnd: Round, upto: int) -> str:
+    """Markdown of the draft phase after the first ``upto`` draft tokens have appeared (grey)."""
+    chips = [chip(d.text, STYLE["draft"]) for d in rnd.drafted[:upto]]
+    if not rnd.drafted:
+        return "**Draft:** *no draft tokens this round* (the target takes a plain step)"
+    return "**Draft:** " + " ".join(chips) + (" …" if upto < len(rnd.drafted) else "")
+
+
+def verdict_frame(rnd: Round) -> str:
+    """Markdown of the judged round: accepted green, the first rejected struck through with the
+    target's correction beside it, later draft tokens greyed (discarded), a bonus token marked."""
+    parts = []
+    for d in rnd.drafted:
+        if d.verdict == "accepted":
+            parts.append(chip(d.text, STYLE["accepted"]))
+        elif d.verdict == "rejected":
+            parts.append(chip(d.text, STYLE["rejected"], strike=True) + " → "
+                         + chip(rnd.next_text, STYLE["correction"]) + " :orange[(correction)]")
+        else:
+            parts.append(chip(d.text, STYLE["discarded"], strike=True))
+    if rnd.next_kind == "bonus":
+        parts.append("＋ " + chip(rnd.next_text, STYLE["bonus"]) + " :blue[(bonus)]")
+    elif rnd.next_kind == "plain":
+        parts.append(chip(rnd.next_text, STYLE["plain"]) + " :gray[(plain step)]")
+    return "**Verify:** " + " ".join(parts)
+
+
+def round_frames(rnd: Round) -> list[str]:
+    """Animation frames of a round: one per draft token appearing, then the verdict (draft + verify)."""
+    frames = [draft_frame(rnd, i) for i in range(1, len(rnd.drafted) + 1)] or [draft_frame(rnd, 0)]
+    frames.append(draft_frame(rnd, len(rnd.drafted)) + "  \n" + verdict_frame(rnd))
+    return frames
+
+
+def round_summary(rnd: Round) -> str:
+    """One plain sentence about a round (no model text): counts, outcome, timings."""
+    n = rnd.n_drafted
+    what = {"correction": "the target corrected the first rejected token",
+            "bonus": "all accepted, the target added a bonus token",
+            "plain": "no draft: a plain target step"}[rnd.next_kind]
+    return (f"Round {rnd.index + 1}: {n} drafted, {rnd.n_accepted} accepted, {len(rnd.emitted_ids)} "
+            f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms "
+            f"({rnd.tokens_verified} tokens in the target pass).")
+
+
+def round_rows(rnd: Round) -> list[dict]:
+    """Table rows, one per draft position: token, q(x), p(x), min(1, p/q), u, verdict.
+
+    ``min(1, p/q)`` is the trace's ``accept_prob`` (1/0 under greedy), None where not evaluated;
+    u is None under greedy and after the first rejection.
+    """
+    return [{"position": i + 1, "token": visible(d.text), "id": d.token_id, "q(x)": d.q, "p(x)": d.p,
+             "min(1, p/q)": d.accept_prob, "u": d.u, "verdict": d.verdict}
+            for i, d in enumerate(rnd.drafted)]
+
+
+def history_rows(rounds: list[Round]) -> list[dict]:
+    """One row per round: drafted, accepted, emitted, the target token's kind, draft / verify ms."""
+    return [{"round": r.index + 1, "drafted": r.n_drafted, "accepted": r.n_accepted,
+             "emitted": len(r.emitted_ids), "target token": r.next_kind,
+             "tokens in target pass": r.tokens_verified,
+             "draft ms": r.draft_ms, "verify ms": r.verify_ms} for r in rounds]
+
+
+def chart_labels(tops: list[TopToken]) -> list[str]:
+    """Category labels for a top-token bar chart: visible text, HTML-escaped for plotly, made unique
+    by appending the id where two tokens look the same."""
+    labels = [visible(t.text) for t in tops]
+    seen: dict[str, int] = {}
+    for lab in labels:
+        seen[lab] = seen.get(lab, 0) + 1
+    return [html.escape(lab if seen[lab] == 1 else f"{lab} #{t.id}") for lab, t in zip(labels, tops)]
+
+
+def focus_position(rnd: Round) -> int:
+    """The draft position (0-based) to open first: the rejected one, else the last one (0 if none)."""
+    for i, d in enumerate(rnd.drafted):
+        if d.verdict == "rejected":
+            return i
+    return max(len(rnd.drafted) - 1, 0)
+
+
+@dataclass
+class BaselineComparison:
+    """A speculative run against the plain (no-draft) run of the same prompt, settings and seed.
+
+    Attributes:
+        speedup: baseline ms per token ÷ speculative ms per token, prefill included in both; equal to
+            baseline total_ms ÷ speculative total_ms when both generated the same number of tokens.
+        identical: the two token sequences are equal (expected under greedy decoding, up to ties
+            in floating point; under sampling they differ and only the distribution is the same).
+        same_length: both generated the same number of tokens.
+        spec_tokens_per_s, base_tokens_per_s: throughput of each run.
+        first_difference: index of the first differing token (None if identical / prefix).
+    """
+
+    speedup: float | None
+    identical: bool
+    same_length: bool
+    spec_tokens_per_s: float | None
+    base_tokens_per_s: float | None
+    first_difference: int | None
+
+
+def compare_baseline(spec_ids: list[int], spec: RunStats, base_ids: list[int],
+                     base: RunStats) -> BaselineComparison:
+    """Measured speedup of a speculative run over its baseline (see ``BaselineComparison``)."""
+    speedup = None
+    if spec.new_tokens and base.new_tokens and spec.total_ms > 0 and base.total_ms > 0:
+        speedup = (base.total_ms / base.new_tokens) / (spec.total_ms / spec.new_tokens)
+    first = next((i for i, (a, b) in enumerate(zip(spec_ids, base_ids)) if a != b), None)
+    if first is None and len(spec_ids) != len(base_ids):
+        first = min(len(spec_ids), len(base_ids))
+    return BaselineComparison(speedup=speedup, identical=list(spec_ids) == list(base_ids),
+                              same_length=len(spec_ids) == len(base_ids),
+                              spec_tokens_per_s=spec.tokens_per_s, base_tokens_per_s=base.tokens_per_s,
+                              first_difference=first)
+
+
+def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) -> SimpleNamespace | None:
+    """The record the what-if page reads from ``st.session_state["measured_run"]``, or None while the
+    run has no measured α or c yet (nothing judged, or no draft time)."""
+    if stats.acceptance_rate is None or stats.draft_cost_ratio is None:
+        return None
+    sp = measured_speedup if measured_speedup is not None and math.isfinite(measured_speedup) else None
+    return SimpleNamespace(acceptance_rate=float(stats.acceptance_rate),
+                           draft_cost_ratio=float(stats.draft_cost_ratio),
+                           verify_ms_by_tokens={int(k): float(v) for k, v in stats.verify_ms_by_tokens.items()},
+                           measured_speedup=sp, gamma=int(gamma))
+
+
+def default_draft_kind() -> str:
+    """"draft" (the trained draft for the embedded target) when it is shipped in assets/, else
+    "ngram" (prompt lookup)."""
+    return "draft" if (EMBEDDED_DRAFT_DIR / "config.json").is_file() else "ngram"

@@ -1,0 +1,389 @@
+"""Live speculative decoding: real rounds on a real model, every probability behind every decision.
+
+The decoder lives in this browser session's state (its KV caches and traces are never shared); models
+come from the process-wide resource cache. All numbers come from ``engine.speculative`` /
+``engine.trace``; ``engine.live_view`` turns traces into escaped Markdown, rows and chart data.
+"""
+
+import time
+
+import plotly.graph_objects as go
+import streamlit as st
+from plotly.subplots import make_subplots
+
+from app.resources import get_model
+from app.state import sync_url, url_param
+from engine.analytic import expected_tokens_per_pass
+from engine.errors import InputError, SpeedupLabError
+from engine.live_view import (
+    chart_labels, compare_baseline, default_draft_kind, focus_position, generated_markdown,
+    generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
+    round_summary, verdict_frame, visible,
+)
+from engine.models import EMBEDDED, EMBEDDED_DRAFT
+from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
+from engine.proposers import make_proposer
+from engine.sampling import SamplingConfig
+from engine.speculative import SpeculativeDecoder, encode_prompt
+
+GAMMA_MAX = 16
+MAX_NEW_UI = 256
+PROMPT_MAX_CHARS = 8000
+DRAFT_KINDS = {
+    "draft": "Trained draft model (embedded)",
+    "ngram": "Prompt lookup (n-gram)",
+    "early-exit": "Early exit (target's first k layers)",
+    "model": "Any draft model (HF id or local folder)",
+}
+# autoplay speed → (seconds between animation frames, extra pause after each round)
+SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
+ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
+URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
+            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed"]
+
+st.title("🔴 Live speculative decoding")
+st.markdown(
+    "A small **draft** proposes γ tokens; the **target** checks all of them in **one** forward pass and "
+    "keeps the longest agreed prefix, plus one token of its own (a **correction** at the first rejected "
+    "position, or a **bonus** token when every draft token was accepted). Under sampling a draft token x "
+    "is accepted when a uniform draw u < min(1, p(x)/q(x)), with p the target's and q the draft's "
+    "probability; a rejection resamples from the residual norm(max(0, p − q)), so the output follows p "
+    "exactly (Leviathan et al. 2023, Algorithm 1). Step a round and open it to see every number."
+)
+
+# ------------------------------------------------------------------------------------------ settings
+url_param("lv_target", EMBEDDED, str)
+url_param("lv_preset", "code", str, choices=list(PROMPT_PRESETS) + [CUSTOM])
+url_param("lv_draft", default_draft_kind(), str, choices=list(DRAFT_KINDS))
+url_param("lv_k", 8, int, lo=1, hi=256)
+url_param("lv_draft_model", "", str)
+url_param("lv_gamma", 4, int, lo=1, hi=GAMMA_MAX)
+url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0)
+url_param("lv_topk", 0, int, lo=0, hi=1000)
+url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0)
+url_param("lv_seed", 0, int, lo=0, hi=999_999)
+url_param("lv_max_new", 64, int, lo=1, hi=MAX_NEW_UI)
+url_param("lv_speed", "fast", str, choices=list(SPEEDS))
+if "lv_prompt" not in st.session_state:
+    st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
+                                     if st.session_state["lv_preset"] != CUSTOM else "")
+
+
+def _on_preset() -> None:
+    if st.session_state["lv_preset"] != CUSTOM:
+        st.session_state["lv_prompt"] = preset_text(st.session_state["lv_preset"])
+
+
+def _on_prompt_edit() -> None:
+    p = st.session_state["lv_preset"]
+    if p != CUSTOM and st.session_state["lv_prompt"] != preset_text(p):
+        st.session_state["lv_preset"] = CUSTOM
+
+
+with st.sidebar:
+    st.header("Settings")
+    st.text_input("Target model", key="lv_target",
+                  help="`embedded` (SmolLM2-135M-Instruct), a Hugging Face id in the local cache, or a folder.")
+
+target = None
+try:
+    target = get_model(st.session_state["lv_target"].strip() or EMBEDDED)
+except SpeedupLabError as e:
+    st.error(str(e))
+
+n_layers = len(getattr(getattr(target.model, "model", None), "layers", [])) if target is not None else 0
+
+with st.sidebar:
+    st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="lv_preset", on_change=_on_preset,
+                 format_func=lambda k: PROMPT_PRESETS[k].label if k in PROMPT_PRESETS else "Custom (edited)")
+    st.text_area("Prompt (one user turn; the chat template is applied)", key="lv_prompt", height=160,
+                 max_chars=PROMPT_MAX_CHARS, on_change=_on_prompt_edit)
+    st.selectbox("Draft", list(DRAFT_KINDS), key="lv_draft", format_func=DRAFT_KINDS.get)
+    if st.session_state["lv_draft"] == "early-exit":
+        if n_layers >= 2:
+            st.session_state["lv_k"] = min(max(st.session_state["lv_k"], 1), n_layers - 1)
+            st.slider("Early exit after k layers", 1, n_layers - 1, key="lv_k")
+    elif st.session_state["lv_draft"] == "model":
+        st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
+                      help="Must share the target's tokenizer.")
+    st.slider("γ (draft tokens per round)", 1, GAMMA_MAX, key="lv_gamma")
+    st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
+    st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
+    st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")
+    st.number_input("Seed", 0, 999_999, key="lv_seed")
+    st.slider("Max new tokens", 1, MAX_NEW_UI, key="lv_max_new")
+    st.radio("Autoplay speed (Run to the end)", list(SPEEDS), key="lv_speed", horizontal=True,
+             help="instant: no animation; presenter: slow animation and a pause after each round.")
+
+sync_url(URL_KEYS)
+
+S = st.session_state
+config = (S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
+          S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
+          float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]))
+
+
+def _proposer(cfg, tgt):
+    kind = cfg[2]
+    if kind == "ngram":
+        return make_proposer("ngram", tgt)
+    if kind == "early-exit":
+        if n_layers < 2:
+            raise InputError("Early exit needs a target with at least 2 layers.")
+        return make_proposer(f"early-exit:{cfg[3]}", tgt)
+    spec = EMBEDDED_DRAFT if kind == "draft" else cfg[4]
+    if not spec:
+        raise InputError("Type a draft model: a Hugging Face id in the local cache or a local folder.")
+    draft = get_model(spec)
+    return make_proposer(spec, tgt, draft)
+
+
+def _decoder(cfg, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
+    """Build a decoder for ``cfg`` (raises SpeedupLabError subclasses with user-facing messages)."""
+    sampling = SamplingConfig(temperature=cfg[6], top_k=cfg[7], top_p=cfg[8])
+    ids = encode_prompt(target.tokenizer, cfg[1])
+    proposer = None if baseline else _proposer(cfg, target)
+    return SpeculativeDecoder(target, proposer, ids, gamma=cfg[5], sampling=sampling, seed=cfg[9],
+                              max_new_tokens=max_new or cfg[10])
+
+
+def _rebuild() -> None:
+    S["lv_dec"], S["lv_base"], S["lv_error"] = None, None, None
+    S["lv_cfg"] = config
+    try:
+        S["lv_dec"] = _decoder(config)
+    except SpeedupLabError as e:
+        S["lv_error"] = str(e)
+
+
+if target is not None and S.get("lv_cfg") != config:
+    _rebuild()
+if target is None:
+    st.stop()
+
+# ------------------------------------------------------------------------------------------ buttons
+dec: SpeculativeDecoder | None = S.get("lv_dec")
+ready = dec is not None
+b1, b2, b3, b4, b5 = st.columns(5)
+step = b1.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished)
+run_all = b2.button("Run to the end", key="lv_run", disabled=not ready or dec.finished)
+b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round.")
+reset = b4.button("Reset", key="lv_reset")
+run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
+                     help="Plain decoding of the same prompt with the same settings and seed (no draft); "
+                          "finishes the speculative run first so both cover the same tokens.")
+
+if reset:
+    _rebuild()
+    dec = S["lv_dec"]
+if S.get("lv_error"):
+    st.error(S["lv_error"])
+    st.stop()
+
+greedy = S["lv_temp"] == 0
+if greedy:
+    st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
+               "likely token, so min(1, p/q) is shown as 1 or 0 and there is no uniform draw u. p and q "
+               "in the tables and charts are the softmax at temperature 1, for display only.")
+elif dec.proposer is not None and S["lv_draft"] == "ngram":
+    st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
+               "probability p(x) and a rejection resamples from p with x removed.")
+
+status = st.empty()
+progress = st.empty()
+round_box = st.container(border=True)
+with round_box:
+    round_title = st.empty()
+    round_md = st.empty()
+text_box = st.container()
+with text_box:
+    st.subheader("Generated text")
+    text_md = st.empty()
+    st.markdown(legend_markdown())
+
+
+def _draw_text(d: SpeculativeDecoder) -> None:
+    md = generated_markdown(generated_pieces(d.rounds, d.text))
+    text_md.markdown(md or ":gray[(nothing generated yet)]")
+
+
+def _draw_round(rnd, animate: bool, frame_s: float) -> None:
+    round_title.markdown(f"**{round_summary(rnd)}**")
+    if animate and frame_s > 0:
+        frames = round_frames(rnd)
+        delay = min(frame_s, ANIM_BUDGET_S / max(len(frames), 1))
+        for f in frames[:-1]:
+            round_md.markdown(f)
+            time.sleep(delay)
+        round_md.markdown(frames[-1])
+    else:
+        round_md.markdown(round_frames(rnd)[-1])
+
+
+def _safe_step(d: SpeculativeDecoder):
+    try:
+        return d.step()
+    except SpeedupLabError as e:
+        st.error(str(e))
+        st.stop()
+
+
+frame_s, round_pause = SPEEDS[S["lv_speed"]]
+if step and not dec.finished:
+    t0 = time.perf_counter()
+    rnd = _safe_step(dec)
+    _draw_round(rnd, animate=True, frame_s=max(frame_s, 0.04))
+    S["lv_last_step_ms"] = (time.perf_counter() - t0) * 1000
+
+if (run_all or run_base) and not dec.finished:
+    bar = progress.progress(0.0, text="Running…")
+    while not dec.finished:
+        rnd = _safe_step(dec)
+        _draw_round(rnd, animate=frame_s > 0, frame_s=frame_s)
+        _draw_text(dec)
+        done = len(dec.new_ids) / dec.max_new_tokens
+        bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
+                                          f"{len(dec.rounds)} rounds — press Stop to stop")
+        if round_pause:
+            time.sleep(round_pause)
+    progress.empty()
+
+if run_base and dec.finished:
+    bar = progress.progress(0.0, text="Baseline: plain decoding, one target pass per token…")
+    try:
+        base = _decoder(S["lv_cfg"], baseline=True, max_new=max(len(dec.new_ids), 1))
+        while not base.finished:
+            base.step()
+            bar.progress(min(len(base.new_ids) / base.max_new_tokens, 1.0),
+                         text=f"Baseline: {len(base.new_ids)} / {base.max_new_tokens} tokens")
+        S["lv_base"] = base
+    except SpeedupLabError as e:
+        st.error(str(e))
+    progress.empty()
+
+# ------------------------------------------------------------------------------------------ current state
+if dec.rounds:
+    if not step:  # a stepped round was just animated into the box
+        _draw_round(dec.rounds[-1], animate=False, frame_s=0)
+else:
+    round_title.markdown("**No round yet.**")
+    round_md.markdown("Press **Step one round** to draft γ tokens and verify them with one target pass.")
+_draw_text(dec)
+
+if dec.finished:
+    status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {len(dec.rounds)} rounds.")
+elif dec.rounds:
+    status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {len(dec.rounds)} rounds.")
+
+stats = dec.stats()
+base = S.get("lv_base")
+cmp = compare_baseline(dec.new_ids, stats, base.new_ids, base.stats()) if base is not None else None
+rec = measured_run(stats, dec.gamma, cmp.speedup if cmp else None) if dec.proposer is not None else None
+if rec is not None:
+    S["measured_run"] = rec
+
+# ------------------------------------------------------------------------------------------ statistics
+st.subheader("Live statistics")
+if not dec.rounds:
+    st.caption("Statistics appear after the first round.")
+else:
+    alpha = stats.acceptance_rate
+    e_alpha = expected_tokens_per_pass(alpha, dec.gamma) if alpha is not None else None
+    m = st.columns(4)
+    m[0].metric("Measured α̂ (accepted ÷ judged)", "—" if alpha is None else f"{alpha:.3f}",
+                help=f"{stats.accepted} accepted of {stats.judged} judged draft tokens "
+                     f"({stats.drafted} drafted; accepted ÷ drafted = "
+                     f"{'—' if stats.accepted_fraction is None else f'{stats.accepted_fraction:.3f}'}).")
+    m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
+                delta=None if e_alpha is None else f"formula at α̂, γ={dec.gamma}: {e_alpha:.2f}",
+                delta_color="off", delta_arrow="off",
+                help="E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1). Rounds where the "
+                     "draft proposed fewer than γ tokens (prompt lookup without a match, the end of "
+                     "the run) pull the measured value below E.")
+    m[2].metric("Measured c (draft step ÷ target pass)",
+                "—" if stats.draft_cost_ratio is None else f"{stats.draft_cost_ratio:.3f}")
+    m[3].metric("Speculative tokens/s", "—" if stats.tokens_per_s is None else f"{stats.tokens_per_s:.1f}")
+    m2 = st.columns(4)
+    m2[0].metric("Baseline tokens/s",
+                 "press Run baseline" if cmp is None or cmp.base_tokens_per_s is None
+                 else f"{cmp.base_tokens_per_s:.1f}")
+    m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",
+                 help="Baseline time per token ÷ speculative time per token, prefill included; with "
+                      "equal token counts this is baseline total ms ÷ speculative total ms.")
+    if cmp is not None:
+        if greedy:
+            m2[2].metric("Greedy outputs identical?", "yes" if cmp.identical else "no",
+                         delta=None if cmp.identical else f"first difference at token {cmp.first_difference}",
+                         delta_color="off", delta_arrow="off")
+        else:
+            m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
+                         help="Under sampling the two runs draw different random numbers: the outputs "
+                              "differ, but both follow the target's distribution p.")
+    m2[3].metric("Prefill / total", f"{stats.prefill_ms:.0f} / {stats.total_ms:.0f} ms")
+
+    c1, c2 = st.columns(2)
+    if stats.acceptance_by_position:
+        pos = list(range(1, len(stats.acceptance_by_position) + 1))
+        fa = go.Figure(go.Bar(x=pos, y=stats.acceptance_by_position, name="measured"))
+        if alpha is not None:
+            fa.add_hline(y=alpha, line_dash="dot", annotation_text=f"α̂ = {alpha:.2f}")
+        fa.update_layout(title="Acceptance per draft position (given all before accepted)",
+                         xaxis_title="draft position", yaxis_title="accepted ÷ evaluated",
+                         yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 10})
+        c1.plotly_chart(fa, width="stretch", key="lv_fig_pos")
+    else:
+        c1.caption("No draft token judged yet.")
+    rounds_x = [r.index + 1 for r in dec.rounds]
+    ft = go.Figure()
+    ft.add_bar(x=rounds_x, y=[r.draft_ms for r in dec.rounds], name="draft ms")
+    ft.add_bar(x=rounds_x, y=[r.verify_ms for r in dec.rounds], name="verify ms (target pass)")
+    ft.update_layout(title="Time per round", barmode="stack", xaxis_title="round", yaxis_title="ms",
+                     height=300, margin={"t": 40, "b": 10})
+    c2.plotly_chart(ft, width="stretch", key="lv_fig_time")
+
+# ------------------------------------------------------------------------------------------ round inspector
+if dec.rounds:
+    st.subheader("Open a round")
+    n = len(dec.rounds)
+    if n > 1:
+        r_i = st.slider("Round", 1, n, n, key=f"lv_open_{n}") - 1
+    else:
+        r_i = 0
+    rnd = dec.rounds[r_i]
+    with st.expander(f"Round {r_i + 1} in detail", expanded=True):
+        st.markdown(verdict_frame(rnd))
+        st.caption(round_summary(rnd))
+        if rnd.drafted:
+            st.dataframe(round_rows(rnd), hide_index=True, width="stretch", column_config={
+                "q(x)": st.column_config.NumberColumn(format="%.4f"),
+                "p(x)": st.column_config.NumberColumn(format="%.4f"),
+                "min(1, p/q)": st.column_config.NumberColumn(format="%.4f"),
+                "u": st.column_config.NumberColumn(format="%.4f")})
+            labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
+            j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
+                             format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")
+            d = rnd.drafted[j]
+            fig = make_subplots(rows=1, cols=2, subplot_titles=("target p (top 5)", "draft q (top 5)"))
+            fig.add_bar(x=chart_labels(d.top_p), y=[t.prob for t in d.top_p], row=1, col=1, name="p")
+            fig.add_bar(x=chart_labels(d.top_q), y=[t.prob for t in d.top_q], row=1, col=2, name="q")
+            fig.update_layout(height=300, showlegend=False, margin={"t": 40, "b": 10},
+                              title=f"Position {j + 1}: verdict {d.verdict}")
+            fig.update_yaxes(range=[0, 1.05])
+            st.plotly_chart(fig, width="stretch", key="lv_fig_pq")
+        if rnd.residual_top:
+            fr = go.Figure(go.Bar(x=chart_labels(rnd.residual_top), y=[t.prob for t in rnd.residual_top]))
+            fr.update_layout(title="Residual norm(max(0, p − q)) the correction was drawn from (top 5)",
+                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05])
+            st.plotly_chart(fr, width="stretch", key="lv_fig_res")
+        elif rnd.next_kind == "correction" and greedy:
+            st.caption("Greedy: the correction is the target's argmax at the rejected position "
+                       "(no residual distribution).")
+        else:
+            fn = go.Figure(go.Bar(x=chart_labels(rnd.next_top_p), y=[t.prob for t in rnd.next_top_p]))
+            fn.update_layout(title=f"Target p where its own ({rnd.next_kind}) token was drawn (top 5)",
+                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05])
+            st.plotly_chart(fn, width="stretch", key="lv_fig_next")
+    with st.expander("All rounds"):
+        st.dataframe(history_rows(dec.rounds), hide_index=True, width="stretch",
+                     column_config={"draft ms": st.column_config.NumberColumn(format="%.1f"),
+                                    "verify ms": st.column_config.NumberColumn(format="%.1f")})
