@@ -636,8 +636,9 @@ def paper_comparison() -> PaperComparison:
 
     The model counts the forward pass only and only the loads/stores written in Algorithms 0 and 1;
     the paper's numbers are profiled reads+writes of forward AND backward, whose standard version
-    also writes and reads dP and dS (more N×N matrices) and runs masking/softmax/dropout as separate
-    kernels. So the model's numbers are smaller, and its ratio is not the paper's ratio.
+    also writes and reads dP and dS (more N×N matrices; Algorithm 3 in the paper's appendix), and real
+    implementations add elementwise N×N passes (mask, dropout; Section 2.2) that Algorithm 0 omits.
+    So the model's numbers are smaller, and its ratio is not the paper's ratio.
     """
     ex = PAPER_EXAMPLE
     preset = HARDWARE_PRESETS[ex["preset"]]
@@ -776,7 +777,8 @@ class Measurement:
         ms: best (minimum) wall time over the repeats, milliseconds; the minimum is the least disturbed
             by other work on a shared machine.
         peak_extra_bytes: rise of the worker process's peak resident memory (VmHWM) over its resident
-            memory just before one call, bytes; None where /proc cannot be read.
+            memory just before one call, bytes; None where /proc cannot be read. Below about 1 MB it
+            reads low (lazy kernel RSS counters, allocator reuse).
         predicted_extra_bytes: the model's extra memory for the same shape: S and P
             (``2 · heads · N² · 4`` bytes) plus the output for naive; the output only for fused.
         max_abs_diff: max |naive − fused| on this input (both fp32).
