@@ -165,17 +165,18 @@ def _f(x: float) -> str:
 
 rows = []
 for t in range(r1 - r0):
-    rescale = np.exp(step.m_before[t] - step.m_after[t]) if np.isfinite(step.m_before[t]) else 0.0
+    rescale = (f"{np.exp(step.m_before[t] - step.m_after[t]):.4f}" if np.isfinite(step.m_before[t])
+               else "— (first tile)")
     rows.append({
         "row": r0 + t,
         "m before": _f(step.m_before[t]), "tile max m̃": _f(step.m_tile[t]), "m after": _f(step.m_after[t]),
-        "old terms × e^(m−m_new)": f"{rescale:.4f}",
+        "old terms × e^(m−m_new)": rescale,
         "ℓ before": f"{step.l_before[t]:.4f}", "tile sum ℓ̃": f"{step.l_tile[t]:.4f}",
         "ℓ after": f"{step.l_after[t]:.4f}",
-        "output row before": "[" + ", ".join(f"{x:.3f}" for x in step.out_before[t][:4])
-                             + (", …]" if tr.d > 4 else "]"),
-        "output row after": "[" + ", ".join(f"{x:.3f}" for x in step.out_after[t][:4])
-                            + (", …]" if tr.d > 4 else "]"),
+        "output row before": "[" + ", ".join(f"{x:.3f}" for x in step.out_before[t][:3])
+                             + (", …]" if tr.d > 3 else "]"),
+        "output row after": "[" + ", ".join(f"{x:.3f}" for x in step.out_after[t][:3])
+                            + (", …]" if tr.d > 3 else "]"),
     })
 st.markdown("**Running statistics of the rows in this Q block** (ℓ is measured against the current m; the "
             "output shown is the running Õ / ℓ):")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,21 @@ def test_measure_button_small():
     # N = 128, 256, 512, two methods each.
     assert list(table["N"]) == [128, 128, 256, 256, 512, 512]
     assert all(float(x) < 1e-5 for x in table["max |naive − fused|"])
+
+
+def test_running_statistics_table_is_consistent():
+    at = _app()
+    table = at.dataframe[0].value
+    # Step 1: rows 0–3 meet their first tile: nothing to rescale yet.
+    assert list(table["row"]) == [0, 1, 2, 3]
+    assert set(table["m before"]) == {"−∞"} and set(table["old terms × e^(m−m_new)"]) == {"— (first tile)"}
+    at.slider(key="step").set_value(4).run()   # Algorithm 1 order: step 4 = Q block 0 against K/V block 1
+    table = at.dataframe[0].value
+    assert list(table["row"]) == [0, 1, 2, 3]
+    for _, r in table.iterrows():
+        mb, mt, ma = float(r["m before"]), float(r["tile max m̃"]), float(r["m after"])
+        lb, lt, la = float(r["ℓ before"]), float(r["tile sum ℓ̃"]), float(r["ℓ after"])
+        assert ma == pytest.approx(max(mb, mt), abs=1e-4)                      # m_new = max(m, m̃)
+        assert float(r["old terms × e^(m−m_new)"]) == pytest.approx(math.exp(mb - ma), abs=1e-4)
+        # ℓ_new = e^(m − m_new) ℓ + e^(m̃ − m_new) ℓ̃ (values shown to 4 decimals)
+        assert la == pytest.approx(math.exp(mb - ma) * lb + math.exp(mt - ma) * lt, abs=2e-3)
