@@ -102,7 +102,10 @@ with st.sidebar:
     if st.session_state["lv_draft"] == "early-exit":
         if n_layers >= 2:
             st.session_state["lv_k"] = min(max(st.session_state["lv_k"], 1), n_layers - 1)
+        if n_layers >= 3:
             st.slider("Early exit after k layers", 1, n_layers - 1, key="lv_k")
+        elif n_layers == 2:
+            st.caption("Early exit after 1 layer (the target has 2).")
     elif st.session_state["lv_draft"] == "model":
         st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
                       help="Must share the target's tokenizer.")

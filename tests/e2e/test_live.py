@@ -1,0 +1,33 @@
+"""Browser test of the live speculative decoding page on the embedded model with prompt lookup."""
+
+import time
+
+import pytest
+
+from tests.e2e.conftest import screenshot, wait_idle
+
+pytestmark = pytest.mark.e2e
+
+
+def test_live_step_round(page, app_url):
+    page.goto(app_url + "/live?lv_draft=ngram&lv_preset=code&lv_gamma=4&lv_temp=0&lv_max_new=32&lv_seed=0")
+    wait_idle(page, timeout_ms=180_000)  # the first load of the embedded model takes a while
+    page.get_by_text("Live speculative decoding").first.wait_for()
+    page.get_by_text("No round yet.").wait_for()
+    t0 = time.perf_counter()
+    page.get_by_role("button", name="Step one round").click()
+    page.get_by_text("Round 1:").first.wait_for(timeout=60_000)
+    page.get_by_text("Verify:").first.wait_for(timeout=60_000)
+    print(f"click → round 1 drawn: {time.perf_counter() - t0:.2f} s")
+    wait_idle(page)
+    # a second round, then the round's detail table and the live statistics are on the page
+    page.get_by_role("button", name="Step one round").click()
+    page.get_by_text("Round 2:").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    body = page.inner_text("body")
+    assert "Round 2 in detail" in body
+    assert "Measured α̂" in body and "Tokens per target pass" in body
+    assert "accepted draft token" in body and "target correction" in body  # the legend
+    assert "lv_draft=ngram" in page.url and "lv_gamma=4" in page.url        # settings in the URL
+    assert not page.locator('[data-testid="stException"]').count()
+    assert screenshot(page, "live").stat().st_size > 20_000

@@ -1,0 +1,195 @@
+"""engine.live_view: Markdown escaping of untrusted token text, round rows/frames, baseline comparison,
+the measured-run record; engine.presets."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from markdown_it import MarkdownIt
+
+from engine.errors import InputError
+from engine.live_view import (
+    NBSP, STYLE, ZWSP, chart_labels, chip, compare_baseline, default_draft_kind, escape_markdown,
+    focus_position, generated_markdown, generated_pieces, history_rows, measured_run, round_frames,
+    round_rows, text_span, verdict_frame, visible,
+)
+from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
+from engine.trace import DraftPosition, Round, TopToken, run_stats
+
+MD = MarkdownIt("commonmark").enable("strikethrough")
+
+NASTY = ["*bold*", "_em_", "[x](javascript:alert(1))", "<script>alert(1)</script>", "`code`", "$x^2$",
+         "# head", "1. item", "a\\b", "~~s~~", ":+1:", "<- -> --", "{foreground=red}", "| a | b |",
+         "![img](http://x/y.png)", "&amp; &lt;", "**", "]", "[", "<img src=x onerror=alert(1)>"]
+
+
+def _rendered_text(md: str) -> str:
+    """CommonMark → HTML → the single paragraph's text (zero-width spaces removed, entities decoded)."""
+    out = MD.render(md)
+    m = re.fullmatch(r"<p>(.*)</p>\n", out, flags=re.S)
+    assert m, out  # exactly one paragraph: no heading, list, code block, table
+    inner = m.group(1)
+    assert "<" not in inner.replace("&lt;", ""), out  # no HTML tag of any kind (no <em>, <a>, <code>, <script>)
+    return html.unescape(inner).replace(ZWSP, "")
+
+
+@pytest.mark.parametrize("s", NASTY)
+def test_escape_markdown_renders_literally(s):
+    assert _rendered_text(escape_markdown(s)) == s
+
+
+def test_escape_markdown_details():
+    # every ASCII punctuation gets one backslash; letters, digits, spaces, non-ASCII are untouched
+    assert escape_markdown("a*b") == "a\\*b"
+    assert escape_markdown("é 1 ß") == "é 1 ß"
+    assert escape_markdown("$") == "\\$"          # Streamlit's LaTeX switch is escaped as documented
+    assert escape_markdown(":") == "\\:" + ZWSP    # shortcodes / arrows cannot form across a ZWSP
+    assert escape_markdown("]") == "\\]"          # cannot close a :color[...] directive early
+
+
+def test_visible_whitespace():
+    assert visible("\n") == "↵"
+    assert visible("  ") == "␣␣"
+    assert visible("\t") == "⇥"
+    assert visible("") == "∅"
+    assert visible(" the") == " the"
+
+
+def test_chip_and_strike():
+    assert chip("*", "green-background") == ":green-background[\\*]"
+    assert chip("x", "red-background", strike=True) == ":red-background[~~x~~]"
+    # a newline token is shown as ↵ inside one span (the span never breaks the line)
+    assert chip("\n", "gray") == ":gray[↵]"
+
+
+def test_text_span_keeps_lines_and_indentation():
+    # "a\nb" → span(a), visible ↵ with a hard break (two spaces + newline), span(b)
+    assert text_span("a\nb", "green-background") == \
+        ":green-background[a]:green-background[↵]  \n:green-background[b]"
+    # 4 spaces → 3 NBSP + 1 space (a run of spaces would otherwise collapse to one)
+    assert text_span("x    y", "gray") == f":gray[x{NBSP * 3} y]"
+    # a whitespace-only token keeps its width
+    assert text_span("   ", "gray") == f":gray[{NBSP * 3}]"
+
+
+def _pos(tok, text, verdict, q=0.5, p=0.25, acc=0.5, u=0.7):
+    return DraftPosition(token_id=tok, text=text, q=q, p=p, accept_prob=acc, u=u, verdict=verdict,
+                         top_p=[TopToken(tok, text, p)], top_q=[TopToken(tok, text, q)])
+
+
+def _round(index=0):
+    # draft "<b>", "x", "y": first accepted, second rejected (correction "Z"), third discarded
+    drafted = [_pos(5, "<b>", "accepted", q=0.4, p=0.6, acc=1.0, u=0.3),
+               _pos(6, "x", "rejected", q=0.5, p=0.1, acc=0.2, u=0.9),
+               _pos(7, "y", "discarded", acc=None, u=None)]
+    return Round(index=index, context_len=10, drafted=drafted, n_accepted=1, next_token_id=9, next_text="Z",
+                 next_kind="correction", next_top_p=[TopToken(9, "Z", 0.5)],
+                 residual_top=[TopToken(9, "Z", 0.8)], emitted_ids=[5, 9], draft_ms=3.0, verify_ms=20.0,
+                 tokens_verified=4)
+
+
+def test_round_frames_animate_then_judge():
+    rnd = _round()
+    frames = round_frames(rnd)
+    assert len(frames) == 4  # 3 draft tokens appear one by one, then the verdict
+    assert frames[0].count(f":{STYLE['draft']}[") == 1 and frames[0].endswith("…")
+    assert frames[2].count(f":{STYLE['draft']}[") == 3
+    v = verdict_frame(rnd)
+    assert ":green-background[\\<" in v                      # accepted, escaped
+    assert ":red-background[~~x~~] → :orange-background[Z]" in v  # struck through, correction beside it
+    assert ":gray[~~y~~]" in v                                 # discarded
+    assert "<b>" not in v
+
+
+def test_verdict_frame_bonus_and_plain():
+    bonus = Round(index=0, context_len=3, drafted=[_pos(5, "a", "accepted", acc=1.0)], n_accepted=1,
+                  next_token_id=8, next_text="b", next_kind="bonus", next_top_p=[], residual_top=None,
+                  emitted_ids=[5, 8], draft_ms=1, verify_ms=2, tokens_verified=2)
+    assert ":blue-background[b] :blue[(bonus)]" in verdict_frame(bonus)
+    plain = Round(index=0, context_len=3, drafted=[], n_accepted=0, next_token_id=8, next_text="b",
+                  next_kind="plain", next_top_p=[], residual_top=None, emitted_ids=[8], draft_ms=0,
+                  verify_ms=2, tokens_verified=1)
+    assert ":gray-background[b]" in verdict_frame(plain)
+    assert len(round_frames(plain)) == 2
+
+
+def test_round_rows_and_history():
+    rows = round_rows(_round())
+    assert [r["verdict"] for r in rows] == ["accepted", "rejected", "discarded"]
+    assert rows[1] == {"position": 2, "token": "x", "id": 6, "q(x)": 0.5, "p(x)": 0.1, "min(1, p/q)": 0.2,
+                       "u": 0.9, "verdict": "rejected"}
+    assert rows[2]["min(1, p/q)"] is None and rows[2]["u"] is None
+    h = history_rows([_round(0), _round(1)])
+    assert [r["round"] for r in h] == [1, 2]
+    assert h[0]["emitted"] == 2 and h[0]["accepted"] == 1 and h[0]["target token"] == "correction"
+    assert focus_position(_round()) == 1  # the rejected position
+
+
+def test_generated_pieces_and_markdown():
+    names = {5: "<b>", 9: "Z"}
+    pieces = generated_pieces([_round()], names.get)
+    assert pieces == [("<b>", "accepted"), ("Z", "correction")]
+    md = generated_markdown(pieces)
+    assert md == ":green-background[\\<\u200bb\\>\u200b]:orange-background[Z]"
+
+
+def test_chart_labels_escape_and_dedupe():
+    labs = chart_labels([TopToken(1, "<a>", 0.5), TopToken(2, " ", 0.3), TopToken(3, " ", 0.2)])
+    assert labs == ["&lt;a&gt;", "␣ #2", "␣ #3"]
+
+
+def _stats(new_tokens, total_ms, judged_acc=(3, 4)):
+    # one round per token: emitted ids of length 1; judged/accepted from two draft positions
+    acc, judged = judged_acc
+    rounds = []
+    for i in range(new_tokens):
+        drafted = []
+        if i == 0:
+            drafted = [_pos(1, "a", "accepted")] * acc + [_pos(1, "a", "rejected")] * (judged - acc)
+        rounds.append(Round(index=i, context_len=1, drafted=drafted, n_accepted=acc if i == 0 else 0,
+                            next_token_id=1, next_text="a", next_kind="plain", next_top_p=[], residual_top=None,
+                            emitted_ids=[1], draft_ms=1.0, verify_ms=10.0, tokens_verified=1))
+    return run_stats(rounds, prefill_ms=0.0, total_ms=total_ms)
+
+
+def test_compare_baseline_speedup():
+    # same 10 tokens: baseline 1000 ms, speculative 400 ms → 1000 / 400 = 2.5×
+    c = compare_baseline([1] * 10, _stats(10, 400.0), [1] * 10, _stats(10, 1000.0))
+    assert c.speedup == pytest.approx(2.5)
+    assert c.identical and c.same_length and c.first_difference is None
+    # per-token when lengths differ: baseline 1000 ms / 10 = 100 ms/token; spec 400 ms / 8 = 50 → 2×
+    c = compare_baseline([1] * 7 + [2], _stats(8, 400.0), [1] * 10, _stats(10, 1000.0))
+    assert c.speedup == pytest.approx(2.0)
+    assert not c.identical and c.first_difference == 7
+
+
+def test_measured_run_record():
+    s = _stats(4, 100.0)
+    rec = measured_run(s, gamma=4, measured_speedup=1.5)
+    # α̂ = 3 accepted ÷ 4 judged = 0.75; c = (4 × 1 ms / 4 drafted) ÷ mean verify 10 ms = 0.1
+    assert rec.acceptance_rate == pytest.approx(0.75)
+    assert rec.draft_cost_ratio == pytest.approx(0.1)
+    assert rec.verify_ms_by_tokens == {1: 10.0}
+    assert rec.measured_speedup == 1.5 and rec.gamma == 4
+    assert measured_run(s, 4, float("nan")).measured_speedup is None
+    assert measured_run(_stats(2, 10.0, (0, 0)), 4, None) is None  # nothing judged yet
+
+
+def test_default_draft_kind_follows_assets(tmp_path, monkeypatch):
+    import engine.live_view as lv
+
+    monkeypatch.setattr(lv, "EMBEDDED_DRAFT_DIR", tmp_path)
+    assert default_draft_kind() == "ngram"
+    (tmp_path / "config.json").write_text("{}")
+    assert default_draft_kind() == "draft"
+
+
+def test_presets():
+    assert set(PROMPT_PRESETS) == {"chat", "code", "summary"}
+    code = preset_text("code")
+    assert "def area(w, h):" in code and "`area`" in code  # quotes the code it asks to edit
+    assert "Gutenberg" in preset_text("summary")
+    with pytest.raises(InputError):
+        preset_text(CUSTOM)

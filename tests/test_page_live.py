@@ -1,0 +1,173 @@
+"""AppTest for pages/live.py: step a round, run to the end, baseline, reset, URL state and bad inputs on a
+tiny random Llama; one slow test on the embedded model with prompt lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.presets import CUSTOM, preset_text
+from tests.tiny_models import WORDS, save_tiny_llama
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "live.py")
+PROMPT = " ".join(WORDS[:10] * 3)  # repeats itself: prompt lookup finds matches
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(save_tiny_llama(tmp_path_factory.mktemp("live") / "tiny", layers=2))
+
+
+def _app(target: str, prompt: str | None = PROMPT, **params) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["lv_target"] = target
+    at.query_params.update({"lv_draft": "ngram", "lv_max_new": "12", **{k: str(v) for k, v in params.items()}})
+    if prompt is not None:
+        at.session_state["lv_prompt"] = prompt
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def _markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def test_step_one_round(tiny):
+    at = _app(tiny)
+    assert not at.error
+    assert "No round yet." in _markdown(at)
+    at = _click(at, "lv_step")
+    dec = at.session_state["lv_dec"]
+    assert len(dec.rounds) == 1
+    rnd = dec.rounds[0]
+    md = _markdown(at)
+    assert f"Round 1: {rnd.n_drafted} drafted, {rnd.n_accepted} accepted" in md
+    assert "**Verify:**" in md
+    # the round table: one row per draft position with the trace's numbers
+    if rnd.drafted:
+        df = at.dataframe[0].value
+        assert list(df["verdict"]) == [d.verdict for d in rnd.drafted]
+        assert list(df["p(x)"]) == pytest.approx([d.p for d in rnd.drafted])
+    # statistics come from the decoder
+    stats = dec.stats()
+    assert _metric(at, "Tokens per target pass") == f"{stats.tokens_per_target_pass:.2f}"
+
+
+def test_run_to_end_baseline_and_measured_run(tiny):
+    at = _app(tiny)
+    at = _click(at, "lv_run")
+    dec = at.session_state["lv_dec"]
+    assert dec.finished and len(dec.new_ids) <= 12
+    assert at.success and "Finished" in at.success[0].value
+    at = _click(at, "lv_baseline")
+    base = at.session_state["lv_base"]
+    assert base.proposer is None and base.finished
+    # greedy: plain decoding gives the same tokens as speculative decoding
+    assert base.new_ids == dec.new_ids
+    assert _metric(at, "Greedy outputs identical?") == "yes"
+    s, b = dec.stats(), base.stats()
+    expected = (b.total_ms / b.new_tokens) / (s.total_ms / s.new_tokens)
+    assert _metric(at, "Measured speedup") == f"{expected:.2f}×"
+    run = at.session_state["measured_run"]
+    assert run.acceptance_rate == pytest.approx(s.acceptance_rate)
+    assert run.draft_cost_ratio == pytest.approx(s.draft_cost_ratio)
+    assert run.verify_ms_by_tokens == pytest.approx(s.verify_ms_by_tokens)
+    assert run.measured_speedup == pytest.approx(expected) and run.gamma == 4
+    # the generated text is drawn, coloured by origin
+    assert ":green-background[" in _markdown(at) or ":orange-background[" in _markdown(at)
+
+
+def test_reset_and_settings_change_rebuild(tiny):
+    at = _app(tiny)
+    at = _click(at, "lv_step")
+    first = at.session_state["lv_dec"]
+    assert len(first.rounds) == 1
+    at = _click(at, "lv_reset")
+    assert at.session_state["lv_dec"] is not first and not at.session_state["lv_dec"].rounds
+    at = _click(at, "lv_step")
+    at.slider(key="lv_gamma").set_value(7).run()
+    assert not at.exception
+    assert not at.session_state["lv_dec"].rounds and at.session_state["lv_dec"].gamma == 7
+    assert at.query_params["lv_gamma"] == "7"
+
+
+def test_url_state_and_sampling_shows_uniforms(tiny):
+    at = _app(tiny, lv_gamma=3, lv_temp=1.0, lv_topk=20, lv_topp=0.9, lv_seed=42)
+    dec = at.session_state["lv_dec"]
+    assert (dec.gamma, dec.seed) == (3, 42)
+    assert (dec.sampling.temperature, dec.sampling.top_k, dec.sampling.top_p) == (1.0, 20, 0.9)
+    at = _click(at, "lv_run")
+    rounds = at.session_state["lv_dec"].rounds
+    judged = [d for r in rounds for d in r.drafted if d.verdict != "discarded"]
+    assert judged and all(d.u is not None for d in judged)  # sampling: a uniform draw per judged token
+    assert at.query_params["lv_seed"] == "42" and at.query_params["lv_draft"] == "ngram"
+
+
+def test_presets_fill_the_prompt(tiny):
+    at = _app(tiny, prompt=None, lv_preset="summary")
+    assert at.text_area(key="lv_prompt").value == preset_text("summary")
+    at.selectbox(key="lv_preset").set_value("chat").run()
+    assert at.text_area(key="lv_prompt").value == preset_text("chat")
+    at.text_area(key="lv_prompt").input("w1 w2 w3").run()
+    assert at.session_state["lv_preset"] == CUSTOM
+    assert not at.exception
+
+
+def test_early_exit_draft(tiny):
+    at = _app(tiny, lv_draft="early-exit", lv_k=5)  # clamped to 1..layers−1 = 1 (no slider for 1..1)
+    assert at.session_state["lv_k"] == 1
+    at = _click(at, "lv_step")
+    assert "early exit at 1 of 2 layers" in at.session_state["lv_dec"].proposer.name
+
+
+def test_empty_prompt_is_an_error(tiny):
+    at = _app(tiny, prompt="   ")
+    assert at.error and "prompt is empty" in at.error[0].value
+    assert at.button(key="lv_step").disabled
+
+
+def test_unloadable_model_is_an_error(tiny):
+    at = _app("no-such/model")
+    assert at.error and "Could not load 'no-such/model'" in at.error[0].value
+    at = _app(tiny, lv_draft="model", lv_draft_model="/no/such/folder")
+    assert at.error and "No such model folder" in at.error[0].value
+
+
+def test_draft_with_other_tokenizer_is_an_error(tiny, tmp_path):
+    other = save_tiny_llama(tmp_path / "other", words=[f"v{i}" for i in range(30)])
+    at = _app(tiny, lv_draft="model", lv_draft_model=str(other))
+    assert at.error and "tokenizer differs" in at.error[0].value
+
+
+def test_prompt_longer_than_context_is_an_error(tiny):
+    # the tiny model's context is 512 tokens; 600 words + 12 new tokens do not fit
+    at = _app(tiny, prompt=" ".join(WORDS[i % 30] for i in range(600)))
+    assert at.error and "exceeds the model's context of 512 tokens" in at.error[0].value
+
+
+@pytest.mark.slow
+def test_embedded_model_step_and_baseline():
+    at = _app("embedded", prompt=None, lv_preset="code", lv_max_new=6, lv_gamma=4)
+    assert not at.error
+    at = _click(at, "lv_step")
+    dec = at.session_state["lv_dec"]
+    assert len(dec.rounds) == 1 and dec.proposer.name.startswith("prompt lookup")
+    assert "Round 1:" in _markdown(at)
+    at = _click(at, "lv_baseline")  # finishes the run (6 tokens), then decodes plainly
+    dec, base = at.session_state["lv_dec"], at.session_state["lv_base"]
+    assert dec.finished and base.new_ids == dec.new_ids
+    assert _metric(at, "Greedy outputs identical?") == "yes"
+    assert at.session_state["measured_run"].gamma == 4
