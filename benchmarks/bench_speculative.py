@@ -1,0 +1,151 @@
+"""Speculative decoding speed on the embedded target, side by side in one process.
+
+For each prompt and method, runs are alternated (A, B, C, ... then again) so machine noise hits every
+method alike; we report median tokens/s over repetitions, ratios to plain decoding, and whether each
+greedy output is identical to plain decoding's.
+
+Methods: our plain decoding (baseline through the same KV-cache code), transformers' plain greedy
+``generate``, our engine with each proposer, and transformers' own assisted generation
+(``assistant_model``), prompt lookup (``prompt_lookup_num_tokens``) and early exit
+(``assistant_early_exit``) at the same γ with a constant schedule.
+
+    python benchmarks/bench_speculative.py [--reps 3] [--max-new-tokens 96] [--gamma 4] [--threads N]
+
+Writes benchmarks/results/speculative.json and speculative.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, load_model  # noqa: E402
+from engine.proposers import make_proposer  # noqa: E402
+from engine.speculative import encode_prompt, generate  # noqa: E402
+
+PROMPTS = {
+    "chat": "Explain in a few sentences why the sky is blue.",
+    "code-edit": ("Rename the variable `total` to `acc` in this function and return the code:\n\n"
+                  "def sum_list(values):\n    total = 0\n    for v in values:\n        total = total + v\n"
+                  "    return total\n"),
+}
+
+
+def hf_generate(target, ids, n, **kw):
+    gen_kw = dict(max_new_tokens=n, do_sample=False, pad_token_id=target.tokenizer.pad_token_id)
+    gen_kw.update(kw)
+    out = target.model.generate(torch.tensor([ids]), **gen_kw)
+    return out[0, len(ids):].tolist()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model("embedded")
+    have_draft = (EMBEDDED_DRAFT_DIR / "config.json").is_file()
+    draft = load_model(EMBEDDED_DRAFT) if have_draft else None
+    g, n = args.gamma, args.max_new_tokens
+    ee = 10
+
+    def ours(kind, d=None):
+        return lambda ids: generate(target, make_proposer(kind, target, d), ids, gamma=g,
+                                    max_new_tokens=n).token_ids
+
+    methods = {
+        "ours: plain": ours("none"),
+        "hf: plain generate": lambda ids: hf_generate(target, ids, n),
+        "ours: prompt lookup": ours("ngram"),
+        "hf: prompt lookup": lambda ids: hf_generate(target, ids, n, prompt_lookup_num_tokens=g),
+        f"ours: early exit {ee}": ours(f"early-exit:{ee}"),
+        f"hf: early exit {ee}": lambda ids: hf_generate(
+            target, ids, n, assistant_early_exit=ee, num_assistant_tokens=g,
+            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
+    }
+    if draft is not None:
+        methods["ours: trained draft"] = ours("model", draft)
+        methods["hf: trained draft (assisted)"] = lambda ids: hf_generate(
+            target, ids, n, assistant_model=draft.model, num_assistant_tokens=g,
+            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+
+    results = {}
+    for pname, prompt in PROMPTS.items():
+        ids = encode_prompt(target.tokenizer, prompt)
+        times = {m: [] for m in methods}
+        outputs = {}
+        for m, fn in methods.items():  # warm-up (and the output to compare)
+            try:
+                outputs[m] = fn(ids)
+            except Exception as e:  # noqa: BLE001 - a method transformers cannot run is reported
+                outputs[m] = f"error: {type(e).__name__}: {e}"
+        for rep in range(args.reps):
+            for m, fn in methods.items():
+                if isinstance(outputs[m], str):
+                    continue
+                t0 = time.perf_counter()
+                out = fn(ids)
+                times[m].append((time.perf_counter() - t0, len(out)))
+                print(f"[{pname} rep {rep}] {m}: {len(out) / times[m][-1][0]:.1f} tok/s", flush=True)
+        ref = outputs["ours: plain"]
+        rows = {}
+        for m in methods:
+            if isinstance(outputs[m], str):
+                rows[m] = {"error": outputs[m]}
+                continue
+            tps = statistics.median(k / t for t, k in times[m])
+            rows[m] = {"tokens_per_s": tps, "tokens": len(outputs[m]), "identical_to_plain": outputs[m] == ref}
+        base = rows["ours: plain"]["tokens_per_s"]
+        for m, r in rows.items():
+            if "tokens_per_s" in r:
+                r["speedup_vs_plain"] = r["tokens_per_s"] / base
+        for ours_m, hf_m in [("ours: prompt lookup", "hf: prompt lookup"),
+                             (f"ours: early exit {ee}", f"hf: early exit {ee}"),
+                             ("ours: trained draft", "hf: trained draft (assisted)"),
+                             ("ours: plain", "hf: plain generate")]:
+            if "tokens_per_s" in rows.get(ours_m, {}) and "tokens_per_s" in rows.get(hf_m, {}):
+                rows[ours_m]["ratio_vs_transformers"] = rows[ours_m]["tokens_per_s"] / rows[hf_m]["tokens_per_s"]
+        results[pname] = rows
+
+    meta = {"gamma": g, "max_new_tokens": n, "reps": args.reps, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "machine": platform.machine(), "cpus": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    lines = [f"# Speculative decoding benchmark ({meta['date']})", "",
+             f"Embedded SmolLM2-135M-Instruct, fp32 CPU, greedy, γ = {g}, {n} new tokens, median of "
+             f"{args.reps} alternating reps. `{meta['command']}`", ""]
+    for pname, rows in results.items():
+        lines += [f"## {pname}", "", "| method | tokens/s | × plain | × transformers | identical |",
+                  "|---|---|---|---|---|"]
+        for m, r in rows.items():
+            if "error" in r:
+                lines.append(f"| {m} | {r['error'][:80]} | | | |")
+                continue
+            vs = r.get("ratio_vs_transformers")
+            lines.append(f"| {m} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} | "
+                         f"{'' if vs is None else f'{vs:.2f}'} | {'yes' if r['identical_to_plain'] else 'NO'} |")
+        lines.append("")
+    out.with_suffix(".md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
