@@ -24,9 +24,11 @@ prepare: setup
 run: prepare
 	$(PY) -m streamlit run app/main.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
-# Browser tests use Debian's Chromium (Playwright cannot download browsers here).
+# Browser tests use Debian's Chromium (Playwright cannot download browsers here), plus an emoji font
+# so screenshots show the pages' icons.
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@{ command -v chromium >/dev/null 2>&1 && test -d /usr/share/fonts/truetype/noto; } || \
+	  { apt-get update -qq && apt-get install -y -qq chromium fonts-noto-color-emoji >/dev/null; }
 
 test: setup chromium prepare
 	$(PY) -m pytest -q

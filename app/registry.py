@@ -19,16 +19,16 @@ class PageInfo:
 
 
 PAGES: list[PageInfo] = [
-    PageInfo("home.py", "Home", "🏠", "home", "What each page shows."),
-    PageInfo("live.py", "Live speculative decoding", "🔴", "live",
+    PageInfo("home.py", "Home", ":material/home:", "home", "What each page shows."),
+    PageInfo("live.py", "Live speculative decoding", ":material/play_circle:", "live",
              "Real speculative decoding on the embedded model, round by round, every probability visible."),
-    PageInfo("whatif.py", "What-if: how much faster?", "📈", "whatif",
+    PageInfo("whatif.py", "What-if: how much faster?", ":material/query_stats:", "whatif",
              "The analytic speedup model, a step simulator and the distribution check."),
-    PageInfo("prefix_cache.py", "Prefix caching", "🧱", "prefix-cache",
+    PageInfo("prefix_cache.py", "Prefix caching", ":material/view_module:", "prefix-cache",
              "Paged KV blocks shared between requests, and the real prefill time saved."),
-    PageInfo("flash_attention.py", "FlashAttention", "⚡", "flash-attention",
+    PageInfo("flash_attention.py", "FlashAttention", ":material/bolt:", "flash-attention",
              "Attention in tiles with a running softmax: exact, with less memory traffic."),
-    PageInfo("kv_cache.py", "KV-cache size (MHA/GQA/MQA)", "🧮", "kv-cache",
+    PageInfo("kv_cache.py", "KV-cache size (MHA/GQA/MQA)", ":material/calculate:", "kv-cache",
              "How big the KV cache is, what each decode step reads, and why GQA/MQA shrink both."),
 ]
 
