@@ -1,0 +1,57 @@
+"""Model loading: embedded GGUF → cached safetensors, local folders, clear errors, tokenizer checks."""
+
+import time
+
+import pytest
+import torch
+
+from engine.errors import ModelLoadError, TokenizerMismatchError
+from engine.models import (check_tokenizers_compatible, embedded_gguf_path, load_model, load_tokenizer,
+                           prepare_embedded, resolve_dtype)
+from tests.tiny_models import WORDS, make_tokenizer, save_tiny_llama
+
+
+def test_local_folder_loads(tmp_path):
+    lm = load_model(str(save_tiny_llama(tmp_path / "m", vocab_size=40)), device="cpu")
+    assert lm.model.dtype == torch.float32 and lm.device.type == "cpu"
+    assert lm.eos_token_ids == {0}
+    assert lm.model.get_output_embeddings().weight.shape[0] == 40  # padded beyond len(tokenizer)
+
+
+def test_tokenizer_check():
+    a, b = make_tokenizer(WORDS), make_tokenizer(WORDS)
+    check_tokenizers_compatible(a, b)  # identical: no error
+    # a draft with extra tokens at the end (a longer vocabulary) still shares every target id
+    check_tokenizers_compatible(a, make_tokenizer(WORDS + ["extra1", "extra2"]))
+    with pytest.raises(TokenizerMismatchError, match="id 2"):
+        check_tokenizers_compatible(a, make_tokenizer(list(reversed(WORDS))))
+    with pytest.raises(TokenizerMismatchError):
+        check_tokenizers_compatible(a, make_tokenizer(WORDS, eos="</s>"))
+
+
+def test_dtype_names():
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
+    assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("fp16", torch.device("cuda")) == torch.float16
+    with pytest.raises(ModelLoadError, match="dtype"):
+        resolve_dtype("fp7", torch.device("cpu"))
+
+
+def test_embedded_gguf_is_shipped():
+    p = embedded_gguf_path()
+    assert p.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and p.stat().st_size > 50_000_000
+
+
+@pytest.mark.slow
+def test_embedded_cached_load_is_fast_and_correct(embedded):
+    folder = prepare_embedded()
+    assert (folder / "model.safetensors").is_file()
+    t0 = time.perf_counter()
+    again = load_model("embedded", device="cpu")
+    assert time.perf_counter() - t0 < 3.0  # the issue's bound for cached loads
+    cfg = again.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads, cfg.vocab_size) == (30, 576, 3, 49152)
+    ids = again.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    out = again.model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert "Paris" in again.tokenizer.decode(out[0, ids.shape[1]:])
+    assert load_tokenizer("embedded").get_vocab() == again.tokenizer.get_vocab()
