@@ -171,7 +171,7 @@ def round_summary(rnd: Round) -> str:
             "plain": "no draft: a plain target step"}[rnd.next_kind]
     return (f"Round {rnd.index + 1}: {n} drafted, {rnd.n_accepted} accepted, {len(rnd.emitted_ids)} "
             f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms "
-            f"({rnd.tokens_verified} tokens in the target pass).")
+            f"({rnd.tokens_verified} token{'' if rnd.tokens_verified == 1 else 's'} in the target pass).")
 
 
 def round_rows(rnd: Round) -> list[dict]:

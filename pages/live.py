@@ -308,8 +308,8 @@ else:
     m[3].metric("Speculative tokens/s", "—" if stats.tokens_per_s is None else f"{stats.tokens_per_s:.1f}")
     m2 = st.columns(4)
     m2[0].metric("Baseline tokens/s",
-                 "press Run baseline" if cmp is None or cmp.base_tokens_per_s is None
-                 else f"{cmp.base_tokens_per_s:.1f}")
+                 "—" if cmp is None or cmp.base_tokens_per_s is None else f"{cmp.base_tokens_per_s:.1f}",
+                 help="Press Run baseline: plain decoding of the same prompt, settings and seed.")
     m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",
                  help="Baseline time per token ÷ speculative time per token, prefill included; with "
                       "equal token counts this is baseline total ms ÷ speculative total ms.")
@@ -322,7 +322,8 @@ else:
             m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
                          help="Under sampling the two runs draw different random numbers: the outputs "
                               "differ, but both follow the target's distribution p.")
-    m2[3].metric("Prefill / total", f"{stats.prefill_ms:.0f} / {stats.total_ms:.0f} ms")
+    m2[3].metric("Prefill / total (s)", f"{stats.prefill_ms / 1000:.2f} / {stats.total_ms / 1000:.2f}",
+                 help="Prompt prefill and whole-run wall time of the speculative run, in seconds.")
 
     c1, c2 = st.columns(2)
     if stats.acceptance_by_position:
@@ -333,6 +334,7 @@ else:
         fa.update_layout(title="Acceptance per draft position (given all before accepted)",
                          xaxis_title="draft position", yaxis_title="accepted ÷ evaluated",
                          yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 10})
+        fa.update_xaxes(tickmode="linear", dtick=1)
         c1.plotly_chart(fa, width="stretch", key="lv_fig_pos")
     else:
         c1.caption("No draft token judged yet.")
@@ -366,15 +368,19 @@ if dec.rounds:
             j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
                              format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")
             d = rnd.drafted[j]
-            fig = make_subplots(rows=1, cols=2, subplot_titles=("target p (top 5)", "draft q (top 5)"))
-            fig.add_bar(x=chart_labels(d.top_p), y=[t.prob for t in d.top_p], row=1, col=1, name="p")
-            fig.add_bar(x=chart_labels(d.top_q), y=[t.prob for t in d.top_q], row=1, col=2, name="q")
-            fig.update_layout(height=300, showlegend=False, margin={"t": 40, "b": 10},
+            top_p = [t for t in d.top_p if t.prob > 0]  # top-k/top-p and point masses leave zeros
+            top_q = [t for t in d.top_q if t.prob > 0]
+            fig = make_subplots(rows=1, cols=2, subplot_titles=(
+                f"target p (top 5); p(x) = {d.p:.4f}", f"draft q (top 5); q(x) = {d.q:.4f}"))
+            fig.add_bar(x=chart_labels(top_p), y=[t.prob for t in top_p], row=1, col=1, name="p")
+            fig.add_bar(x=chart_labels(top_q), y=[t.prob for t in top_q], row=1, col=2, name="q")
+            fig.update_layout(height=320, showlegend=False, margin={"t": 70, "b": 10},
                               title=f"Position {j + 1}: verdict {d.verdict}")
             fig.update_yaxes(range=[0, 1.05])
             st.plotly_chart(fig, width="stretch", key="lv_fig_pq")
         if rnd.residual_top:
-            fr = go.Figure(go.Bar(x=chart_labels(rnd.residual_top), y=[t.prob for t in rnd.residual_top]))
+            res = [t for t in rnd.residual_top if t.prob > 0]
+            fr = go.Figure(go.Bar(x=chart_labels(res), y=[t.prob for t in res]))
             fr.update_layout(title="Residual norm(max(0, p − q)) the correction was drawn from (top 5)",
                              height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05])
             st.plotly_chart(fr, width="stretch", key="lv_fig_res")
@@ -382,7 +388,8 @@ if dec.rounds:
             st.caption("Greedy: the correction is the target's argmax at the rejected position "
                        "(no residual distribution).")
         else:
-            fn = go.Figure(go.Bar(x=chart_labels(rnd.next_top_p), y=[t.prob for t in rnd.next_top_p]))
+            nxt = [t for t in rnd.next_top_p if t.prob > 0]
+            fn = go.Figure(go.Bar(x=chart_labels(nxt), y=[t.prob for t in nxt]))
             fn.update_layout(title=f"Target p where its own ({rnd.next_kind}) token was drawn (top 5)",
                              height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05])
             st.plotly_chart(fn, width="stretch", key="lv_fig_next")

@@ -193,3 +193,12 @@ def test_presets():
     assert "Gutenberg" in preset_text("summary")
     with pytest.raises(InputError):
         preset_text(CUSTOM)
+
+
+def test_round_summary_counts():
+    from engine.live_view import round_summary
+
+    s = round_summary(_round())
+    # 3 drafted, 1 accepted, 2 emitted (accepted + correction), 4 tokens fed to the target
+    assert s.startswith("Round 1: 3 drafted, 1 accepted, 2 emitted — the target corrected")
+    assert "Draft 3.0 ms, verify 20.0 ms (4 tokens in the target pass)." in s

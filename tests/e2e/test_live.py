@@ -15,14 +15,16 @@ def test_live_step_round(page, app_url):
     page.get_by_text("Live speculative decoding").first.wait_for()
     page.get_by_text("No round yet.").wait_for()
     t0 = time.perf_counter()
-    page.get_by_role("button", name="Step one round").click()
+    page.get_by_role("button", name="Step one round", exact=True).click()
     page.get_by_text("Round 1:").first.wait_for(timeout=60_000)
     page.get_by_text("Verify:").first.wait_for(timeout=60_000)
     print(f"click → round 1 drawn: {time.perf_counter() - t0:.2f} s")
     wait_idle(page)
     # a second round, then the round's detail table and the live statistics are on the page
-    page.get_by_role("button", name="Step one round").click()
+    page.get_by_role("button", name="Step one round", exact=True).click()
     page.get_by_text("Round 2:").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    page.set_viewport_size({"width": 1400, "height": 2600})  # the app scrolls inside: show the inspector
     wait_idle(page)
     body = page.inner_text("body")
     assert "Round 2 in detail" in body
@@ -31,3 +33,15 @@ def test_live_step_round(page, app_url):
     assert "lv_draft=ngram" in page.url and "lv_gamma=4" in page.url        # settings in the URL
     assert not page.locator('[data-testid="stException"]').count()
     assert screenshot(page, "live").stat().st_size > 20_000
+
+
+def test_live_run_can_be_stopped(page, app_url):
+    page.goto(app_url + "/live?lv_draft=ngram&lv_preset=chat&lv_gamma=2&lv_temp=0&lv_max_new=64&lv_speed=presenter")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_role("button", name="Run to the end", exact=True).click()
+    page.get_by_text("press Stop to stop").first.wait_for(timeout=60_000)
+    page.locator(".st-key-lv_stop button").first.click()
+    wait_idle(page)
+    body = page.inner_text("body")
+    assert "of at most 64 tokens after" in body and "Finished" not in body
+    assert not page.locator('[data-testid="stException"]').count()
