@@ -19,6 +19,7 @@ MAX_CAPACITY_UI = 512
 PALETTE = qualitative.Light24
 PARTIAL = len(PALETTE)          # colour index of partial blocks (grey)
 FREE = PARTIAL + 1              # colour index of free pool slots (near white)
+UNIQUE = PARTIAL + 2            # colour index of full blocks only one request uses (pale blue-grey)
 TS_CHOICES = ["start", "end"]
 
 st.title("🧱 Prefix caching")
@@ -122,15 +123,25 @@ m3.metric("Estimated TTFT saved (sum)", f"{tot.saved_ms:,.1f} ms",
           help=f"Skipped tokens × {ms_per_token:.3f} ms per prefill token.")
 m4.metric("Blocks evicted", f"{tot.evictions}")
 
-# colour per block content: the n-th distinct hash gets palette colour n (mod the palette size)
+# colour per block content: blocks that several requests use get palette colours (in order of first
+# appearance; they repeat after len(PALETTE)); blocks only one request uses are pale blue-grey.
+counts: dict[str, int] = {}
+for r in sim.requests:
+    for h in {b.hash for b in r.blocks if b.hash is not None}:
+        counts[h] = counts.get(h, 0) + 1
 colour_of: dict[str, int] = {}
+n_shared = 0
 for r in sim.requests:
     for b in r.blocks:
         if b.hash is not None and b.hash not in colour_of:
-            colour_of[b.hash] = len(colour_of) % len(PALETTE)
+            if counts[b.hash] > 1:
+                colour_of[b.hash] = n_shared % len(PALETTE)
+                n_shared += 1
+            else:
+                colour_of[b.hash] = UNIQUE
 scale = []
-ncol = len(PALETTE) + 2
-for i, c in enumerate(list(PALETTE) + ["#b0b0b0", "#f4f4f4"]):
+ncol = len(PALETTE) + 3
+for i, c in enumerate(list(PALETTE) + ["#9e9e9e", "#f4f4f4", "#aebfd6"]):
     scale += [(i / ncol, c), ((i + 1) / ncol, c)]
 
 
@@ -166,8 +177,10 @@ fig.update_xaxes(title="block position in the prompt (each block = "
                        f"{sim.block_size} tokens; the last one may be partial)")
 fig.update_layout(height=90 + 42 * len(shown), margin=dict(l=10, r=10, t=10, b=40))
 st.plotly_chart(fig, width="stretch", key="pc_table")
-st.caption("Each row is a request's block table. Same colour = same block content (same hash), whichever "
-           "request holds it. Solid = **cache hit** (reused, not computed); faded = **new** (computed by "
+st.caption("Each row is a request's block table. A bright colour marks a block (one hash) that several "
+           "requests use: the same colour in two rows is the same cached block"
+           + (" (colours repeat after 24 shared blocks)" if n_shared > len(PALETTE) else "") + "; pale "
+           "blue-grey = a block only this request has. Solid = **cache hit** (reused, not computed); faded = **new** (computed by "
            "this request); grey = partial last block (computed, never cached). ×n = how many running "
            "requests share the block right after this one was admitted.")
 
@@ -255,7 +268,7 @@ st.write(f"They share {shared} leading tokens; {reuse} of the later request's {l
 pair_key = (tuple(ta), tuple(tb), sim.block_size)
 if st.button("Measure on the embedded model", type="primary", key="pc_measure_btn"):
     try:
-        with st.spinner("Loading the model and timing prefill and decode (about 10 s on a CPU)…"):
+        with st.spinner("Loading the model and timing prefill and decode (about 10 s on an idle 2-core CPU)…"):
             lm = get_model("embedded")
             res = measure_prefix_reuse(lm, ta, tb, block_size=sim.block_size, repeats=5, decode_tokens=8)
         st.session_state["pc_measure"] = {"key": pair_key, "result": res}

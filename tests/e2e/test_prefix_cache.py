@@ -1,0 +1,53 @@
+"""Browser test: the prefix-caching page renders in Chromium with the simulator's numbers."""
+
+import pytest
+
+from engine.models import load_tokenizer
+from engine.prefix_cache import join_requests, preset_requests, simulate_texts
+from tests.e2e.conftest import screenshot, wait_idle
+
+pytestmark = pytest.mark.e2e
+
+
+def _wait_text(page, text: str, timeout_ms: int = 30_000) -> None:
+    page.get_by_text(text, exact=True).first.wait_for(timeout=timeout_ms)
+
+
+def test_prefix_cache_page_renders(page, app_url):
+    page.set_viewport_size({"width": 1400, "height": 3200})   # the app scrolls inside; show it all
+    page.goto(app_url + "/prefix-cache")
+    wait_idle(page)
+    _wait_text(page, "Requests through the block pool")
+    # defaults: preset "system", block 16, capacity 64, 2 running at once, 0.5 ms/token
+    sim, _ = simulate_texts(join_requests(preset_requests("system")), load_tokenizer("embedded"), 16, 64, 2, 0.5)
+    _wait_text(page, f"{sim.hit_rate:.1%}")
+    _wait_text(page, f"{sim.hit_tokens:,} of {sim.prompt_tokens:,}")
+    _wait_text(page, f"{sim.saved_ms:,.1f} ms")
+    assert page.locator(".js-plotly-plot").count() >= 2        # block tables and pool
+    assert screenshot(page, "prefix_cache").stat().st_size > 20_000
+
+
+def test_prefix_cache_timestamp_link(page, app_url):
+    # a shared link: timestamp preset, timestamp first, 4-token blocks
+    page.set_viewport_size({"width": 1400, "height": 3200})
+    page.goto(app_url + "/prefix-cache?pc_preset=timestamp&pc_ts=start&pc_block=4")
+    wait_idle(page)
+    _wait_text(page, "Requests through the block pool")
+    sim, _ = simulate_texts(join_requests(preset_requests("timestamp")), load_tokenizer("embedded"), 4, 64, 2, 0.5)
+    assert max(r.hit_blocks for r in sim.requests) <= 1
+    _wait_text(page, f"{sim.hit_tokens:,} of {sim.prompt_tokens:,}")
+    _wait_text(page, str(sim.evictions))
+    screenshot(page, "prefix_cache_timestamp")
+
+
+@pytest.mark.slow
+def test_prefix_cache_measure_button(page, app_url):
+    page.set_viewport_size({"width": 1400, "height": 3200})
+    page.goto(app_url + "/prefix-cache")
+    wait_idle(page)
+    page.get_by_role("button", name="Measure on the embedded model").click()
+    _wait_text(page, "TTFT, reusing the prefix (measured)", timeout_ms=300_000)
+    wait_idle(page, timeout_ms=120_000)
+    body = page.locator('[data-testid="stMain"]').inner_text()
+    assert "same first token (yes)" in body
+    screenshot(page, "prefix_cache_measured")
