@@ -202,3 +202,14 @@ def test_round_summary_counts():
     # 3 drafted, 1 accepted, 2 emitted (accepted + correction), 4 tokens fed to the target
     assert s.startswith("Round 1: 3 drafted, 1 accepted, 2 emitted — the target corrected")
     assert "Draft 3.0 ms, verify 20.0 ms (4 tokens in the target pass)." in s
+
+
+def test_measured_run_feeds_the_whatif_comparison():
+    from engine.analytic import compare_with_measured, expected_tokens_per_pass
+
+    rec = measured_run(_stats(4, 100.0), gamma=4, measured_speedup=1.5)
+    mc = compare_with_measured(rec)
+    # α = 0.75, γ = 4: E = 1 + 0.75 + 0.5625 + 0.421875 + 0.31640625 = 3.05078125
+    assert mc.tokens_per_pass == pytest.approx(3.05078125)
+    assert mc.tokens_per_pass == pytest.approx(expected_tokens_per_pass(0.75, 4))
+    assert (mc.alpha, mc.gamma, mc.c, mc.measured) == (0.75, 4, pytest.approx(0.1), 1.5)

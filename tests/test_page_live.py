@@ -171,3 +171,14 @@ def test_embedded_model_step_and_baseline():
     assert dec.finished and base.new_ids == dec.new_ids
     assert _metric(at, "Greedy outputs identical?") == "yes"
     assert at.session_state["measured_run"].gamma == 4
+
+
+def test_trained_draft_kind(tiny):
+    from engine.models import EMBEDDED_DRAFT_DIR
+
+    at = _app(tiny, lv_draft="draft")
+    if (EMBEDDED_DRAFT_DIR / "config.json").is_file():
+        # the shipped draft exists; it was trained for the embedded target, not the tiny model
+        assert at.error and "tokenizer" in at.error[0].value
+    else:
+        assert at.error and "The shipped draft is missing" in at.error[0].value
