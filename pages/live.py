@@ -159,6 +159,11 @@ def _rebuild() -> None:
         S["lv_error"] = str(e)
 
 
+def _request_rebuild() -> None:
+    """Reset button callback (runs before the script): the next run rebuilds the decoder."""
+    S["lv_cfg"] = None
+
+
 if target is not None and S.get("lv_cfg") != config:
     _rebuild()
 if target is None:
@@ -171,14 +176,12 @@ b1, b2, b3, b4, b5 = st.columns(5)
 step = b1.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished)
 run_all = b2.button("Run to the end", key="lv_run", disabled=not ready or dec.finished)
 b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round.")
-reset = b4.button("Reset", key="lv_reset")
+b4.button("Reset", key="lv_reset", on_click=_request_rebuild,
+          help="Start the run again from the prompt (same settings and seed).")
 run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
                      help="Plain decoding of the same prompt with the same settings and seed (no draft); "
                           "finishes the speculative run first so both cover the same tokens.")
 
-if reset:
-    _rebuild()
-    dec = S["lv_dec"]
 if S.get("lv_error"):
     st.error(S["lv_error"])
     st.stop()
@@ -210,11 +213,13 @@ def _draw_text(d: SpeculativeDecoder) -> None:
     text_md.markdown(md or ":gray[(nothing generated yet)]")
 
 
-def _draw_round(rnd, animate: bool, frame_s: float) -> None:
+def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
+    """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
+    ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once."""
     round_title.markdown(f"**{round_summary(rnd)}**")
-    if animate and frame_s > 0:
+    if frame_s > 0:
         frames = round_frames(rnd)
-        delay = min(frame_s, ANIM_BUDGET_S / max(len(frames), 1))
+        delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
         for f in frames[:-1]:
             round_md.markdown(f)
             time.sleep(delay)
@@ -232,17 +237,21 @@ def _safe_step(d: SpeculativeDecoder):
 
 
 frame_s, round_pause = SPEEDS[S["lv_speed"]]
+was_finished = dec.finished
 if step and not dec.finished:
     t0 = time.perf_counter()
     rnd = _safe_step(dec)
-    _draw_round(rnd, animate=True, frame_s=max(frame_s, 0.04))
+    if S["lv_speed"] == "presenter":
+        _draw_round(rnd, frame_s)
+    else:  # keep click → drawn round fast: the whole animation within ANIM_BUDGET_S
+        _draw_round(rnd, max(frame_s, 0.04), budget_s=ANIM_BUDGET_S)
     S["lv_last_step_ms"] = (time.perf_counter() - t0) * 1000
 
 if (run_all or run_base) and not dec.finished:
     bar = progress.progress(0.0, text="Running…")
     while not dec.finished:
         rnd = _safe_step(dec)
-        _draw_round(rnd, animate=frame_s > 0, frame_s=frame_s)
+        _draw_round(rnd, frame_s)
         _draw_text(dec)
         done = len(dec.new_ids) / dec.max_new_tokens
         bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
@@ -264,10 +273,13 @@ if run_base and dec.finished:
         st.error(str(e))
     progress.empty()
 
+if dec.finished and not was_finished:
+    st.rerun()  # redraw the buttons (Step / Run to the end are now disabled)
+
 # ------------------------------------------------------------------------------------------ current state
 if dec.rounds:
     if not step:  # a stepped round was just animated into the box
-        _draw_round(dec.rounds[-1], animate=False, frame_s=0)
+        _draw_round(dec.rounds[-1], 0)
 else:
     round_title.markdown("**No round yet.**")
     round_md.markdown("Press **Step one round** to draft γ tokens and verify them with one target pass.")

@@ -105,7 +105,7 @@ def test_reset_and_settings_change_rebuild(tiny):
 
 
 def test_url_state_and_sampling_shows_uniforms(tiny):
-    at = _app(tiny, lv_gamma=3, lv_temp=1.0, lv_topk=20, lv_topp=0.9, lv_seed=42)
+    at = _app(tiny, lv_gamma=3, lv_temp=1.0, lv_topk=20, lv_topp=0.9, lv_seed=42, lv_speed="instant")
     dec = at.session_state["lv_dec"]
     assert (dec.gamma, dec.seed) == (3, 42)
     assert (dec.sampling.temperature, dec.sampling.top_k, dec.sampling.top_p) == (1.0, 20, 0.9)
@@ -182,3 +182,11 @@ def test_trained_draft_kind(tiny):
         assert at.error and "tokenizer" in at.error[0].value
     else:
         assert at.error and "The shipped draft is missing" in at.error[0].value
+
+
+def test_reset_after_finishing_enables_step(tiny):
+    at = _app(tiny, lv_speed="instant")
+    at = _click(at, "lv_run")
+    assert at.button(key="lv_step").disabled  # finished
+    at = _click(at, "lv_reset")
+    assert not at.button(key="lv_step").disabled and not at.session_state["lv_dec"].rounds
