@@ -14,12 +14,19 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from app.registry import PAGES_DIR, available_pages  # noqa: E402
+from app.tour import init_modes, tour_banner  # noqa: E402
 
-st.set_page_config(page_title="Speedup Lab", page_icon="⚡", layout="wide")
+# ?present=1 (presenter mode) collapses the sidebar; the tour banner and presenter styling are drawn
+# above whichever page runs (app/tour.py), so no page file needs to know about them.
+present = init_modes()
+st.set_page_config(page_title="Speedup Lab", page_icon="⚡", layout="wide",
+                   initial_sidebar_state="collapsed" if present else "auto")
 
 pages = [
     st.Page(str(PAGES_DIR / p.file), title=p.title, icon=p.icon, url_path=p.url_path,
             default=(p.file == "home.py"))
     for p in available_pages()
 ]
-st.navigation(pages).run()
+nav = st.navigation(pages)
+tour_banner()
+nav.run()

@@ -30,6 +30,14 @@ PAGES: list[PageInfo] = [
              "Attention in tiles with a running softmax: exact, with less memory traffic."),
     PageInfo("kv_cache.py", "KV-cache size (MHA/GQA/MQA)", ":material/calculate:", "kv-cache",
              "How big the KV cache is, what each decode step reads, and why GQA/MQA shrink both."),
+    PageInfo("trade_offs.py", "Trade-offs", ":material/balance:", "trade-offs",
+             "What each speedup saves, what it costs, when it stops helping, and whether outputs change."),
+    PageInfo("mistakes.py", "Common mistakes, live", ":material/report:", "mistakes",
+             "Five common mistakes, each reproduced in one click with the engine's numbers."),
+    PageInfo("in_the_wild.py", "In the wild", ":material/public:", "in-the-wild",
+             "Which widely used engines offer these speedups, with the documentation they come from."),
+    PageInfo("recap.py", "Recap", ":material/checklist:", "recap",
+             "The few ideas to remember, each linked to where the app shows it."),
 ]
 
 

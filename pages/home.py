@@ -14,3 +14,8 @@ for p in available_pages():
     if p.file == "home.py":
         continue
     st.page_link(str(PAGES_DIR / p.file), label=f"**{p.title}** — {p.summary}", icon=p.icon)
+
+st.divider()
+from app.tour import start_tour_button  # noqa: E402
+
+start_tour_button()

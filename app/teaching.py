@@ -1,0 +1,153 @@
+"""Teaching components shared by the pages: "Check yourself" questions and links that open a page in a
+given state (a page URL with query parameters).
+
+Questions and their answers come from ``engine.teaching``; this module only draws them.
+
+On a page::
+
+    from app.teaching import check_yourself
+    from engine.teaching import whatif_questions
+    check_yourself("whatif", whatif_questions(alpha, gamma, cost))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import lru_cache
+from typing import Sequence
+
+import streamlit as st
+
+from app.registry import PAGES_DIR, available_pages
+from engine.errors import SpeedupLabError
+from engine.teaching import PageLink, Question
+
+_URL_PARAM = re.compile(r"""url_param\(\s*["'](\w+)["']""")
+
+
+@lru_cache(maxsize=32)
+def page_url_keys(file: str) -> tuple[str, ...]:
+    """The query-parameter keys a page reads with ``url_param`` (parsed from its source file)."""
+    path = PAGES_DIR / file
+    if not path.is_file():
+        return ()
+    return tuple(dict.fromkeys(_URL_PARAM.findall(path.read_text(encoding="utf-8"))))
+
+
+def page_file(url_path: str) -> str | None:
+    """File name in pages/ of the registered page with this ``url_path`` (None if it is not there)."""
+    for p in available_pages():
+        if p.url_path == url_path:
+            return p.file
+    return None
+
+
+def reset_page_state(link: PageLink, extra: Sequence[str] = ()) -> None:
+    """Forget the session values of the target page's URL keys (and ``extra`` derived keys), so the page
+    seeds its widgets from the link's query parameters on its next run."""
+    file = page_file(link.url_path)
+    for k in (*(page_url_keys(file) if file else ()), *link.params, *extra):
+        if not _is_bound(k):
+            st.session_state.pop(k, None)
+
+
+def _mode_params() -> dict[str, str]:
+    """The app-wide modes that travel with every link (presenter mode, the tour stop)."""
+    out = {}
+    if st.session_state.get("present"):
+        out["present"] = "1"
+    if st.session_state.get("tour_stop") is not None:
+        out["tour"] = str(st.session_state["tour_stop"])
+    return out
+
+
+def _is_bound(key: str) -> bool:
+    """Whether a query parameter is bound to a widget (``bind="query-params"``, e.g. the what-if tabs):
+    such a parameter cannot be set directly, only through the widget's session value."""
+    try:
+        from streamlit.runtime.state.session_state_proxy import get_session_state
+
+        with get_session_state().query_params() as qp:
+            return bool(qp.is_bound(key))
+    except Exception:  # noqa: BLE001 - Streamlit internals; treat as unbound
+        return False
+
+
+def goto(link: PageLink, extra_clear: Sequence[str] = ()) -> None:
+    """Open ``link``'s page with its settings now (``st.switch_page``; call from the script, not a callback).
+
+    The page's URL keys are forgotten first, so it seeds its widgets from the link; a parameter bound to
+    a widget is set through the widget's session value instead of the URL."""
+    file = page_file(link.url_path)
+    if file is None:
+        st.error(f"The page “{link.url_path}” is not available yet.")
+        return
+    query = link.query()
+    bound = {k: v for k, v in link.params.items() if _is_bound(k)}
+    reset_page_state(link, extra_clear)
+    for k, v in bound.items():
+        st.session_state[k] = v
+        query.pop(k, None)
+    st.switch_page(str(PAGES_DIR / file), query_params={**query, **_mode_params()})
+
+
+def go_button(link: PageLink, label: str, key: str, extra_clear: Sequence[str] = (), **kwargs) -> None:
+    """A button that opens ``link``'s page in the linked state (one click)."""
+    if st.button(label, key=key, **kwargs):
+        goto(link, extra_clear)
+
+
+def page_link(link: PageLink, label: str, icon: str | None = None) -> None:
+    """A plain link (opens in a new tab too) to ``link``'s page with its query parameters."""
+    file = page_file(link.url_path)
+    if file is None:
+        st.markdown(f"{label} (page not available yet)")
+        return
+    try:
+        st.page_link(str(PAGES_DIR / file), label=label, icon=icon, query_params={**link.query(), **_mode_params()})
+    except Exception:  # noqa: BLE001 - page run alone (AppTest) without navigation
+        st.markdown(f"{label} → `{link.url()}`")
+
+
+def _sig(q: Question) -> str:
+    return hashlib.sha1(("\x1f".join((q.prompt, *q.options))).encode("utf-8")).hexdigest()[:8]
+
+
+def question_key(page_key: str, q: Question) -> str:
+    """Widget key of a question's radio; changes when the question's text or options change, so a new
+    setting gives a fresh, unanswered question."""
+    return f"cy_{page_key}_{q.key}_{_sig(q)}"
+
+
+def check_yourself(page_key: str, questions: Sequence[Question] | None, *, expanded: bool = True) -> None:
+    """Draw "Check yourself": per question a radio and a **Check** button; after an answer, whether it was
+    right and the engine's explanation. ``questions`` come from ``engine.teaching``."""
+    if not questions:
+        return
+    with st.expander("🎓 Check yourself", expanded=expanded):
+        st.caption("The answers are computed by the engine from this page's current settings: change a "
+                   "setting and the questions change with it.")
+        for i, q in enumerate(questions):
+            rk = question_key(page_key, q)
+            st.markdown(f"**{i + 1}. {q.prompt}**")
+            choice = st.radio(f"Answer to question {i + 1}", q.options, index=None, key=rk,
+                              label_visibility="collapsed")
+            if st.button("Check", key=f"{rk}_check", disabled=choice is None):
+                st.session_state[f"{rk}_answered"] = choice
+            answered = st.session_state.get(f"{rk}_answered")
+            if answered is not None and answered == choice:
+                if q.is_correct(answered):
+                    st.success("Right. " + q.explanation)
+                else:
+                    st.error(f"Not quite: the answer is **{q.options[q.correct]}**. " + q.explanation)
+                st.caption(f"Source: {q.source}")
+
+
+def safe_questions(fn, *args, **kwargs) -> list[Question]:
+    """``fn(*args, **kwargs)`` from ``engine.teaching``, or no questions when the settings are invalid
+    (the page already shows the error)."""
+    try:
+        return fn(*args, **kwargs)
+    except SpeedupLabError:
+        return []

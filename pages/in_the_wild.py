@@ -1,0 +1,27 @@
+"""In the wild: which widely used engines document which of these speedups (facts from
+``engine.teaching.IN_THE_WILD``, each with its documentation page)."""
+
+import streamlit as st
+
+from engine.teaching import IN_THE_WILD
+
+st.title("🌍 In the wild")
+st.markdown(
+    "The speedups on these pages are not research curiosities: the widely used inference engines ship "
+    "them. Each line below is stated only as far as the named documentation page (or the installed "
+    "library's source) says; versions move fast, so check the current page before relying on a flag.")
+engines = sorted({f.engine for f in IN_THE_WILD})
+pick = st.multiselect("Engines", engines, default=engines, key="wild_engines")
+st.dataframe(
+    [{"engine": f.engine, "what": f.technique, "how it is switched on": f.how, "as documented at": f.source}
+     for f in IN_THE_WILD if f.engine in pick],
+    hide_index=True, width="stretch", row_height=60,
+    column_config={"as documented at": st.column_config.TextColumn(width="large"),
+                   "what": st.column_config.TextColumn(width="large")})
+st.caption("Download the table as CSV from its toolbar. FlashAttention-style fused attention kernels are "
+           "the default attention path in these engines' GPU builds; only the transformers line is stated "
+           "here because it was checked against the installed source.")
+st.markdown(
+    "This app's own engine offers three drafts (a trained draft model, prompt lookup, early exit) on the "
+    "**Live** page; `benchmarks/bench_speculative.py` compares it with transformers' `assistant_model`, "
+    "`prompt_lookup_num_tokens` and `assistant_early_exit` on this machine.")

@@ -1,0 +1,107 @@
+"""Common mistakes, live: each mistake from the explainer reproduced with the engine's numbers, with a
+one-click button that opens the page showing it. Numbers come from ``engine.teaching``."""
+
+import streamlit as st
+
+from app.resources import get_tokenizer
+from app.teaching import go_button
+from engine.errors import SpeedupLabError
+from engine.teaching import (MISTAKE_LINKS, large_batch_mistake, long_answer_mistake, quality_mistake,
+                             timestamp_mistake, tokenizer_mistake)
+
+st.title("🚧 Common mistakes, live")
+st.markdown("Five mistakes people make with these speedups. Each shows its effect with the engine's "
+            "numbers; the button opens the page in the state that reproduces it.")
+
+
+@st.cache_data(show_spinner=False)
+def _batch():
+    return large_batch_mistake()
+
+
+@st.cache_data(show_spinner="Running the toy check…")
+def _quality():
+    return quality_mistake()
+
+
+@st.cache_data(show_spinner=False)
+def _long():
+    return long_answer_mistake()
+
+
+# 1 ------------------------------------------------------------------------------------------------
+st.header("1 · Speculating on a large batch")
+lb = _batch()
+st.markdown(f"A {lb.params_b:g} B bf16 target on an {lb.hardware}, α = {lb.alpha}, γ = {lb.gamma}, "
+            f"c = {lb.c}. Speculation turns spare compute into fewer passes; a large batch has no spare "
+            "compute left.")
+c1, c2, c3 = st.columns(3)
+c1.metric("Speedup at batch 1", f"{lb.speedup_at_1:.2f}×")
+c2.metric(f"Speedup at batch {lb.large_batch}", f"{lb.speedup_at_large:.2f}×")
+c3.metric("Slower than plain decoding from batch",
+          "never (in range)" if lb.crossover_batch is None else f"≈ {lb.crossover_batch:,.0f}")
+go_button(MISTAKE_LINKS["large_batch"], "Reproduce on the What-if page", key="mk_batch")
+
+# 2 ------------------------------------------------------------------------------------------------
+st.header("2 · A draft with a different tokenizer")
+st.markdown("The target checks the draft's token **ids**. If the draft numbers its vocabulary differently, "
+            "its ids name other strings for the target, and nearly every draft token is rejected. Here the "
+            "draft is a stand-in: a word-level tokenizer built from the sentence itself.")
+try:
+    tm = tokenizer_mistake(get_tokenizer("embedded"))
+except SpeedupLabError as e:
+    st.error(str(e))
+else:
+    st.dataframe([{"tokenizer": "target (SmolLM2)", "ids": str(tm.target_ids)},
+                  {"tokenizer": "draft (stand-in)", "ids": str(tm.draft_ids)},
+                  {"tokenizer": "draft's ids read by the target", "ids": tm.draft_ids_read_by_target}],
+                 hide_index=True, width="stretch")
+    if tm.engine_error:
+        st.error(f"The engine refuses the pair: {tm.engine_error}")
+    st.caption(f"Sentence: “{tm.text}”. The live page runs the same check "
+               "(engine.models.check_tokenizers_compatible) before it accepts any draft model.")
+
+# 3 ------------------------------------------------------------------------------------------------
+st.header("3 · “Speculative decoding trades quality for speed”")
+qm = _quality()
+st.markdown(f"The toy models of the what-if page, {qm.n_rounds:,} rounds each: the engine's acceptance rule "
+            "against a naive rule that keeps every draft token.")
+c1, c2 = st.columns(2)
+c1.metric("Engine rule: distance to the target's p", f"{qm.tvd_engine:.3f}",
+          delta=f"χ² p-value {qm.chi2_p_engine:.2g}", delta_color="off", delta_arrow="off")
+c2.metric("Naive rule: distance to the target's p", f"{qm.tvd_naive:.3f}",
+          delta=f"χ² p-value {qm.chi2_p_naive:.2g}", delta_color="off", delta_arrow="off")
+st.caption("With the correct rule the output follows the target exactly (the small distance is sampling "
+           "noise); only a wrong rule changes quality.")
+go_button(MISTAKE_LINKS["quality"], "Reproduce on the What-if page (distribution check)", key="mk_quality")
+
+# 4 ------------------------------------------------------------------------------------------------
+st.header("4 · A timestamp at the start of the prompt")
+try:
+    tsm = timestamp_mistake(get_tokenizer("embedded"))
+except SpeedupLabError as e:
+    st.error(str(e))
+else:
+    st.markdown(f"Five requests sharing a system prompt, each with its own timestamp line, blocks of "
+                f"{tsm.block_size} tokens ({tsm.prompt_tokens:,} prompt tokens in all).")
+    c1, c2 = st.columns(2)
+    c1.metric("Hit rate, timestamp first", f"{tsm.hit_rate_start:.0%}",
+              delta=f"{tsm.hit_tokens_start:,} tokens skipped", delta_color="off", delta_arrow="off")
+    c2.metric("Hit rate, timestamp last", f"{tsm.hit_rate_end:.0%}",
+              delta=f"{tsm.hit_tokens_end:,} tokens skipped", delta_color="off", delta_arrow="off")
+go_button(MISTAKE_LINKS["timestamp"], "Reproduce on the Prefix caching page", key="mk_ts",
+          extra_clear=("pc_text", "pc_step"))
+
+# 5 ------------------------------------------------------------------------------------------------
+st.header("5 · Expecting prefix caching to speed up a long answer")
+la = _long()
+st.markdown(f"{la.model} on {la.gpu} (roofline): a {la.prompt_tokens:,}-token prompt, {la.cached_tokens:,} "
+            f"tokens of it cached, then a {la.answer_tokens:,}-token answer.")
+c1, c2, c3 = st.columns(3)
+c1.metric("Prefill (TTFT)", f"{la.prefill_ms_cached:.1f} ms", delta=f"{la.prefill_ms_cached - la.prefill_ms_full:+.1f} ms "
+          "with the cache", delta_color="off", delta_arrow="off")
+c2.metric("Decode", f"{la.decode_ms:,.0f} ms", delta="unchanged", delta_color="off", delta_arrow="off")
+c3.metric("Whole request saved", f"{la.saved_share:.1%}")
+st.caption("Prefix caching skips prefill only; the answer is still produced one decode step at a time.")
+go_button(MISTAKE_LINKS["long_answer"], "Open the Prefix caching page (measure prefill vs decode)", key="mk_long",
+          extra_clear=("pc_text", "pc_step"))
