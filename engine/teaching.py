@@ -19,7 +19,7 @@ from engine.analytic import (GAMMA_MAX, batch_speedup_curve, best_gamma, break_e
 from engine.errors import InputError, TokenizerMismatchError
 from engine.flash import (HARDWARE_PRESETS as FLASH_HW, block_sizes, flash_traffic, sram_elements,
                           standard_attention, standard_traffic, tiled_attention)
-from engine.kv_size import (ModelSpec, decode_step, format_bytes, kv_bytes, kv_bytes_per_sequence,
+from engine.kv_size import (HardwareSpec, ModelSpec, decode_step, format_bytes, kv_bytes, kv_bytes_per_sequence,
                             model_preset)
 from engine.prefix_cache import (estimate_ttft_ms, join_requests, preset_requests, reusable_tokens,
                                  simulate_texts)
@@ -177,7 +177,7 @@ def flash_questions(d: int, sram_kib: int, bytes_per_element: int, n_max: int,
     q, k, v = (torch.randn(n_small, d_small, generator=g) for _ in range(3))
     diff = float((tiled_attention(q, k, v, block_q, block_k) - standard_attention(q, k, v)).abs().max())
     qs.append(Question(
-        "exact", f"Tiled attention on the page's example (N = {n_small}, d = {d_small}, Br = {block_q}, "
+        "exact", f"Tiled attention on a random example of the page's size (N = {n_small}, d = {d_small}, Br = {block_q}, "
                  f"Bc = {block_k}) against standard attention: is the output the same?",
         ("Yes, up to floating-point rounding", "No, it is an approximation"), 0 if diff < 1e-5 else 1,
         f"Largest difference: **{diff:.1e}** (fp32). The running maximum and sum rescale earlier tiles, so "
@@ -186,7 +186,7 @@ def flash_questions(d: int, sram_kib: int, bytes_per_element: int, n_max: int,
 
 
 def kv_questions(model: ModelSpec, context: int, batch: int, kv_dtype: str = "bf16",
-                 gpu: str = "H100 SXM") -> list[Question]:
+                 gpu: "str | HardwareSpec" = "H100 SXM") -> list[Question]:
     """Questions for the KV-cache page at its current model and sizes, answered with ``engine.kv_size``.
 
     1. Doubling the context: how does the batch's KV cache grow? (sliding-window layers stop growing)
@@ -221,12 +221,13 @@ def kv_questions(model: ModelSpec, context: int, batch: int, kv_dtype: str = "bf
                 opts, cands.index(round(ratio, 2)),
                 f"The cache is proportional to the number of KV heads, not query heads: "
                 f"{model.num_kv_heads} → 1 gives **{ratio:g}×** smaller.", src))
+    gpu_name = gpu if isinstance(gpu, str) else gpu.name
     s1 = decode_step(model, gpu, batch, context, kv_dtype)
     s2 = decode_step(model, gpu, 2 * batch, context, kv_dtype)
     r = s2.step_ms / s1.step_ms
     bands = ("Less than 1.3× as long", "1.3× to 1.8×", "About 2× or more")
     qs.append(Question(
-        "double_batch", f"On {gpu}, a decode step at batch {batch} takes {s1.step_ms:.3f} ms. How long does a step "
+        "double_batch", f"On {gpu_name}, a decode step at batch {batch} takes {s1.step_ms:.3f} ms. How long does a step "
                         f"take at batch {2 * batch}?", bands, 0 if r < 1.3 else (1 if r < 1.8 else 2),
         f"**{s2.step_ms:.3f} ms ({r:.2f}×)**: the step reads the weights once for the whole batch plus every "
         f"sequence's KV cache ({s1.bound}-bound at batch {batch}, {s2.bound}-bound at {2 * batch}). Only the "

@@ -11,7 +11,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.state import sync_url, url_param
+from app.teaching import check_yourself, safe_questions
 from engine.errors import SpeedupLabError
+from engine.teaching import flash_questions
 from engine.flash import (CURVE_N_MAX, DEFAULT_PRESET, HARDWARE_PRESETS, PAPER_EXAMPLE, STEP_BLOCK_MAX,
                           STEP_D_MAX, STEP_N_MAX, flash_report, format_bytes, measure_attention)
 
@@ -332,3 +334,6 @@ if meas:
                "output only. Below about 1 MB the reading is unreliable (the kernel updates its resident-size "
                "counters lazily, and the allocator may reuse memory it already holds), so small N reads low. On a CPU the time gap comes from cache traffic rather than HBM, so it is "
                "not the GPU model's ratio.")
+
+check_yourself("flash", safe_questions(flash_questions, ss["td"], ss["sram"], ss["bpe"], ss["nmax"], n_small=ss["n"],
+                                       d_small=ss["d"], block_q=ss["br"], block_k=ss["bc"], seed=ss["seed"]))

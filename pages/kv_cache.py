@@ -12,7 +12,9 @@ from streamlit.errors import StreamlitPageNotFoundError
 
 from app.registry import PAGES_DIR, available_pages
 from app.state import sync_url, url_param
+from app.teaching import check_yourself, safe_questions
 from engine.errors import SpeedupLabError
+from engine.teaching import kv_questions
 from engine.kv_size import (HARDWARE_PRESETS, KV_DTYPES, MODEL_PRESETS, WEIGHT_DTYPES, ModelSpec,
                             embedded_model_spec, format_bytes, kv_report, load_hub_config,
                             measure_this_machine, model_from_config_json, real_kv_check)
@@ -337,3 +339,6 @@ with st.expander("Sources of the presets and the formulas"):
         "- FLOPs ≈ 2 × parameters per token (Kaplan et al. 2020, §2.1) + 4 × heads × head dim × context "
         "per layer for attention.\n"
         "- Roofline: time ≥ max(bytes ÷ bandwidth, FLOPs ÷ peak) (Williams, Waterman & Patterson 2009).")
+
+check_yourself("kv", safe_questions(kv_questions, model, ss["context"], ss["batch"], ss["kv_dtype"],
+                                    rep.hardware[rep.gpu]))

@@ -12,10 +12,12 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.state import sync_url, url_param
+from app.teaching import check_yourself, safe_questions
 from engine.analytic import (GAMMA_MAX, HARDWARE_PRESETS, SIM_MAX_ROUNDS, analytic_view,
                              batch_speedup_curve, compare_with_measured, simulate_rounds,
                              try_it_exercises)
 from engine.errors import SpeedupLabError
+from engine.teaching import whatif_questions
 from engine.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, \
     verify_always_accept
 
@@ -355,5 +357,7 @@ for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator
     if _tab.open:
         with _tab:
             _section()
+
+check_yourself("whatif", safe_questions(whatif_questions, alpha, gamma, cost))
 
 sync_url(URL_KEYS)
