@@ -74,10 +74,13 @@ def visible(text: str) -> str:
 
 def chip(text: str, style: str, strike: bool = False) -> str:
     """One token as a coloured Markdown span: ``:style[escaped]`` (shown with visible whitespace)."""
-    body = escape_markdown(visible(text))
-    if strike:
-        body = f"~~{body}~~"
-    return f":{style}[{body}]"
+    shown = visible(text)
+    if not strike:
+        return f":{style}[{escape_markdown(shown)}]"
+    # GFM strikethrough must not open before or close after a space: keep edge spaces outside the ~~
+    core = shown.strip(" ")
+    lead, trail = shown[:len(shown) - len(shown.lstrip(" "))], shown[len(shown.rstrip(" ")):]
+    return f":{style}[{lead}~~{escape_markdown(core)}~~{trail}]"
 
 
 def _keep_spaces(piece: str) -> str:
@@ -111,12 +114,19 @@ def text_span(text: str, style: str) -> str:
 
 
 def generated_markdown(pieces: list[tuple[str, str]]) -> str:
-    """The generated text with each token coloured by origin.
+    """The generated text with each token coloured by origin; consecutive tokens of the same origin
+    share one span (separate spans would pad every token boundary and read as extra spaces).
 
     Args:
         pieces: (token text, origin) in order; origin is one of ``engine.trace.ORIGINS``.
     """
-    return "".join(text_span(t, STYLE[o]) for t, o in pieces)
+    runs: list[list[str]] = []
+    for t, o in pieces:
+        if runs and runs[-1][1] == o:
+            runs[-1][0] += t
+        else:
+            runs.append([t, o])
+    return "".join(text_span(t, STYLE[o]) for t, o in runs)
 
 
 def legend_markdown() -> str:

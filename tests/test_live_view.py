@@ -60,6 +60,12 @@ def test_visible_whitespace():
 def test_chip_and_strike():
     assert chip("*", "green-background") == ":green-background[\\*]"
     assert chip("x", "red-background", strike=True) == ":red-background[~~x~~]"
+    # a leading space stays outside the ~~ (GFM does not open a strikethrough before a space)
+    assert chip(" area", "gray", strike=True) == ":gray[ ~~area~~]"
+    for tok in (" area", "x ", "*", " _a_ ", "~"):
+        inner = chip(tok, "gray", strike=True)[len(":gray["):-1]
+        out = MD.render(inner)
+        assert "<s>" in out and "~~" not in out.replace("\\~", ""), (tok, out)
     # a newline token is shown as ↵ inside one span (the span never breaks the line)
     assert chip("\n", "gray") == ":gray[↵]"
 
@@ -133,6 +139,9 @@ def test_generated_pieces_and_markdown():
     assert pieces == [("<b>", "accepted"), ("Z", "correction")]
     md = generated_markdown(pieces)
     assert md == ":green-background[\\<\u200bb\\>\u200b]:orange-background[Z]"
+    # consecutive tokens of one origin share a span: "a" + " b" accepted, then "c" correction
+    assert generated_markdown([("a", "accepted"), (" b", "accepted"), ("c", "correction")]) == \
+        ":green-background[a b]:orange-background[c]"
 
 
 def test_chart_labels_escape_and_dedupe():
