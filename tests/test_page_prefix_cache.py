@@ -131,6 +131,8 @@ def test_measure_button_runs_real_model():
     diff = float(_metric(at, "First-token logits, max |difference|"))
     assert diff < 1e-4
     assert _metric(at, "TTFT, full prefill (measured)").endswith(" ms")
+    assert _metric(at, "TTFT, prefix reused (measured)").endswith(" ms")
+    assert _metric(at, "Decode after prefix reuse").endswith(" ms/token")
     assert at.success and "same first token (yes)" in at.success[0].value
     # the measured cost can now drive the simulator
     at.checkbox(key="pc_use_measured").check()

@@ -46,7 +46,7 @@ def test_prefix_cache_measure_button(page, app_url):
     page.goto(app_url + "/prefix-cache")
     wait_idle(page)
     page.get_by_role("button", name="Measure on the embedded model").click()
-    _wait_text(page, "TTFT, reusing the prefix (measured)", timeout_ms=300_000)
+    _wait_text(page, "TTFT, prefix reused (measured)", timeout_ms=300_000)
     wait_idle(page, timeout_ms=120_000)
     body = page.locator('[data-testid="stMain"]').inner_text()
     assert "same first token (yes)" in body
