@@ -97,7 +97,12 @@ def start_tour_button() -> None:
         go_to_stop(0)
     if c2.button("Presenter mode " + ("off" if st.session_state.get(PRESENT_KEY) else "on"), key="present_toggle",
                  width="stretch", help="Larger fonts and a hidden sidebar; or add ?present=1 to any page's URL."):
-        st.session_state[PRESENT_KEY] = not st.session_state.get(PRESENT_KEY)
+        on = not st.session_state.get(PRESENT_KEY)
+        st.session_state[PRESENT_KEY] = on
+        if on:
+            st.query_params[PRESENT_KEY] = "1"
+        elif PRESENT_KEY in st.query_params:
+            del st.query_params[PRESENT_KEY]
         st.rerun()
 
 

@@ -1,0 +1,175 @@
+"""AppTest: the guided tour (start, advance, back, leave), presenter mode, check-yourself questions
+(a right and a wrong answer each), and the trade-offs / mistakes / in-the-wild / recap pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.teaching import tour_stops
+
+ROOT = Path(__file__).resolve().parent.parent
+MAIN = str(ROOT / "app" / "main.py")
+
+
+def _main(**qp) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    for k, v in qp.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def _banner(at) -> str:
+    return " ".join(m.value for m in at.markdown if m.value.startswith("**Guided tour"))
+
+
+def test_tour_advance_back_and_leave():
+    at = _main(tour="1")  # stop 2 (what-if) from the URL
+    assert not at.exception
+    assert "stop 2 of 6" in _banner(at)
+    at.button(key="tour_next").click().run()
+    assert not at.exception
+    assert "stop 3 of 6" in _banner(at)
+    assert at.title[0].value.startswith("📈 What-if")
+    # the stop set the page's widgets
+    assert at.session_state["wi_tab"] == "When it does not help"
+    assert at.session_state["wi_alpha"] == 0.8 and at.session_state["wi_params_b"] == 7.0
+    assert at.query_params["tour"] == ["2"] or at.query_params["tour"] == "2"
+    at.button(key="tour_prev").click().run()
+    assert "stop 2 of 6" in _banner(at)
+    assert at.session_state["wi_gamma"] == 8 and at.session_state["wi_cost"] == 0.3
+    at.button(key="tour_next").click().run()
+    at.button(key="tour_next").click().run()  # → prefix caching with the timestamp first
+    assert not at.exception
+    assert at.title[0].value.startswith("🧱 Prefix caching")
+    assert at.session_state["pc_preset"] == "timestamp" and at.session_state["pc_ts"] == "start"
+    at.button(key="tour_leave").click().run()
+    assert _banner(at) == ""
+    assert "tour" not in at.query_params
+    assert at.title[0].value.startswith("🧱 Prefix caching")  # leaving keeps you where you are
+
+
+def test_tour_last_stop_and_finish():
+    at = _main(tour=str(len(tour_stops()) - 1))
+    assert "stop 6 of 6" in _banner(at)
+    assert at.button(key="tour_next").label == "Finish"
+    assert at.button(key="tour_prev").disabled is False
+    at.button(key="tour_next").click().run()
+    assert not at.exception
+    assert _banner(at) == ""
+    assert at.title[0].value.startswith("✅ Recap")
+
+
+@pytest.mark.slow
+def test_tour_starts_from_home_on_the_live_page():
+    at = _main()
+    assert _banner(at) == ""
+    at.button(key="tour_start").click().run(timeout=300)
+    assert not at.exception
+    assert "stop 1 of 6" in _banner(at)
+    assert at.session_state["lv_draft"] == "ngram" and at.session_state["lv_preset"] == "code"
+    assert at.button(key="tour_prev").disabled
+
+
+def test_presenter_mode_from_url_and_toggle():
+    at = _main(present="1")
+    assert not at.exception
+    styles = [h.proto.body for h in at.get("html")]
+    assert any("font-size: 1.3rem" in s for s in styles)
+    assert at.session_state["present"] is True
+    assert at.button(key="present_toggle").label == "Presenter mode off"
+    at.button(key="present_toggle").click().run()
+    assert at.session_state["present"] is False
+    assert not any("font-size: 1.3rem" in h.proto.body for h in at.get("html"))
+    assert at.query_params.get("present") in (None, [])
+
+
+def test_presenter_mode_with_tour_on_a_page():
+    # the documented presenter URL: a page, its state, a tour stop, large fonts
+    at = _main(present="1", tour="4")
+    assert "stop 5 of 6" in _banner(at)
+    assert any("font-size: 1.3rem" in h.proto.body for h in at.get("html"))
+
+
+def _answer(at, page_key: str, qkey: str, right: bool):
+    radio = next(r for r in at.radio if r.key and r.key.startswith(f"cy_{page_key}_{qkey}_"))
+    return radio
+
+
+def _check(at, page_key, qkey, questions, right: bool):
+    q = next(q for q in questions if q.key == qkey)
+    radio = next(r for r in at.radio if r.key and r.key.startswith(f"cy_{page_key}_{qkey}_"))
+    pick = q.options[q.correct] if right else q.options[(q.correct + 1) % len(q.options)]
+    radio.set_value(pick).run()
+    at.button(key=radio.key + "_check").click().run()
+    assert not at.exception
+    return q
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_whatif_questions_right_and_wrong(right):
+    from engine.teaching import whatif_questions
+
+    at = AppTest.from_file(str(ROOT / "pages" / "whatif.py"), default_timeout=60)
+    at.query_params.update({"wi_alpha": "0.6", "wi_gamma": "4", "wi_cost": "0.3"})
+    at.run()
+    qs = whatif_questions(0.6, 4, 0.3)
+    for q in qs:
+        _check(at, "whatif", q.key, qs, right)
+    if right:
+        assert len(at.success) >= len(qs) and all(s.value.startswith("Right.") for s in at.success[-len(qs):])
+        assert any("1.05×" in s.value for s in at.success)  # the engine's speedup in the explanation
+    else:
+        errs = [e.value for e in at.error if e.value.startswith("Not quite")]
+        assert len(errs) == len(qs)
+        assert "Yes, it is faster" in errs[0]  # names the right answer
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_flash_and_kv_questions_right_and_wrong(right):
+    from engine.kv_size import model_preset
+    from engine.teaching import flash_questions, kv_questions
+
+    at = AppTest.from_file(str(ROOT / "pages" / "flash_attention.py"), default_timeout=60).run()
+    qs = flash_questions(64, at.session_state["sram"], 2, 16384, seed=0)
+    q = _check(at, "flash", "extra_memory", qs, right)
+    shown = [s.value for s in (at.success if right else at.error)]
+    assert any("4×" in v for v in shown) and len(shown) >= 1
+
+    at = AppTest.from_file(str(ROOT / "pages" / "kv_cache.py"), default_timeout=60)
+    at.query_params.update({"preset": "Llama-3.1-8B", "context": "8192", "batch": "1"})
+    at.run()
+    qs = kv_questions(model_preset("Llama-3.1-8B"), 8192, 1)
+    _check(at, "kv", "mqa", qs, right)
+    box = at.success if right else at.error
+    assert any("8×" in v.value for v in box)
+
+
+def test_question_resets_when_settings_change():
+    at = AppTest.from_file(str(ROOT / "pages" / "whatif.py"), default_timeout=60).run()
+    before = {r.key for r in at.radio if r.key and r.key.startswith("cy_")}
+    at.slider(key="wi_alpha").set_value(0.3).run()
+    after = {r.key for r in at.radio if r.key and r.key.startswith("cy_")}
+    assert before != after  # new question text → new, unanswered widgets
+
+
+def test_teaching_pages_render():
+    at = _main()
+    for path, title, tables in (("pages/trade_offs.py", "⚖️ Trade-offs", 1), ("pages/in_the_wild.py", "🌍 In the wild", 1),
+                                ("pages/mistakes.py", "🚧 Common mistakes, live", 1), ("pages/recap.py", "✅ Recap", 0)):
+        at.switch_page(str(ROOT / path)).run()
+        assert not at.exception, path
+        assert at.title[0].value == title
+        assert len(at.dataframe) == tables
+
+
+def test_mistake_button_reproduces_the_timestamp_mistake():
+    at = _main()
+    at.switch_page(str(ROOT / "pages" / "mistakes.py")).run()
+    assert any(m.label == "Hit rate, timestamp first" and m.value == "0%" for m in at.metric)
+    at.button(key="mk_ts").click().run()
+    assert not at.exception
+    assert at.title[0].value.startswith("🧱 Prefix caching")
+    assert at.session_state["pc_preset"] == "timestamp" and at.session_state["pc_ts"] == "start"
