@@ -1,10 +1,13 @@
 """Browser test of the live speculative decoding page on the embedded model with prompt lookup."""
 
+import subprocess
+import sys
 import time
+import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import screenshot, wait_idle
+from tests.e2e.conftest import ROOT, _free_port, screenshot, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -45,3 +48,41 @@ def test_live_run_can_be_stopped(page, app_url):
     body = page.inner_text("body")
     assert "of at most 64 tokens after" in body and "Finished" not in body
     assert not page.locator('[data-testid="stException"]').count()
+
+
+@pytest.fixture(scope="module")
+def escape_app_url():
+    """A second Streamlit server running tests/e2e/live_escape_app.py (hostile token texts)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "tests" / "e2e" / "live_escape_app.py"),
+         "--server.headless", "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(180):
+        try:
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_token_text_renders_literally(page, escape_app_url):
+    from tests.e2e.live_escape_app import NASTY
+
+    page.goto(escape_app_url)
+    page.get_by_text("endround").wait_for(timeout=120_000)
+    wait_idle(page)
+    md = page.locator('[data-testid="stMarkdownContainer"]')
+    texts = [t.replace("\u200b", "") for t in md.all_inner_texts()]
+    for i, s in enumerate(NASTY):
+        row = next(t for t in texts if t.startswith(f"row{i}:"))
+        # chip, struck-through chip, generated span: each shows the token's characters exactly
+        assert row == f"row{i}: {s} {s} {s}Z end{i}", row
+    assert not md.locator("a, img, script, em, code, h1, ol, table, .katex").count()
+    assert any("<b>x</b>" in t and "[a](b)" in t and "*c*" in t for t in texts)
+    assert md.locator("del, s").count() >= 21  # every struck-through chip is a real strikethrough
+    screenshot(page, "live_escape")
