@@ -28,7 +28,8 @@ _PRESENTER_CSS = """<style>
 [data-testid="stMainBlockContainer"] h1 { font-size: 3.2rem !important; }
 [data-testid="stMainBlockContainer"] h2 { font-size: 2.4rem !important; }
 [data-testid="stMainBlockContainer"] h3 { font-size: 1.9rem !important; }
-[data-testid="stMetricValue"] { font-size: 2.6rem !important; }
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] p,
+[data-testid="stMetricValue"] div { font-size: 2.6rem !important; }
 [data-testid="stMainBlockContainer"] button p { font-size: 1.3rem !important; }
 </style>"""
 

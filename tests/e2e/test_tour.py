@@ -1,0 +1,84 @@
+"""Browser test: walk the whole guided tour from the home page in Chromium, a screenshot per stop;
+presenter mode from a URL; the export toolbars (Plotly PNG, dataframe CSV); a check-yourself answer."""
+
+import pytest
+
+from engine.teaching import tour_stops
+from tests.e2e.conftest import screenshot, wait_idle
+
+pytestmark = pytest.mark.e2e
+
+PAGE_HEADINGS = {"live": "Live speculative decoding", "whatif": "What-if: how much faster?",
+                 "prefix-cache": "Prefix caching", "flash-attention": "FlashAttention",
+                 "kv-cache": "KV-cache size"}
+
+
+def _banner(page):
+    return page.locator(".st-key-tour_banner")
+
+
+def test_walk_the_whole_tour(page, app_url):
+    stops = tour_stops()
+    page.goto(app_url)
+    wait_idle(page)
+    page.get_by_role("button", name="▶ Start the guided tour").click()
+    for i, stop in enumerate(stops):
+        _banner(page).get_by_text(f"stop {i + 1} of {len(stops)}").wait_for(timeout=180_000)
+        wait_idle(page, timeout_ms=180_000)
+        assert f"/{stop.link.url_path}" in page.url, page.url
+        assert f"tour={i}" in page.url
+        for k, v in stop.link.query().items():
+            if k != "wi_tab":  # the tab is bound to the URL by Streamlit itself
+                assert f"{k}=" in page.url, (k, page.url)
+        page.wait_for_timeout(1500)  # charts finish drawing
+        screenshot(page, f"tour_{i + 1}_{stop.link.url_path}")
+        if i < len(stops) - 1:
+            _banner(page).get_by_role("button", name="Next ▶").click()
+    _banner(page).get_by_role("button", name="Finish").click()
+    page.get_by_role("heading", name="✅ Recap").wait_for(timeout=60_000)
+    wait_idle(page)
+    assert _banner(page).count() == 0
+    assert "tour=" not in page.url
+    screenshot(page, "tour_recap")
+
+
+def test_presenter_url_opens_page_state_and_stop(page, app_url):
+    stop = tour_stops()[1]
+    page.goto(app_url + "/" + stop.link.url(present=1, tour=1))
+    wait_idle(page)
+    _banner(page).get_by_text("stop 2 of 6").wait_for()
+    # sidebar collapsed, large body type
+    assert page.locator('[data-testid="stSidebar"][aria-expanded="true"]').count() == 0
+    size = page.evaluate("() => getComputedStyle(document.querySelector('[data-testid=\"stMainBlockContainer\"] p')).fontSize")
+    assert float(size.rstrip("px")) >= 20
+    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    screenshot(page, "tour_presenter_whatif")
+    _banner(page).get_by_role("button", name="Next ▶").click()
+    _banner(page).get_by_text("stop 3 of 6").wait_for(timeout=60_000)
+    wait_idle(page)
+    assert "present=1" in page.url
+
+
+def test_export_toolbars_and_a_question(page, app_url):
+    page.goto(app_url + "/whatif?wi_alpha=0.6&wi_gamma=4&wi_cost=0.3")
+    wait_idle(page)
+    chart = page.locator(".js-plotly-plot").first
+    chart.wait_for(timeout=30_000)
+    chart.hover()
+    page.locator(".modebar-btn[data-title='Download plot as a PNG']").first.wait_for(timeout=10_000)
+    screenshot(page, "export_plotly_modebar")
+    # check yourself: answer the first question right
+    page.get_by_text("Yes, it is faster").first.click()
+    page.get_by_role("button", name="Check").first.click()
+    wait_idle(page)
+    page.get_by_text("Right. A round yields").first.wait_for()
+    page.get_by_text("Right. A round yields").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot(page, "check_yourself_whatif").parent / "check_yourself_whatif_view.png"))
+
+    page.goto(app_url + "/trade-offs")
+    wait_idle(page)
+    grid = page.locator('[data-testid="stDataFrame"]').first
+    grid.wait_for()
+    grid.hover()
+    page.locator('[data-testid="stElementToolbar"] button[aria-label*="Download"]').first.wait_for(timeout=10_000)
+    screenshot(page, "export_dataframe_toolbar")
