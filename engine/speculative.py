@@ -136,8 +136,18 @@ class SpeculativeDecoder:
     def new_ids(self) -> list[int]:
         return self.seq[len(self.prompt_ids):]
 
-    def _prefill(self) -> None:
-        """Process the prompt except its last token in target (and draft); timed as prefill."""
+    def token_text(self, token_id: int) -> str:
+        """The text of one token id (memoized decode, special tokens kept)."""
+        return self.text(token_id)
+
+    def prefill(self) -> None:
+        """Process the prompt except its last token in the target (timed as prefill, in ``prefill_ms``).
+
+        Called by the first ``step()`` if not called before; calling it early (e.g. when a page builds
+        the decoder) keeps the prompt's cost out of the first round. Idempotent.
+        """
+        if self._prefilled:
+            return
         t0 = time.perf_counter()
         if self.proposer is not None:
             self.proposer.reset()
@@ -156,8 +166,7 @@ class SpeculativeDecoder:
         if self.finished:
             raise RuntimeError("This run is finished; start a new one.")
         t_round = time.perf_counter()
-        if not self._prefilled:
-            self._prefill()
+        self.prefill()
         text = self.text
         cfg = self.sampling
         remaining = self.max_new_tokens - len(self.new_ids)

@@ -155,6 +155,8 @@ def _rebuild() -> None:
     S["lv_cfg"] = config
     try:
         S["lv_dec"] = _decoder(config)
+        with st.spinner("Prefilling the prompt…"):
+            S["lv_dec"].prefill()
     except SpeedupLabError as e:
         S["lv_error"] = str(e)
 
@@ -209,7 +211,7 @@ with text_box:
 
 
 def _draw_text(d: SpeculativeDecoder) -> None:
-    md = generated_markdown(generated_pieces(d.rounds, d.text))
+    md = generated_markdown(generated_pieces(d.rounds, d.token_text))
     text_md.markdown(md or ":gray[(nothing generated yet)]")
 
 
