@@ -30,6 +30,16 @@ def test_walk_the_whole_tour(page, app_url):
         for k, v in stop.link.query().items():
             if k != "wi_tab":  # the tab is bound to the URL by Streamlit itself
                 assert f"{k}=" in page.url, (k, page.url)
+        if stop.link.url_path == "live":  # the model loads, then do what the stop says: Step a few times
+            step = page.get_by_role("button", name="Step one round", exact=True)
+            step.wait_for(timeout=180_000)
+            for _ in range(3):
+                page.wait_for_function("() => { const b = [...document.querySelectorAll('button')].find("
+                                       "b => b.innerText.trim() === 'Step one round'); return b && !b.disabled; }",
+                                       timeout=180_000)
+                step.click()
+                wait_idle(page, timeout_ms=120_000)
+            page.get_by_text("Round 3").first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)  # charts finish drawing
         screenshot(page, f"tour_{i + 1}_{stop.link.url_path}")
         if i < len(stops) - 1:
