@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 
 from app.resources import get_model
 from app.state import sync_url, url_param
+from app.teaching import check_yourself, safe_questions
 from engine.analytic import expected_tokens_per_pass
 from engine.errors import InputError, SpeedupLabError
 from engine.live_view import (
@@ -24,6 +25,7 @@ from engine.models import EMBEDDED, EMBEDDED_DRAFT
 from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.proposers import make_proposer
 from engine.sampling import SamplingConfig
+from engine.teaching import live_questions
 from engine.speculative import SpeculativeDecoder, encode_prompt
 
 GAMMA_MAX = 16
@@ -411,3 +413,6 @@ if dec.rounds:
         st.dataframe(history_rows(dec.rounds), hide_index=True, width="stretch",
                      column_config={"draft ms": st.column_config.NumberColumn(format="%.1f"),
                                     "verify ms": st.column_config.NumberColumn(format="%.1f")})
+
+check_yourself("live", safe_questions(live_questions, int(S["lv_gamma"]),
+                                      dec.stats().acceptance_rate if dec.rounds else None))

@@ -8,7 +8,9 @@ import streamlit as st
 from plotly.colors import qualitative
 
 from app.resources import get_model, get_tokenizer
+from app.teaching import check_yourself, safe_questions
 from app.state import sync_url, url_param
+from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
 from engine.prefix_cache import (
     MAX_BLOCK_SIZE, MAX_CONCURRENCY, PRESETS, common_prefix_len, estimate_ttft_ms, join_requests,
@@ -241,6 +243,9 @@ st.caption(f"Hits are whole cached blocks from the start of the prompt, never th
            "Keep stable text first and varying text (dates, names, the question) last.")
 
 # ------------------------------------------------------------------------------------- real model
+check_yourself("prefix", safe_questions(prefix_questions, tokenizer, st.session_state["pc_preset"],
+                                        int(st.session_state["pc_block"]), st.session_state["pc_ts"] == "start"))
+
 st.subheader("Measured on the embedded model")
 st.markdown(
     "Pick an earlier request whose KV cache is kept and a later one. The later one is prefilled twice on "
