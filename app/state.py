@@ -12,6 +12,7 @@ hand-edited link never breaks a page.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 import streamlit as st
@@ -21,9 +22,12 @@ def _parse(raw: str, default: Any, cast: Callable[[str], Any]) -> Any:
     try:
         if cast is bool:
             return raw.lower() in ("1", "true", "yes", "on")
-        return cast(raw)
-    except (TypeError, ValueError):
+        value = cast(raw)
+    except (TypeError, ValueError, OverflowError):
         return default
+    if isinstance(value, float) and not math.isfinite(value):  # nan/inf pass every clamp test
+        return default
+    return value
 
 
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,

@@ -21,7 +21,7 @@ def add_generate(sub) -> None:
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
                    help="embedded-draft | ngram | early-exit:K | none | hub id | folder "
-                        "(default: embedded-draft when shipped, else ngram)")
+                        "(default: ngram; the shipped draft is not yet faster)")
     p.add_argument("--gamma", type=int, default=4, help="γ, draft tokens per round (1–64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -36,12 +36,6 @@ def add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     p.set_defaults(func=run_generate)
-
-
-def default_draft() -> str:
-    from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR
-
-    return EMBEDDED_DRAFT if (EMBEDDED_DRAFT_DIR / "config.json").is_file() else "ngram"
 
 
 def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
@@ -64,7 +58,9 @@ def run_generate(args: argparse.Namespace) -> int:
     def progress(msg, frac):
         print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
 
-    draft_spec = args.draft or default_draft()
+    from engine.models import default_draft_spec
+
+    draft_spec = args.draft or default_draft_spec()
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress)
     ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)

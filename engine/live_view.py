@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from engine.models import EMBEDDED_DRAFT_DIR
+from engine.models import EMBEDDED_DRAFT, default_draft_spec
 from engine.trace import ORIGINS, Round, RunStats, TopToken, token_origins
 
 ZWSP = "\u200b"
@@ -271,6 +271,6 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) ->
 
 
 def default_draft_kind() -> str:
-    """"draft" (the trained draft for the embedded target) when it is shipped in assets/, else
-    "ngram" (prompt lookup)."""
-    return "draft" if (EMBEDDED_DRAFT_DIR / "config.json").is_file() else "ngram"
+    """The live page's default draft kind: "draft" (the trained draft) or "ngram" (prompt lookup),
+    following ``engine.models.default_draft_spec``."""
+    return "draft" if default_draft_spec() == EMBEDDED_DRAFT else "ngram"

@@ -29,6 +29,17 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantized to fp32)
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_DRAFT = "embedded-draft"
 EMBEDDED_DRAFT_DIR = ASSETS_DIR / "smollm2-draft"
+EMBEDDED_DRAFT_IS_DEFAULT = False
+"""Whether the shipped draft is the default draft. Off: the draft trained so far (see its model card,
+assets/smollm2-draft/README.md) accepts too few tokens and makes decoding slower than plain decoding,
+while prompt lookup costs nothing; turn it on once a shipped draft measures a real speedup."""
+
+
+def default_draft_spec() -> str:
+    """The default draft: "embedded-draft" when shipped and good enough (``EMBEDDED_DRAFT_IS_DEFAULT``),
+    else "ngram" (prompt lookup)."""
+    shipped = (EMBEDDED_DRAFT_DIR / "config.json").is_file()
+    return EMBEDDED_DRAFT if (EMBEDDED_DRAFT_IS_DEFAULT and shipped) else "ngram"
 
 Progress = Callable[[str, float], None]
 """A progress callback: (message, fraction done in [0, 1])."""
@@ -85,9 +96,19 @@ class LoadedModel:
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` if given, else CUDA when present, else CPU."""
+    """``device`` if given, else CUDA when present, else CPU.
+
+    Raises:
+        ModelLoadError: for an unknown device name, or CUDA asked for where there is none.
+    """
     if device is not None:
-        return torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ModelLoadError(f"Unknown device {device!r}; use cpu or cuda.") from e
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("CUDA was asked for but this PyTorch build sees no GPU; use --device cpu.")
+        return dev
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

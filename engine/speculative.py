@@ -15,6 +15,7 @@ With no proposer (baseline), each round is a plain decode step through the same 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -131,6 +132,9 @@ class SpeculativeDecoder:
         self.prefill_ms = 0.0
         self.elapsed_ms = 0.0
         self._prefilled = False
+        # one round at a time: a web page may start a new script run while the last one is still
+        # inside step(); both must not touch the KV caches at once
+        self.lock = threading.RLock()
 
     @property
     def new_ids(self) -> list[int]:
@@ -146,8 +150,11 @@ class SpeculativeDecoder:
         Called by the first ``step()`` if not called before; calling it early (e.g. when a page builds
         the decoder) keeps the prompt's cost out of the first round. Idempotent.
         """
-        if self._prefilled:
-            return
+        with self.lock:
+            if not self._prefilled:
+                self._prefill_locked()
+
+    def _prefill_locked(self) -> None:
         t0 = time.perf_counter()
         if self.proposer is not None:
             self.proposer.reset()
@@ -160,11 +167,17 @@ class SpeculativeDecoder:
     def step(self) -> Round:
         """Run one round (draft, one target pass, judge, emit) and return its trace record.
 
+        Thread-safe: concurrent calls run one after the other.
+
         Raises:
-            RuntimeError: if the run has already finished.
+            InputError: if the run has already finished.
         """
+        with self.lock:
+            return self._step_locked()
+
+    def _step_locked(self) -> Round:
         if self.finished:
-            raise RuntimeError("This run is finished; start a new one.")
+            raise InputError("This run is finished; press Reset (or start a new run) to generate again.")
         t_round = time.perf_counter()
         self.prefill()
         text = self.text

@@ -186,13 +186,16 @@ def test_measured_run_record():
     assert measured_run(_stats(2, 10.0, (0, 0)), 4, None) is None  # nothing judged yet
 
 
-def test_default_draft_kind_follows_assets(tmp_path, monkeypatch):
-    import engine.live_view as lv
+def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):
+    import engine.models as models
 
-    monkeypatch.setattr(lv, "EMBEDDED_DRAFT_DIR", tmp_path)
-    assert default_draft_kind() == "ngram"
+    monkeypatch.setattr(models, "EMBEDDED_DRAFT_DIR", tmp_path)
+    monkeypatch.setattr(models, "EMBEDDED_DRAFT_IS_DEFAULT", True)
+    assert default_draft_kind() == "ngram"  # not shipped
     (tmp_path / "config.json").write_text("{}")
     assert default_draft_kind() == "draft"
+    monkeypatch.setattr(models, "EMBEDDED_DRAFT_IS_DEFAULT", False)  # shipped but not yet faster
+    assert default_draft_kind() == "ngram"
 
 
 def test_presets():

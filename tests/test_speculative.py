@@ -256,3 +256,49 @@ def test_embedded_greedy_identical(embedded, kind):
         for gamma in (1, 3, 6):
             got = generate(embedded, make_proposer(kind, embedded), ids, gamma=gamma, max_new_tokens=24)
             assert got.token_ids == ref, (kind, gamma, prompt)
+
+
+def test_concurrent_steps_are_serialized(tiny):
+    """Two threads stepping one decoder (a web page rerun racing the previous run) give the same
+    tokens as stepping it alone, and never corrupt the KV cache."""
+    import threading
+
+    target = tiny["target"]
+
+    def make():
+        return SpeculativeDecoder(target, make_proposer("early-exit:1", target), PROMPTS[1], gamma=3,
+                                  sampling=SamplingConfig(temperature=1.0), seed=11, max_new_tokens=40,
+                                  stop_on_eos=False)
+
+    alone = make()
+    while not alone.finished:
+        alone.step()
+    shared = make()
+    errors = []
+
+    def worker():
+        try:
+            while not shared.finished:
+                try:
+                    shared.step()
+                except InputError:  # the other thread finished the run first
+                    break
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert shared.new_ids == alone.new_ids
+    with pytest.raises(InputError, match="finished"):
+        shared.step()
+
+
+def test_cuda_requested_without_cuda_is_clear(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ModelLoadError, match="CUDA"):
+        load_model(str(tmp_path), device="cuda")

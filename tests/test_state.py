@@ -1,0 +1,31 @@
+"""URL query parameters: garbage falls back to the default, numbers are clamped."""
+
+from streamlit.testing.v1 import AppTest
+
+
+def _app():
+    import streamlit as st
+
+    from app.state import url_param
+
+    st.write(repr(url_param("x", 0.5, float, lo=0.0, hi=1.0)))
+    st.write(repr(url_param("n", 4, int, lo=1, hi=16)))
+    st.write(repr(url_param("k", "a", str, choices=["a", "b"])))
+
+
+def run(**params):
+    at = AppTest.from_function(_app)
+    for k, v in params.items():
+        at.query_params[k] = v
+    return [m.value for m in at.run().markdown]
+
+
+def test_valid_values_pass():
+    assert run(x="0.25", n="7", k="b") == ["0.25", "7", "'b'"]
+
+
+def test_garbage_nan_inf_and_out_of_range():
+    assert run(x="nan", n="abc", k="zzz") == ["0.5", "4", "'a'"]
+    assert run(x="inf", n="999") == ["0.5", "16", "'a'"]
+    assert run(x="-3", n="-5")[:2] == ["0.0", "1"]
+    assert run(x="1e999", n="1e3")[:2] == ["0.5", "4"]
