@@ -262,6 +262,10 @@ def _from_pretrained(cls, source: str, **kwargs):
             return cls.from_pretrained(source, local_files_only=local_only, **kwargs)
         except Exception as e:  # noqa: BLE001 - summarized below
             errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if is_dir:
+        raise ModelLoadError(
+            f"The folder {source!r} holds no loadable model or tokenizer (it needs config.json, weights "
+            f"and tokenizer files, as save_pretrained writes them). Details: {errors[-1]}")
     raise ModelLoadError(
         f"Could not load {source!r}: it is not a local folder with a model, not in the local Hugging "
         f"Face cache, and could not be downloaded (this machine may be offline). Details: {errors[-1]}"

@@ -232,6 +232,10 @@ def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
         round_md.markdown(round_frames(rnd)[-1])
 
 
+def _n_rounds(n: int) -> str:
+    return f"{n} round" + ("" if n == 1 else "s")
+
+
 def _safe_step(d: SpeculativeDecoder):
     try:
         return d.step()
@@ -290,9 +294,9 @@ else:
 _draw_text(dec)
 
 if dec.finished:
-    status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {len(dec.rounds)} rounds.")
+    status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {_n_rounds(len(dec.rounds))}.")
 elif dec.rounds:
-    status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {len(dec.rounds)} rounds.")
+    status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {_n_rounds(len(dec.rounds))}.")
 
 stats = dec.stats()
 base = S.get("lv_base")
