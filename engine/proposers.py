@@ -215,9 +215,14 @@ class PromptLookupProposer(Proposer):
 
     q is a point mass (1.0) on each proposed token, so under sampling a token x is accepted with
     probability p(x), and a rejection resamples from p with x removed (the residual max(0, p − δ_x)).
+
+    ``min_ngram`` defaults to 2: single-token matches are mostly chat-template or punctuation
+    coincidences that the target rejects, and each wasted proposal makes the target pass longer
+    (measured on the embedded model, greedy γ=4: chat 0.83× → 0.99× of plain decoding, code edit
+    1.09× → 1.18×).
     """
 
-    def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise InputError(f"Prompt lookup needs 1 ≤ min n-gram ≤ max n-gram, got {min_ngram}, {max_ngram}.")
         self.target_vocab = target_vocab

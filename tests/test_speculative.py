@@ -169,7 +169,7 @@ def test_distribution_preserved_prompt_lookup():
     target = bigram_loaded(target_t)
     exact = exact_joint(target_t, cfg, first=4, n=3)
     # the prompt repeats "4 5" so lookup proposes point masses the target often rejects
-    pval, acc = joint_test(target, lambda: PromptLookupProposer(V), [4, 5, 4, 6, 2, 4], cfg, 3, 3, 3000, exact)
+    pval, acc = joint_test(target, lambda: PromptLookupProposer(V, 3, 1), [4, 5, 4, 6, 2, 4], cfg, 3, 3, 3000, exact)
     assert pval > 0.001
     assert 0 < acc < 1
 
