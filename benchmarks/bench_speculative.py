@@ -79,10 +79,14 @@ def main() -> int:
             num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
     }
     if draft is not None:
+        # transformers reads these from the ASSISTANT's generation config (generate kwargs are ignored
+        # there: with them alone it drafted 1 token per round, checked by counting forward calls)
+        agc = draft.model.generation_config
+        agc.num_assistant_tokens, agc.num_assistant_tokens_schedule = g, "constant"
+        agc.assistant_confidence_threshold = 0.0
         methods["ours: trained draft"] = ours("model", draft)
-        methods["hf: trained draft (assisted)"] = lambda ids: hf_generate(
-            target, ids, n, assistant_model=draft.model, num_assistant_tokens=g,
-            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        methods["hf: trained draft (assisted)"] = lambda ids: hf_generate(target, ids, n,
+                                                                          assistant_model=draft.model)
 
     results = {}
     for pname, prompt in PROMPTS.items():
