@@ -22,12 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache")
     p.set_defaults(func=_cmd_prepare)
-    try:
-        from engine.cli import add_generate  # the generate command (speculative decoding)
+    from engine.cli import add_generate  # the generate command (speculative decoding)
 
-        add_generate(sub)
-    except ImportError:
-        pass
+    add_generate(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
