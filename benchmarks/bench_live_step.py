@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,13 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.conftest import _free_port, wait_idle  # noqa: E402  (the browser tests' own helpers)
+
 RESULTS = ROOT / "benchmarks" / "results"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 QUERY = "lv_draft=ngram&lv_preset=code&lv_gamma=4&lv_temp=0&lv_max_new=64&lv_seed=0&lv_speed=fast"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -44,15 +41,6 @@ def _rss_mb(pid: int) -> float:
 
     p = psutil.Process(pid)
     return sum(x.memory_info().rss for x in [p, *p.children(recursive=True)]) / 2**20
-
-
-def _wait_idle(page, timeout_ms: int = 180_000) -> None:
-    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
-    page.wait_for_timeout(300)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
-        timeout=timeout_ms)
 
 
 def main() -> None:
@@ -83,7 +71,7 @@ def main() -> None:
             t0 = time.perf_counter()
             page.goto(f"{url}/live?{QUERY}")
             page.get_by_text("No round yet.").wait_for(timeout=300_000)
-            _wait_idle(page)
+            wait_idle(page, timeout_ms=180_000)
             first_load_s = time.perf_counter() - t0
             rss_loaded = _rss_mb(proc.pid)
             for i in range(1, args.clicks + 1):
@@ -93,7 +81,7 @@ def main() -> None:
                 t_round = time.perf_counter() - t0
                 page.get_by_text(f"Round {i} in detail").first.wait_for(timeout=120_000)
                 t_page = time.perf_counter() - t0
-                _wait_idle(page)
+                wait_idle(page, timeout_ms=180_000)
                 summary = page.get_by_text(f"Round {i}:").first.inner_text()
                 m = re.search(r"Draft ([\d.]+) ms, verify ([\d.]+) ms \((\d+) tokens", summary)
                 clicks.append({"round": i, "to_round_ms": round(t_round * 1000, 1),
