@@ -20,8 +20,9 @@ def add_generate(sub) -> None:
     p.add_argument("--prompt", required=True, help="the user message (chat template applied)")
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
-                   help="embedded-draft | ngram | early-exit:K | none | hub id | folder "
-                        "(default: ngram; the shipped draft is not yet faster)")
+                   help="embedded-head (trained EAGLE-style head) | embedded-draft (trained small "
+                        "model) | ngram | early-exit:K | none | hub id | folder (default: "
+                        "engine.models.default_draft_spec())")
     p.add_argument("--gamma", type=int, default=4, help="γ, draft tokens per round (1–64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -45,7 +46,11 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
 
     kw = {"progress": progress} if progress else {}
     target = load_model(target_spec, device=device, dtype=dtype, **kw)
-    if draft_spec in ("none", "baseline", "ngram") or draft_spec.startswith("early-exit"):
+    from engine.draft_head import is_head_folder
+    from engine.models import EMBEDDED_HEAD
+
+    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD) or draft_spec.startswith("early-exit")
+            or is_head_folder(draft_spec)):
         return target, make_proposer(draft_spec, target)
     draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
     return target, make_proposer("model", target, draft)

@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from engine.models import EMBEDDED_DRAFT, default_draft_spec
+from engine.models import EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec
 from engine.trace import ORIGINS, Round, RunStats, TopToken, token_origins
 
 ZWSP = "\u200b"
@@ -184,15 +184,28 @@ def round_summary(rnd: Round) -> str:
             f"({rnd.tokens_verified} token{'' if rnd.tokens_verified == 1 else 's'} in the target pass).")
 
 
-def round_rows(rnd: Round) -> list[dict]:
-    """Table rows, one per draft position: token, q(x), p(x), min(1, p/q), u, verdict.
+def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:
+    """Table rows, one per draft position: token, q(x), p(x), the acceptance test, verdict.
 
-    ``min(1, p/q)`` is the trace's ``accept_prob`` (1/0 under greedy), None where not evaluated;
-    u is None under greedy and after the first rejection.
+    Sampling: ``min(1, p/q)`` (the trace's ``accept_prob``) and the uniform draw u, as 4-decimal text,
+    "—" where the position was not evaluated (after the first rejection). Greedy: no u (nothing is
+    drawn); "argmax of p?" says whether the draft token is the target's top token ("—" after the first
+    rejection).
     """
-    return [{"position": i + 1, "token": visible(d.text), "id": d.token_id, "q(x)": d.q, "p(x)": d.p,
-             "min(1, p/q)": d.accept_prob, "u": d.u, "verdict": d.verdict}
-            for i, d in enumerate(rnd.drafted)]
+    def num(x: float | None) -> str:
+        return "—" if x is None else f"{x:.4f}"
+
+    rows = []
+    for i, d in enumerate(rnd.drafted):
+        row = {"position": i + 1, "token": visible(d.text), "id": d.token_id, "q(x)": d.q, "p(x)": d.p}
+        if greedy:
+            row["argmax of p?"] = "—" if d.accept_prob is None else ("yes" if d.accept_prob >= 1 else "no")
+        else:
+            row["min(1, p/q)"] = num(d.accept_prob)
+            row["u"] = num(d.u)
+        row["verdict"] = d.verdict
+        rows.append(row)
+    return rows
 
 
 def history_rows(rounds: list[Round]) -> list[dict]:
@@ -271,6 +284,7 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) ->
 
 
 def default_draft_kind() -> str:
-    """The live page's default draft kind: "draft" (the trained draft) or "ngram" (prompt lookup),
-    following ``engine.models.default_draft_spec``."""
-    return "draft" if default_draft_spec() == EMBEDDED_DRAFT else "ngram"
+    """The live page's default draft kind: "head" (the trained draft head), "draft" (the trained draft
+    model) or "ngram" (prompt lookup), following ``engine.models.default_draft_spec``."""
+    spec = default_draft_spec()
+    return {EMBEDDED_HEAD: "head", EMBEDDED_DRAFT: "draft"}.get(spec, "ngram")

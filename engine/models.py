@@ -35,9 +35,18 @@ assets/smollm2-draft/README.md) accepts too few tokens and makes decoding slower
 while prompt lookup costs nothing; turn it on once a shipped draft measures a real speedup."""
 
 
+EMBEDDED_HEAD = "embedded-head"
+EMBEDDED_HEAD_DIR = ASSETS_DIR / "smollm2-head"
+EMBEDDED_HEAD_IS_DEFAULT = False
+"""Whether the shipped EAGLE-style draft head (``engine.draft_head``, assets/smollm2-head) is the default
+draft; see its model card for the measurements behind this choice."""
+
+
 def default_draft_spec() -> str:
-    """The default draft: "embedded-draft" when shipped and good enough (``EMBEDDED_DRAFT_IS_DEFAULT``),
-    else "ngram" (prompt lookup)."""
+    """The default draft: the shipped draft head ("embedded-head") or draft model ("embedded-draft") when
+    shipped and switched on as default, else "ngram" (prompt lookup)."""
+    if EMBEDDED_HEAD_IS_DEFAULT and (EMBEDDED_HEAD_DIR / "head_config.json").is_file():
+        return EMBEDDED_HEAD
     shipped = (EMBEDDED_DRAFT_DIR / "config.json").is_file()
     return EMBEDDED_DRAFT if (EMBEDDED_DRAFT_IS_DEFAULT and shipped) else "ngram"
 

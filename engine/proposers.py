@@ -17,11 +17,12 @@ Kinds:
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from engine.errors import InputError
+from engine.errors import InputError, ModelLoadError
 from engine.models import LoadedModel, check_tokenizers_compatible
 from engine.sampling import SamplingConfig, sample, warp_probs
 
@@ -46,11 +47,17 @@ class CachedLM:
 
     ``logits_for(seq, n)`` makes the cache cover ``seq`` exactly, feeding only what is missing (after
     cropping away tokens that are no longer in ``seq``), and returns the logits of the last n positions.
+
+    With ``keep_hidden`` it also keeps ``hidden``: [cached_len, H], the last hidden state (after the final
+    norm: what the LM head reads) at every cached position, for drafts that read the target's features
+    (``FeatureHeadProposer``). The logits are then computed as ``lm_head(decoder(...))`` on the last n
+    positions, the same operations as the model's own forward with ``logits_to_keep=n``.
     """
 
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    def __init__(self, model: torch.nn.Module, device: torch.device, keep_hidden: bool = False):
         self.model = model
         self.device = device
+        self.keep_hidden = keep_hidden
         self.reset()
 
     def reset(self) -> None:
@@ -58,6 +65,7 @@ class CachedLM:
 
         self.cache = DynamicCache()
         self.ids: list[int] = []
+        self.hidden: torch.Tensor | None = None
 
     @property
     def cached_len(self) -> int:
@@ -69,6 +77,8 @@ class CachedLM:
         if drop > 0:
             self.cache.crop(-drop)
             self.ids = self.ids[:n]
+            if self.hidden is not None:
+                self.hidden = self.hidden[:n]
 
     def rollback_to(self, seq: list[int]) -> None:
         """KV rollback: crop the cache to its longest common prefix with ``seq``."""
@@ -94,16 +104,28 @@ class CachedLM:
         if len(new) < n_logits:
             raise ValueError(f"asked for {n_logits} logits but only {len(new)} tokens are new")
         inp = torch.tensor([new], dtype=torch.long, device=self.device)
+        self.ids = list(seq)
+        if self.keep_hidden:
+            h = self.model.get_decoder()(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state
+            self.hidden = h[0] if self.hidden is None else torch.cat([self.hidden, h[0]])
+            return self.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
         out = self.model(input_ids=inp, cache=self.cache, use_cache=True,
                          logits_to_keep=n_logits)
-        self.ids = list(seq)
         return out.logits[0, -n_logits:].float()
 
 
 class Proposer:
-    """Interface: propose up to k draft tokens continuing ``seq``."""
+    """Interface: propose up to k draft tokens continuing ``seq``.
+
+    A proposer that reads the target's hidden states sets ``needs_target_hidden``; the decoder then
+    keeps them in its target ``CachedLM`` and hands that to ``attach`` before the first round.
+    """
 
     name = "proposer"
+    needs_target_hidden = False
+
+    def attach(self, target_lm: "CachedLM") -> None:
+        """Receive the decoder's target ``CachedLM`` (only called when ``needs_target_hidden``)."""
 
     def reset(self) -> None:
         """Forget all state (a new sequence starts)."""
@@ -209,6 +231,84 @@ class EarlyExitProposer(_ModelProposer):
         self.name = f"early exit at {n_layers} of {len(target.model.model.layers)} layers"
 
 
+class FeatureHeadProposer(Proposer):
+    """EAGLE-style drafting from the target's own hidden states (``engine.draft_head``).
+
+    State: the head's KV cache over pairs (h_i, x_{i+1}). Pairs built from the target's true features
+    of committed positions stay valid for the whole run; pairs built while drafting (from the head's own
+    ĥ and draft tokens) are cropped at the next ``propose`` (the head's KV rollback). Each round costs
+    one head call over the pairs the target has verified since the last round plus k − 1 single-pair
+    calls.
+
+    q is the head's warped distribution over its ``vocab_ids`` (the same temperature/top-k/top-p as p),
+    zero elsewhere: exactly the distribution each draft token is drawn from.
+    """
+
+    needs_target_hidden = True
+
+    def __init__(self, head, target: LoadedModel, name: str = "draft head"):
+        self.head = head
+        self.target_vocab = _vocab_size(target)
+        self.vocab_ids = head.vocab_ids.cpu()
+        self.target_lm: CachedLM | None = None
+        self.name = name
+        self.reset()
+
+    def attach(self, target_lm: CachedLM) -> None:
+        if not target_lm.keep_hidden:
+            raise ValueError("the target CachedLM must keep hidden states for a feature-head draft")
+        self.target_lm = target_lm
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.n_true = 0  # pairs in the head's cache built from the target's true features
+        self.last_true: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def propose(self, seq: list[int], k: int, cfg: SamplingConfig,
+                generator: torch.Generator) -> Proposal:
+        if self.target_lm is None:
+            raise ValueError("FeatureHeadProposer.attach(target_lm) was not called")
+        hidden = self.target_lm.hidden
+        n_pairs = min(len(seq) - 1, 0 if hidden is None else hidden.shape[0])
+        if k <= 0 or n_pairs <= 0:
+            return Proposal([], torch.zeros(0, self.target_vocab))
+        # the head's KV rollback: keep only pairs built from true features
+        held = self.cache.get_seq_length()
+        if self.n_true > n_pairs:  # the target's cache was reset/cropped below what we hold
+            self.reset()
+            held = 0
+        if held > self.n_true:
+            self.cache.crop(self.n_true - held)
+        dev = hidden.device
+        start = self.n_true
+        if start < n_pairs:
+            toks = torch.tensor([seq[start + 1:n_pairs + 1]], dtype=torch.long, device=dev)
+            feats = hidden[start:n_pairs].unsqueeze(0)
+            pos = torch.arange(start, n_pairs, device=dev).unsqueeze(0)
+            out = self.head(toks, feats, position_ids=pos, cache=self.cache)
+            self.n_true = n_pairs
+            self.last_true = out[:, -1:]
+        last = self.last_true  # ĥ of the newest position, from true features only
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for t in range(k):
+            logits = self.head.logits(last[0, 0]).float().cpu()
+            q_red = warp_probs(logits, cfg)
+            j = int(torch.argmax(logits)) if cfg.greedy else sample(q_red, generator)
+            x = int(self.vocab_ids[j])
+            q = torch.zeros(self.target_vocab)
+            q[self.vocab_ids] = q_red
+            tokens.append(x)
+            rows.append(q)
+            if t < k - 1:
+                last = self.head(torch.tensor([[x]], device=dev), last,
+                                 position_ids=torch.tensor([[n_pairs + t]], device=dev), cache=self.cache)
+        return Proposal(tokens, torch.stack(rows))
+
+
 class PromptLookupProposer(Proposer):
     """Prompt lookup (n-gram) drafting: find the latest earlier occurrence of the last n tokens
     (n from ``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it.
@@ -222,12 +322,30 @@ class PromptLookupProposer(Proposer):
     1.09× → 1.18×).
     """
 
-    def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 2):
+    def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 2, adaptive: bool = False):
         if not 1 <= min_ngram <= max_ngram:
             raise InputError(f"Prompt lookup needs 1 ≤ min n-gram ≤ max n-gram, got {min_ngram}, {max_ngram}.")
         self.target_vocab = target_vocab
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.name = f"prompt lookup (n-gram {min_ngram}–{max_ngram})"
+        self.adaptive = adaptive
+        self.name = f"prompt lookup (n-gram {min_ngram}–{max_ngram}{', adaptive length' if adaptive else ''})"
+        self.reset()
+
+    def reset(self) -> None:
+        self.k_next: int | None = None  # adaptive proposal length (None: start at γ)
+        self._last: tuple[int, list[int]] | None = None  # (len(seq), proposal) of the last round
+
+    def rollback(self, seq: list[int]) -> None:
+        """With ``adaptive``: after a fully accepted proposal propose 2 more next time, else 1 fewer
+        (at least 1) — the schedule of transformers' assisted generation ("heuristic"), so a broken
+        copy stops paying for long verify passes."""
+        if not self.adaptive or self._last is None:
+            return
+        n, prop = self._last
+        if prop:
+            full = seq[n:n + len(prop)] == prop
+            self.k_next = len(prop) + 2 if full else max(1, len(prop) - 1)
+        self._last = None
 
     def lookup(self, seq: list[int], k: int) -> list[int]:
         """Up to k tokens following the latest earlier match of the longest suffix n-gram."""
@@ -243,22 +361,53 @@ class PromptLookupProposer(Proposer):
 
     def propose(self, seq: list[int], k: int, cfg: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
+        if self.adaptive and self.k_next is not None:
+            k = min(k, self.k_next)
         tokens = self.lookup(seq, k) if k > 0 else []
+        self._last = (len(seq), list(tokens))
         q = torch.zeros(len(tokens), self.target_vocab)
         for i, t in enumerate(tokens):
             q[i, t] = 1.0
         return Proposal(tokens, q)
 
 
+_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def _cached_head(folder: str, target_model: torch.nn.Module):
+    """Load a draft head once per (target model, folder) in this process (read-only while drafting)."""
+    from engine.draft_head import load_head
+
+    heads = _HEADS.setdefault(target_model, {})
+    if folder not in heads:
+        heads[folder] = load_head(folder, target_model)
+    return heads[folder]
+
+
 def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
-    """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", or a model (pass ``draft``).
+    """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", "embedded-head" or a folder
+    with a saved draft head (``engine.draft_head``), or a draft model (pass ``draft``).
 
     Raises:
-        InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model.
+        InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model;
+        ModelLoadError for a draft head that cannot be loaded for this target.
     """
+    from engine.draft_head import is_head_folder
+    from engine.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR
+
     kind = (kind or "").strip()
     if kind in ("none", "baseline"):
         return None
+    if kind == EMBEDDED_HEAD or is_head_folder(kind):
+        folder = EMBEDDED_HEAD_DIR if kind == EMBEDDED_HEAD else kind
+        if kind == EMBEDDED_HEAD and target.spec != EMBEDDED:
+            raise InputError("The shipped draft head was trained for the embedded target only; pick "
+                             "another draft for this target.")
+        if not is_head_folder(folder):
+            raise ModelLoadError(f"The shipped draft head is missing from {folder}.")
+        head = _cached_head(str(folder), target.model)
+        label = "trained draft head (EAGLE-style)" if kind == EMBEDDED_HEAD else f"draft head: {kind}"
+        return FeatureHeadProposer(head, target, name=label)
     if kind == "ngram":
         return PromptLookupProposer(_vocab_size(target))
     if kind.startswith("early-exit"):

@@ -124,7 +124,10 @@ class SpeculativeDecoder:
         self.seq = list(prompt_ids)
         self.rounds: list[Round] = []
         self.generator = torch.Generator().manual_seed(seed)
-        self.target_lm = CachedLM(target.model, target.device)
+        needs_hidden = bool(getattr(proposer, "needs_target_hidden", False))
+        self.target_lm = CachedLM(target.model, target.device, keep_hidden=needs_hidden)
+        if needs_hidden:
+            proposer.attach(self.target_lm)
         self.text = _TokenText(target.tokenizer)
         self.eos = target.eos_token_ids if stop_on_eos else set()
         self.finished = False

@@ -21,7 +21,7 @@ from engine.live_view import (
     generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
     round_summary, verdict_frame, visible,
 )
-from engine.models import EMBEDDED, EMBEDDED_DRAFT
+from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD
 from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.proposers import make_proposer
 from engine.sampling import SamplingConfig
@@ -32,7 +32,8 @@ GAMMA_MAX = 16
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 DRAFT_KINDS = {
-    "draft": "Trained draft model (embedded)",
+    "head": "Trained draft head on the target's features (EAGLE-style, embedded)",
+    "draft": "Trained small draft model (embedded)",
     "ngram": "Prompt lookup (n-gram)",
     "early-exit": "Early exit (target's first k layers)",
     "model": "Any draft model (HF id or local folder)",
@@ -136,6 +137,8 @@ def _proposer(cfg, tgt):
         if n_layers < 2:
             raise InputError("Early exit needs a target with at least 2 layers.")
         return make_proposer(f"early-exit:{cfg[3]}", tgt)
+    if kind == "head":
+        return make_proposer(EMBEDDED_HEAD, tgt)
     spec = EMBEDDED_DRAFT if kind == "draft" else cfg[4]
     if not spec:
         raise InputError("Type a draft model: a Hugging Face id in the local cache or a local folder.")
@@ -379,11 +382,9 @@ if dec.rounds:
         st.markdown(verdict_frame(rnd))
         st.caption(round_summary(rnd))
         if rnd.drafted:
-            st.dataframe(round_rows(rnd), hide_index=True, width="stretch", column_config={
-                "q(x)": st.column_config.NumberColumn(format="%.4f"),
-                "p(x)": st.column_config.NumberColumn(format="%.4f"),
-                "min(1, p/q)": st.column_config.NumberColumn(format="%.4f"),
-                "u": st.column_config.NumberColumn(format="%.4f")})
+            st.dataframe(round_rows(rnd, greedy=dec.sampling.greedy), hide_index=True, width="stretch",
+                         column_config={"q(x)": st.column_config.NumberColumn(format="%.4f"),
+                                        "p(x)": st.column_config.NumberColumn(format="%.4f")})
             labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
             j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
                              format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")

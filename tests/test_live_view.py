@@ -124,9 +124,11 @@ def test_verdict_frame_bonus_and_plain():
 def test_round_rows_and_history():
     rows = round_rows(_round())
     assert [r["verdict"] for r in rows] == ["accepted", "rejected", "discarded"]
-    assert rows[1] == {"position": 2, "token": "x", "id": 6, "q(x)": 0.5, "p(x)": 0.1, "min(1, p/q)": 0.2,
-                       "u": 0.9, "verdict": "rejected"}
-    assert rows[2]["min(1, p/q)"] is None and rows[2]["u"] is None
+    assert rows[1] == {"position": 2, "token": "x", "id": 6, "q(x)": 0.5, "p(x)": 0.1, "min(1, p/q)": "0.2000",
+                       "u": "0.9000", "verdict": "rejected"}
+    assert rows[2]["min(1, p/q)"] == "—" and rows[2]["u"] == "—"  # not evaluated: no "None" in the table
+    g = round_rows(_round(), greedy=True)
+    assert "u" not in g[0] and [r["argmax of p?"] for r in g] == ["yes", "no", "—"]
     h = history_rows([_round(0), _round(1)])
     assert [r["round"] for r in h] == [1, 2]
     assert h[0]["emitted"] == 2 and h[0]["accepted"] == 1 and h[0]["target token"] == "correction"
@@ -195,6 +197,15 @@ def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     assert default_draft_kind() == "draft"
     monkeypatch.setattr(models, "EMBEDDED_DRAFT_IS_DEFAULT", False)  # shipped but not yet faster
+    assert default_draft_kind() == "ngram"
+    head_dir = tmp_path / "head"
+    monkeypatch.setattr(models, "EMBEDDED_HEAD_DIR", head_dir)
+    monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", True)
+    assert default_draft_kind() == "ngram"  # head not shipped
+    head_dir.mkdir()
+    (head_dir / "head_config.json").write_text("{}")
+    assert default_draft_kind() == "head"
+    monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", False)
     assert default_draft_kind() == "ngram"
 
 

@@ -184,6 +184,11 @@ def test_trained_draft_kind(tiny):
         assert at.error and "The shipped draft is missing" in at.error[0].value
 
 
+def test_draft_head_kind_on_another_target_is_a_clear_error(tiny):
+    at = _app(tiny, lv_draft="head")
+    assert at.error and "embedded target" in at.error[0].value
+
+
 def test_reset_after_finishing_enables_step(tiny):
     at = _app(tiny, lv_speed="instant")
     at = _click(at, "lv_run")

@@ -302,3 +302,27 @@ def test_cuda_requested_without_cuda_is_clear(tmp_path):
         pytest.skip("this machine has CUDA")
     with pytest.raises(ModelLoadError, match="CUDA"):
         load_model(str(tmp_path), device="cuda")
+
+
+def test_adaptive_prompt_lookup_schedule_and_exactness(tiny):
+    """Adaptive lookup: +2 after a fully accepted proposal, −1 (≥ 1) after a rejection; output unchanged."""
+    lookup = PromptLookupProposer(32, 3, 1, adaptive=True)
+    cfg = SamplingConfig()
+    seq = [1, 2, 3, 4, 5, 1, 2, 3]
+    prop = lookup.propose(seq, 8, cfg, torch.Generator())
+    assert prop.tokens == [4, 5, 1, 2, 3]  # the continuation of the earlier "1 2 3"
+    lookup.rollback(seq + [4, 5, 1, 2, 3, 9])  # all 5 accepted (+ bonus 9)
+    assert lookup.k_next == 7
+    seq = seq + [4, 5, 1, 2, 3, 9]
+    lookup.propose(seq[:8], 8, cfg, torch.Generator())  # proposes 4 5 1 2 3 again, capped at 7
+    lookup.rollback(seq[:8] + [4, 7])  # first accepted, second rejected
+    assert lookup.k_next == 4
+    # capped proposals: only k_next tokens are proposed
+    assert len(lookup.propose([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], 8, cfg, torch.Generator()).tokens) == 4
+    target = tiny["target"]
+    for ids in PROMPTS:
+        ref = hf_greedy(target, ids, 24)
+        for gamma in (2, 6):
+            got = generate(target, PromptLookupProposer(32, 3, 1, adaptive=True), ids, gamma=gamma,
+                           max_new_tokens=24).token_ids
+            assert got == ref

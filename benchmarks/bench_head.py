@@ -1,0 +1,160 @@
+"""The shipped draft head (assets/smollm2-head) on held-out prompts: acceptance, step cost, speedup.
+
+Held-out prompts come from ``engine.draft_data.build_prompts(n, "heldout")``: topics never used in
+training. Everything runs through the engine, alternating methods prompt by prompt:
+
+1. greedy: plain decoding, then the head at each γ in ``--gammas``; per γ the acceptance rate
+   α̂ = accepted ÷ judged, tokens per target pass, wall-time speedup over plain decoding (sum of times),
+   and whether every output is identical to plain decoding's;
+2. T = 0.7: the same with sampling (same seed for both): α̂ and speedup;
+3. draft step cost c: the head's single-pair step (its KV cache, one draft token incl. its LM-head rows)
+   against the target's single-token decode step, alternately, medians.
+
+    .venv/bin/python benchmarks/bench_head.py [--prompts 12] [--max-new-tokens 96] [--gammas 1,2,3,4]
+        [--threads N] [--head embedded-head]
+
+Writes benchmarks/results/head.json and head.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.draft_data import build_prompts  # noqa: E402
+from engine.models import load_model  # noqa: E402
+from engine.proposers import make_proposer  # noqa: E402
+from engine.sampling import SamplingConfig  # noqa: E402
+from engine.speculative import encode_prompt, generate  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "head"
+
+
+@torch.inference_mode()
+def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
+    """Median ms of one target decode step and one head draft step (KV caches, batch 1), alternately."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt_ids])
+    tc, hc = DynamicCache(), DynamicCache()
+    dec = target.model.get_decoder()
+    h = dec(input_ids=ids, cache=tc, use_cache=True).last_hidden_state
+    y = head(ids[:, 1:], h[:, :-1], cache=hc)[:, -1:]
+    t_tok = ids[:, -1:]
+    tt, dt = [], []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        out = target.model(input_ids=t_tok, cache=tc, use_cache=True)
+        t_tok = out.logits[:, -1:].argmax(-1)
+        t1 = time.perf_counter()
+        j = int(head.logits(y[0, 0]).argmax())
+        x = head.vocab_ids[j].view(1, 1)
+        y = head(x, y, cache=hc)
+        t2 = time.perf_counter()
+        tt.append((t1 - t0) * 1e3)
+        dt.append((t2 - t1) * 1e3)
+    tm, dm = statistics.median(tt), statistics.median(dt)
+    return {"target_step_ms": round(tm, 2), "head_step_ms": round(dm, 2), "c": round(dm / tm, 4), "steps": steps}
+
+
+def run_compare(target, prompts, gammas, max_new, cfg: SamplingConfig, seed: int = 0,
+                spec: str = "embedded-head") -> dict:
+    """Alternate plain decoding and the head at each γ on every prompt; totals per method."""
+    rows = {"plain": {"ms": 0.0, "tokens": 0}}
+    for g in gammas:
+        rows[f"head γ={g}"] = {"ms": 0.0, "tokens": 0, "accepted": 0, "judged": 0, "passes": 0, "identical": True}
+    for p in prompts:
+        ids = encode_prompt(target.tokenizer, p)
+        t0 = time.perf_counter()
+        base = generate(target, None, ids, sampling=cfg, seed=seed, max_new_tokens=max_new)
+        rows["plain"]["ms"] += (time.perf_counter() - t0) * 1e3
+        rows["plain"]["tokens"] += len(base.token_ids)
+        for g in gammas:
+            r = rows[f"head γ={g}"]
+            t0 = time.perf_counter()
+            res = generate(target, make_proposer(spec, target), ids, gamma=g, sampling=cfg, seed=seed,
+                           max_new_tokens=max_new)
+            r["ms"] += (time.perf_counter() - t0) * 1e3
+            r["tokens"] += len(res.token_ids)
+            r["accepted"] += res.stats.accepted
+            r["judged"] += res.stats.judged
+            r["passes"] += res.stats.rounds
+            r["identical"] &= res.token_ids == base.token_ids
+    base_tps = rows["plain"]["tokens"] / rows["plain"]["ms"] * 1e3
+    for name, r in rows.items():
+        r["tokens_per_s"] = round(r["tokens"] / r["ms"] * 1e3, 2)
+        r["speedup_vs_plain"] = round(r["tokens_per_s"] / base_tps, 3)
+        if "judged" in r:
+            r["alpha_hat"] = round(r["accepted"] / max(r["judged"], 1), 4)
+            r["tokens_per_target_pass"] = round(r["tokens"] / max(r["passes"], 1), 3)
+            if not cfg.greedy:
+                r.pop("identical")  # sampled outputs legitimately differ from plain decoding's
+        r["ms"] = round(r["ms"])
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=12, help="held-out prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--gammas", default="1,2,3,4")
+    ap.add_argument("--steps", type=int, default=150, help="steps for the step-cost measurement")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--head", default="embedded-head", help="embedded-head or a head folder")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gammas = [int(g) for g in args.gammas.split(",")]
+    target = load_model("embedded", device="cpu")
+    head = make_proposer(args.head, target).head
+    prompts = [p["prompt"] for p in build_prompts(args.prompts, "heldout", seed=0)]
+    res = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+                    "platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+                    "load_avg_1min_start": os.getloadavg()[0], "prompts": len(prompts),
+                    "max_new_tokens": args.max_new_tokens, "head": head.config}}
+    print("greedy ...", file=sys.stderr, flush=True)
+    res["greedy"] = run_compare(target, prompts, gammas, args.max_new_tokens, SamplingConfig(),
+                                spec=args.head)
+    print("T=0.7 ...", file=sys.stderr, flush=True)
+    res["t0.7"] = run_compare(target, prompts, gammas, args.max_new_tokens,
+                               SamplingConfig(temperature=0.7), spec=args.head)
+    res["step_cost"] = step_costs(target, head, encode_prompt(target.tokenizer, prompts[0]), args.steps)
+    res["meta"]["load_avg_1min_end"] = os.getloadavg()[0]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    sc = res["step_cost"]
+    lines = [f"# Draft head benchmark ({res['meta']['date']})", "",
+             f"Embedded SmolLM2-135M-Instruct target (fp32 CPU, {res['meta']['threads']} threads), the shipped "
+             f"EAGLE-style head, {len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, methods "
+             f"alternating prompt by prompt. `{res['meta']['command']}`", "",
+             f"Draft step cost: head {sc['head_step_ms']} ms vs target {sc['target_step_ms']} ms per step → "
+             f"**c = {sc['c']}** (median of {sc['steps']} alternating steps).", ""]
+    for key, title in (("greedy", "Greedy (temperature 0)"), ("t0.7", "Temperature 0.7 (same seed)")):
+        lines += [f"## {title}", "", "| method | tokens/s | × plain | α̂ (accepted ÷ judged) | tokens / target pass "
+                  "| identical to plain |", "|---|---|---|---|---|---|"]
+        for name, r in res[key].items():
+            ident = r.get("identical")
+            lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} | "
+                         f"{r.get('alpha_hat', '')} | {r.get('tokens_per_target_pass', '')} | "
+                         f"{'' if ident is None else ('yes' if ident else 'NO')} |")
+        lines.append("")
+    out.with_suffix(".md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

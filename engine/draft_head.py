@@ -1,0 +1,180 @@
+"""A draft head on the target's own hidden states, in the style of EAGLE (Li et al. 2024).
+
+EAGLE ("EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", ICML 2024, §3) drafts at
+the feature level: the target's last hidden state h_i (the vector its LM head reads to predict token
+i+1) and the token actually chosen at i+1 go into a small decoder, which predicts the *next* feature
+ĥ_{i+1}; the target's own LM head turns ĥ_{i+1} into the draft distribution q for token i+2. Later
+draft tokens feed ĥ back in place of the unknown true feature.
+
+Our head (all sizes for the embedded SmolLM2-135M, H = 576):
+
+- input of pair i: fc([e(x_{i+1}); h_i]) with e the target's (frozen) token embedding; fc: 2H → H;
+- ``n_layers`` Llama decoder layers (transformers' ``LlamaModel`` with its final RMSNorm, so its output
+  is, like h, a post-norm feature) over the pairs, with its own KV cache;
+- LM head: the target's output embedding restricted to ``vocab_ids`` (K most frequent answer tokens;
+  q is 0 on every other id, so acceptance is still judged on the full vocabulary). Frozen, taken from
+  the target at load time: the saved head holds only fc, the layers, the norm and ``vocab_ids``.
+
+Saved as a folder: ``head_config.json`` (format, sizes, target name) + ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from engine.errors import ModelLoadError
+
+HEAD_FORMAT = "speedup-lab-feature-head/1"
+HEAD_CONFIG = "head_config.json"
+
+
+def is_head_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder holding a saved draft head (``head_config.json``)."""
+    try:
+        return (Path(path) / HEAD_CONFIG).is_file()
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def head_layer_config(target_config, n_layers: int):
+    """The LlamaConfig of the head's decoder: the target's attention/MLP/RoPE shapes, ``n_layers`` layers,
+    a dummy 8-token vocabulary (the head reads ``inputs_embeds``, never ids)."""
+    cfg = copy.deepcopy(target_config)
+    cfg.num_hidden_layers = n_layers
+    cfg.vocab_size = 8
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types)[:1] * n_layers
+    cfg.tie_word_embeddings = False
+    return cfg
+
+
+class FeatureHead(nn.Module):
+    """EAGLE-style draft head. Call ``bind(target_model)`` before use (shares the target's embedding and
+    LM head rows; they are not parameters of the head).
+
+    Args:
+        target_config: the target's config (Llama-style: hidden_size, heads, RoPE).
+        n_layers: decoder layers in the head (≥ 1).
+        vocab_ids: [K] int64, sorted target ids the head can propose.
+    """
+
+    def __init__(self, target_config, n_layers: int, vocab_ids: torch.Tensor):
+        super().__init__()
+        from transformers import LlamaModel
+
+        self.hidden_size = int(target_config.hidden_size)
+        self.n_layers = int(n_layers)
+        self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size)
+        self.body = LlamaModel(head_layer_config(target_config, n_layers))
+        self.body.embed_tokens = None  # the head reads inputs_embeds; token embeddings are the target's
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long).sort().values)
+        self._target_embed: list[nn.Module] = []  # a list, so the target's module is not registered
+        self.head_weight: torch.Tensor | None = None
+
+    def bind(self, target_model: nn.Module) -> "FeatureHead":
+        """Share the target's input embedding and the rows ``vocab_ids`` of its LM head (frozen)."""
+        self._target_embed[:] = [target_model.get_input_embeddings()]
+        w = target_model.get_output_embeddings().weight.detach()
+        self.head_weight = w[self.vocab_ids.to(w.device)].to(self.fc.weight.dtype)
+        return self
+
+    def init_from_target(self, target_model: nn.Module) -> None:
+        """Start the layers from the target's last ``n_layers`` layers and the norm from its final norm
+        (a better start than random; fc starts as [½·I, I], the sum of token embedding and feature)."""
+        layers = target_model.model.layers
+        for i, layer in enumerate(self.body.layers):
+            layer.load_state_dict(layers[len(layers) - self.n_layers + i].state_dict())
+        self.body.norm.load_state_dict(target_model.model.norm.state_dict())
+        H = self.hidden_size
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, :H] = 0.5 * torch.eye(H)
+            self.fc.weight[:, H:] = torch.eye(H)
+            self.fc.bias.zero_()
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """Predicted next features.
+
+        Args:
+            tokens: [B, n] ids x_{i+1} of the pairs.
+            features: [B, n, H] target features h_i (or the head's own ĥ_i while drafting).
+            attention_mask: [B, n (+ cached)] 1 for real pairs, 0 for padding (training batches).
+            position_ids: [B, n] pair positions i (default: continue after the cache).
+            cache: a transformers ``DynamicCache`` of earlier pairs, updated in place.
+
+        Returns:
+            [B, n, H] ĥ_{i+1}, post-norm features for the LM head.
+        """
+        if not self._target_embed:
+            raise RuntimeError("FeatureHead.bind(target_model) must be called first")
+        with torch.no_grad():
+            e = self._target_embed[0](tokens).to(features.dtype)
+        z = self.fc(torch.cat([e, features], dim=-1))
+        out = self.body(inputs_embeds=z, attention_mask=attention_mask, position_ids=position_ids,
+                        cache=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., H] features → [..., K] logits over ``vocab_ids`` (the target's LM head rows)."""
+        return features @ self.head_weight.T
+
+
+def save_head(head: FeatureHead, folder: str | Path, meta: dict | None = None) -> Path:
+    """Write ``head_config.json`` and ``model.safetensors`` (fp16; fc, layers, norm, vocab_ids).
+
+    Returns:
+        the folder.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.float16 if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in head.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = {"format": HEAD_FORMAT, "n_layers": head.n_layers, "hidden_size": head.hidden_size,
+           "draft_vocab": int(head.vocab_ids.numel()), **(meta or {})}
+    (folder / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+    return folder
+
+
+def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
+    """Load a saved head for ``target_model`` (cast to the target's dtype and device) and bind it.
+
+    Raises:
+        ModelLoadError: missing files, another format, or a hidden size that differs from the target's.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        cfg = json.loads((folder / HEAD_CONFIG).read_text())
+        state = load_file(str(folder / "model.safetensors"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"Cannot read the draft head in {str(folder)!r}: {e}") from None
+    if cfg.get("format") != HEAD_FORMAT:
+        raise ModelLoadError(f"{str(folder)!r} holds a draft head of format {cfg.get('format')!r}, "
+                             f"expected {HEAD_FORMAT!r}.")
+    tcfg = target_model.config
+    if int(cfg["hidden_size"]) != int(tcfg.hidden_size):
+        raise ModelLoadError(f"The draft head was trained for hidden size {cfg['hidden_size']} but the "
+                             f"target's is {tcfg.hidden_size}: it belongs to another target.")
+    vocab = target_model.get_output_embeddings().weight.shape[0]
+    if int(state["vocab_ids"].max()) >= vocab:
+        raise ModelLoadError("The draft head proposes ids outside the target's vocabulary.")
+    head = FeatureHead(tcfg, int(cfg["n_layers"]), state["vocab_ids"])
+    param = next(target_model.parameters())
+    missing, unexpected = head.load_state_dict(
+        {k: (v.to(param.dtype) if v.is_floating_point() else v) for k, v in state.items()}, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(f"The draft head in {str(folder)!r} does not match its config "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
+    head.to(device=param.device, dtype=param.dtype).eval()
+    head.config = cfg
+    return head.bind(target_model)

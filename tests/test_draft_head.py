@@ -1,0 +1,165 @@
+"""The EAGLE-style draft head: exact greedy output, its own KV rollback, the sampling law, loading."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from engine.draft_head import FeatureHead, is_head_folder, load_head, save_head
+from engine.errors import InputError, ModelLoadError
+from engine.models import load_model
+from engine.proposers import FeatureHeadProposer, make_proposer
+from engine.sampling import SamplingConfig, warp_probs
+from engine.speculative import SpeculativeDecoder, generate
+from tests.test_sampling import g_test_pvalue
+from tests.tiny_models import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random target and a random 1-layer head over 16 of its 32 ids, saved and reloaded."""
+    root = tmp_path_factory.mktemp("head")
+    target = load_model(str(save_tiny_llama(root / "target", vocab_size=32, layers=3, seed=0)), device="cpu")
+    torch.manual_seed(0)
+    head = FeatureHead(target.model.config, 1, torch.arange(0, 32, 2))
+    head.init_from_target(target.model)
+    save_head(head, root / "head", meta={"target": "tiny"})
+    return dict(target=target, head_dir=root / "head", root=root)
+
+
+def hf_greedy(lm, ids, n):
+    out = lm.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3, 12, 20, 4, 9, 3, 12, 2], [4]]
+
+
+def test_greedy_identical_to_transformers_generate(tiny):
+    target = tiny["target"]
+    for ids in PROMPTS:
+        ref = hf_greedy(target, ids, 24)
+        for gamma in range(1, 9):
+            prop = make_proposer(str(tiny["head_dir"]), target)
+            got = generate(target, prop, ids, gamma=gamma, max_new_tokens=24, stop_on_eos=False).token_ids
+            assert got == ref, gamma
+
+
+def reference_draft(head, target, seq, k):
+    """The head's greedy draft from scratch (no caches): true features of seq[:-1] from one target pass,
+    then k head passes over all pairs, appending (ĥ, token) each time."""
+    with torch.no_grad():
+        h = target.model.get_decoder()(input_ids=torch.tensor([seq[:-1]])).last_hidden_state[0]
+        feats, toks, out = list(h), list(seq[1:]), []
+        for _ in range(k):
+            y = head(torch.tensor([toks]), torch.stack(feats)[None])[0, -1]
+            j = int(torch.argmax(head.logits(y)))
+            out.append(int(head.vocab_ids[j]))
+            feats.append(y)
+            toks.append(out[-1])
+    return out
+
+
+def test_head_cache_rollback_matches_a_fresh_computation(tiny):
+    """After every round (accepts, rejections, crops of both caches), the head proposes exactly what a
+    from-scratch computation over the committed sequence proposes."""
+    target = tiny["target"]
+    prop = make_proposer(str(tiny["head_dir"]), target)
+    dec = SpeculativeDecoder(target, prop, PROMPTS[1], gamma=3, max_new_tokens=30, stop_on_eos=False)
+    dec.prefill()
+    cfg = SamplingConfig()
+    checked = 0
+    while not dec.finished:
+        got = prop.propose(dec.seq, 3, cfg, torch.Generator())
+        assert got.tokens == reference_draft(prop.head, target, dec.seq, 3)
+        # q is the head's softmax over its 16 ids, zero elsewhere
+        assert torch.allclose(got.q.sum(-1), torch.ones(3), atol=1e-5)
+        assert float(got.q[:, 1::2].abs().sum()) == 0.0
+        dec.step()
+        checked += 1
+    assert checked >= 8
+
+
+def exact_joint_2(target, prompt, cfg):
+    """Exact law of the next 2 tokens of the target under ``cfg`` (enumerate the first token)."""
+    with torch.no_grad():
+        p1 = warp_probs(target.model(torch.tensor([prompt])).logits[0, -1].double(), cfg)
+        V = p1.shape[0]
+        seqs = torch.tensor([prompt + [a] for a in range(V)])
+        p2 = warp_probs(target.model(seqs).logits[:, -1].double(), cfg)
+    return {(a, b): float(p1[a] * p2[a, b]) for a, b in itertools.product(range(V), range(V))
+            if p1[a] * p2[a, b] > 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.95)])
+def test_distribution_preserved_with_head(tmp_path, cfg):
+    """G-test of the joint law of 2 generated tokens against the exact one; the head covers only some
+    ids (q = 0 where p > 0) and is random (many rejections and residual draws)."""
+    words = ["a", "b", "c", "d", "e", "f"]
+    target = load_model(str(save_tiny_llama(tmp_path / "t", vocab_size=8, layers=2, seed=4, words=words,
+                                            init=0.6)), device="cpu")
+    torch.manual_seed(1)
+    head = FeatureHead(target.model.config, 1, torch.tensor([0, 2, 3, 5, 7]))
+    head.init_from_target(target.model)
+    save_head(head, tmp_path / "h")
+    prompt = [2, 3, 4, 2]
+    exact = exact_joint_2(target, prompt, cfg)
+    counts: dict[tuple, int] = {}
+    runs = 2000
+    prop = make_proposer(str(tmp_path / "h"), target)
+    for seed in range(runs):
+        res = generate(target, prop, prompt, gamma=2, sampling=cfg, seed=seed, max_new_tokens=2,
+                       stop_on_eos=False)
+        key = tuple(res.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact), "a pair of tokens with probability 0 was generated"
+    # cells with an expected count under 5 are pooled into one (the G-test's usual validity rule)
+    big = [c for c in exact if exact[c] * runs >= 5]
+    obs = [counts.get(c, 0) for c in big] + [runs - sum(counts.get(c, 0) for c in big)]
+    probs = [exact[c] for c in big] + [1 - sum(exact[c] for c in big)]
+    pval = g_test_pvalue(torch.tensor(obs, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
+    assert len(big) >= 10 and pval > 1e-3, (len(big), pval)
+
+
+def test_save_load_round_trip(tiny):
+    target = tiny["target"]
+    head = load_head(tiny["head_dir"], target.model)
+    again = load_head(tiny["head_dir"], target.model)
+    for (k, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert head.vocab_ids.tolist() == list(range(0, 32, 2))
+    assert json.loads((tiny["head_dir"] / "head_config.json").read_text())["target"] == "tiny"
+    assert is_head_folder(tiny["head_dir"]) and not is_head_folder(tiny["root"])
+
+
+def test_head_for_another_target_is_refused(tiny, tmp_path):
+    other = load_model(str(save_tiny_llama(tmp_path / "o", vocab_size=32, layers=1, hidden=48)), device="cpu")
+    with pytest.raises(ModelLoadError, match="hidden size"):
+        make_proposer(str(tiny["head_dir"]), other)
+    cfg = json.loads((tiny["head_dir"] / "head_config.json").read_text())
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "head_config.json").write_text(json.dumps({**cfg, "format": "other"}))
+    with pytest.raises(ModelLoadError):
+        make_proposer(str(tmp_path / "bad"), tiny["target"])
+
+
+def test_embedded_head_needs_the_embedded_target(tiny):
+    with pytest.raises(InputError, match="embedded target"):
+        make_proposer("embedded-head", tiny["target"])
+
+
+def test_head_without_features_proposes_nothing(tiny):
+    """A one-token prompt has no target feature yet: the first round is a plain step, then drafting starts."""
+    target = tiny["target"]
+    prop = make_proposer(str(tiny["head_dir"]), target)
+    assert isinstance(prop, FeatureHeadProposer)
+    dec = SpeculativeDecoder(target, prop, [4], gamma=3, max_new_tokens=10, stop_on_eos=False)
+    first = dec.step()
+    assert first.drafted == []
+    second = dec.step()
+    assert len(second.drafted) == 3
