@@ -29,15 +29,22 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, load_model  # noqa: E402
+from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, EMBEDDED_HEAD_DIR, load_model  # noqa: E402
 from engine.proposers import make_proposer  # noqa: E402
 from engine.speculative import encode_prompt, generate  # noqa: E402
 
 PROMPTS = {
     "chat": "Explain in a few sentences why the sky is blue.",
-    "code-edit": ("Rename the variable `total` to `acc` in this function and return the code:\n\n"
-                  "def sum_list(values):\n    total = 0\n    for v in values:\n        total = total + v\n"
-                  "    return total\n"),
+    # the embedded model answers this one in prose (no code to copy): kept as the hard case
+    "code-edit (rename)": ("Rename the variable `total` to `acc` in this function and return the code:\n\n"
+                           "def sum_list(values):\n    total = 0\n    for v in values:\n        total = total + v\n"
+                           "    return total\n"),
+    "code-edit (docstring)": ("Add a docstring to this function. Return the whole function.\n\n"
+                              "def mean(values):\n    if not values:\n        raise ValueError('empty')\n"
+                              "    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n"),
+    "code-edit (type hints)": ("Add type hints to this Python function and return the full code:\n\n"
+                               "def scale(points, factor):\n    result = []\n    for x, y in points:\n"
+                               "        result.append((x * factor, y * factor))\n    return result\n"),
 }
 
 
@@ -51,8 +58,12 @@ def hf_generate(target, ids, n, **kw):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prompts", default=",".join(PROMPTS), help="comma-separated names from PROMPTS")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--head-gamma", type=int, default=0, help="γ for the draft head (0: --gamma)")
+    ap.add_argument("--lookup-gamma", type=int, default=0, help="γ for prompt lookup, ours and transformers' "
+                    "(0: --gamma)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
     args = ap.parse_args()
@@ -64,20 +75,27 @@ def main() -> int:
     g, n = args.gamma, args.max_new_tokens
     ee = 10
 
-    def ours(kind, d=None):
-        return lambda ids: generate(target, make_proposer(kind, target, d), ids, gamma=g,
+    def ours(kind, d=None, gamma=None):
+        return lambda ids: generate(target, make_proposer(kind, target, d), ids, gamma=gamma or g,
                                     max_new_tokens=n).token_ids
+
+    lg = args.lookup_gamma or g
 
     methods = {
         "ours: plain": ours("none"),
         "hf: plain generate": lambda ids: hf_generate(target, ids, n),
-        "ours: prompt lookup": ours("ngram"),
-        "hf: prompt lookup": lambda ids: hf_generate(target, ids, n, prompt_lookup_num_tokens=g),
+        "ours: prompt lookup": ours("ngram", gamma=lg),
+        "hf: prompt lookup": lambda ids: hf_generate(target, ids, n, prompt_lookup_num_tokens=lg),
         f"ours: early exit {ee}": ours(f"early-exit:{ee}"),
         f"hf: early exit {ee}": lambda ids: hf_generate(
             target, ids, n, assistant_early_exit=ee, num_assistant_tokens=g,
             num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
     }
+    if (EMBEDDED_HEAD_DIR / "head_config.json").is_file():
+        # no transformers equivalent: an EAGLE-style head needs the target's hidden states each round
+        methods["ours: draft head (EAGLE-style)"] = lambda ids: generate(
+            target, make_proposer("embedded-head", target), ids, gamma=args.head_gamma or g,
+            max_new_tokens=n).token_ids
     if draft is not None:
         # transformers reads these from the ASSISTANT's generation config (generate kwargs are ignored
         # there: with them alone it drafted 1 token per round, checked by counting forward calls)
@@ -89,7 +107,8 @@ def main() -> int:
                                                                           assistant_model=draft.model)
 
     results = {}
-    for pname, prompt in PROMPTS.items():
+    for pname in args.prompts.split(","):
+        prompt = PROMPTS[pname]
         ids = encode_prompt(target.tokenizer, prompt)
         times = {m: [] for m in methods}
         outputs = {}
@@ -126,14 +145,15 @@ def main() -> int:
                 rows[ours_m]["ratio_vs_transformers"] = rows[ours_m]["tokens_per_s"] / rows[hf_m]["tokens_per_s"]
         results[pname] = rows
 
-    meta = {"gamma": g, "max_new_tokens": n, "reps": args.reps, "threads": torch.get_num_threads(),
+    meta = {"gamma": g, "lookup_gamma": lg, "head_gamma": args.head_gamma or g, "max_new_tokens": n, "reps": args.reps, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "machine": platform.machine(), "cpus": torch.get_num_threads(),
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [f"# Speculative decoding benchmark ({meta['date']})", "",
-             f"Embedded SmolLM2-135M-Instruct, fp32 CPU, greedy, γ = {g}, {n} new tokens, median of "
+             f"Embedded SmolLM2-135M-Instruct, fp32 CPU, greedy, γ = {g} (prompt lookup {lg}, draft head "
+             f"{meta['head_gamma']}), {n} new tokens, median of "
              f"{args.reps} alternating reps. `{meta['command']}`", ""]
     for pname, rows in results.items():
         lines += [f"## {pname}", "", "| method | tokens/s | × plain | × transformers | identical |",

@@ -269,8 +269,8 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], temperatures: Seq
         safe_t = torch.where(t > 0, t, torch.ones_like(t))
         probs = torch.softmax(logits / safe_t[:, None], dim=-1)
         # inverse-CDF sampling (torch.multinomial's exponential draws over 49k ids cost ~90 ms a step)
-        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=probs.dtype)
-        cdf = probs.cumsum(-1)
+        u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
+        cdf = probs.double().cumsum(-1)
         sampled = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
         nxt = torch.where(t > 0, sampled, greedy)
         for j, r in enumerate(rows.tolist()):

@@ -156,18 +156,21 @@ def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
     try:
         cfg = json.loads((folder / HEAD_CONFIG).read_text())
         state = load_file(str(folder / "model.safetensors"))
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - OSError, JSON and safetensors errors all mean "unreadable"
         raise ModelLoadError(f"Cannot read the draft head in {str(folder)!r}: {e}") from None
-    if cfg.get("format") != HEAD_FORMAT:
+    if not isinstance(cfg, dict) or cfg.get("format") != HEAD_FORMAT:
         raise ModelLoadError(f"{str(folder)!r} holds a draft head of format {cfg.get('format')!r}, "
                              f"expected {HEAD_FORMAT!r}.")
+    if "vocab_ids" not in state or not all(k in cfg for k in ("hidden_size", "n_layers")):
+        raise ModelLoadError(f"The draft head in {str(folder)!r} lacks vocab_ids, hidden_size or n_layers.")
     tcfg = target_model.config
     if int(cfg["hidden_size"]) != int(tcfg.hidden_size):
         raise ModelLoadError(f"The draft head was trained for hidden size {cfg['hidden_size']} but the "
                              f"target's is {tcfg.hidden_size}: it belongs to another target.")
     vocab = target_model.get_output_embeddings().weight.shape[0]
-    if int(state["vocab_ids"].max()) >= vocab:
-        raise ModelLoadError("The draft head proposes ids outside the target's vocabulary.")
+    ids = state["vocab_ids"]
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != ids.numel():
+        raise ModelLoadError("The draft head's vocab_ids must be distinct ids of the target's vocabulary.")
     head = FeatureHead(tcfg, int(cfg["n_layers"]), state["vocab_ids"])
     param = next(target_model.parameters())
     missing, unexpected = head.load_state_dict(

@@ -104,13 +104,14 @@ class CachedLM:
         if len(new) < n_logits:
             raise ValueError(f"asked for {n_logits} logits but only {len(new)} tokens are new")
         inp = torch.tensor([new], dtype=torch.long, device=self.device)
-        self.ids = list(seq)
         if self.keep_hidden:
             h = self.model.get_decoder()(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state
             self.hidden = h[0] if self.hidden is None else torch.cat([self.hidden, h[0]])
+            self.ids = list(seq)
             return self.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
         out = self.model(input_ids=inp, cache=self.cache, use_cache=True,
                          logits_to_keep=n_logits)
+        self.ids = list(seq)
         return out.logits[0, -n_logits:].float()
 
 
@@ -333,7 +334,7 @@ class PromptLookupProposer(Proposer):
 
     def reset(self) -> None:
         self.k_next: int | None = None  # adaptive proposal length (None: start at γ)
-        self._last: tuple[int, list[int]] | None = None  # (len(seq), proposal) of the last round
+        self._last: tuple[int, int, list[int]] | None = None  # (len(seq), cap k, proposal) of the last round
 
     def rollback(self, seq: list[int]) -> None:
         """With ``adaptive``: after a fully accepted proposal propose 2 more next time, else 1 fewer
@@ -341,10 +342,10 @@ class PromptLookupProposer(Proposer):
         copy stops paying for long verify passes."""
         if not self.adaptive or self._last is None:
             return
-        n, prop = self._last
+        n, k, prop = self._last
         if prop:
             full = seq[n:n + len(prop)] == prop
-            self.k_next = len(prop) + 2 if full else max(1, len(prop) - 1)
+            self.k_next = k + 2 if full else max(1, k - 1)
         self._last = None
 
     def lookup(self, seq: list[int], k: int) -> list[int]:
@@ -364,7 +365,7 @@ class PromptLookupProposer(Proposer):
         if self.adaptive and self.k_next is not None:
             k = min(k, self.k_next)
         tokens = self.lookup(seq, k) if k > 0 else []
-        self._last = (len(seq), list(tokens))
+        self._last = (len(seq), k, list(tokens))
         q = torch.zeros(len(tokens), self.target_vocab)
         for i, t in enumerate(tokens):
             q[i, t] = 1.0

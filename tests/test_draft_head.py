@@ -146,6 +146,14 @@ def test_head_for_another_target_is_refused(tiny, tmp_path):
     (tmp_path / "bad" / "head_config.json").write_text(json.dumps({**cfg, "format": "other"}))
     with pytest.raises(ModelLoadError):
         make_proposer(str(tmp_path / "bad"), tiny["target"])
+    # repeated ids would make q (scattered over vocab_ids) differ from the distribution sampled from
+    dup = FeatureHead(tiny["target"].model.config, 1, torch.tensor([1, 1, 2]))
+    save_head(dup, tmp_path / "dup")
+    with pytest.raises(ModelLoadError, match="distinct"):
+        load_head(tmp_path / "dup", tiny["target"].model)
+    (tmp_path / "dup" / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ModelLoadError, match="Cannot read"):
+        load_head(tmp_path / "dup", tiny["target"].model)
 
 
 def test_embedded_head_needs_the_embedded_target(tiny):

@@ -311,14 +311,17 @@ def test_adaptive_prompt_lookup_schedule_and_exactness(tiny):
     seq = [1, 2, 3, 4, 5, 1, 2, 3]
     prop = lookup.propose(seq, 8, cfg, torch.Generator())
     assert prop.tokens == [4, 5, 1, 2, 3]  # the continuation of the earlier "1 2 3"
-    lookup.rollback(seq + [4, 5, 1, 2, 3, 9])  # all 5 accepted (+ bonus 9)
-    assert lookup.k_next == 7
+    lookup.rollback(seq + [4, 5, 1, 2, 3, 9])  # all 5 accepted (+ bonus 9): the cap 8 grows by 2
+    assert lookup.k_next == 10
     seq = seq + [4, 5, 1, 2, 3, 9]
-    lookup.propose(seq[:8], 8, cfg, torch.Generator())  # proposes 4 5 1 2 3 again, capped at 7
-    lookup.rollback(seq[:8] + [4, 7])  # first accepted, second rejected
-    assert lookup.k_next == 4
+    lookup.propose(seq[:8], 8, cfg, torch.Generator())  # proposes 4 5 1 2 3 again (cap min(8, 10))
+    lookup.rollback(seq[:8] + [4, 7])  # first accepted, second rejected: the cap 8 shrinks by 1
+    assert lookup.k_next == 7
+    lookup.propose(seq[:8], 8, cfg, torch.Generator())
+    lookup.rollback(seq[:8] + [6])  # rejected at once
+    assert lookup.k_next == 6
     # capped proposals: only k_next tokens are proposed
-    assert len(lookup.propose([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], 8, cfg, torch.Generator()).tokens) == 4
+    assert len(lookup.propose([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], 8, cfg, torch.Generator()).tokens) == 6
     target = tiny["target"]
     for ids in PROMPTS:
         ref = hf_greedy(target, ids, 24)
