@@ -12,16 +12,21 @@ st.markdown(
     "library's source) says; versions move fast, so check the current page before relying on a flag.")
 engines = sorted({f.engine for f in IN_THE_WILD})
 pick = st.multiselect("Engines", engines, default=engines, key="wild_engines")
-st.dataframe(
-    [{"engine": f.engine, "what": f.technique, "how it is switched on": f.how, "as documented at": f.source}
-     for f in IN_THE_WILD if f.engine in pick],
-    hide_index=True, width="stretch", row_height=60,
-    column_config={"as documented at": st.column_config.TextColumn(width="large"),
-                   "what": st.column_config.TextColumn(width="large")})
-st.caption("Download the table as CSV from its toolbar. FlashAttention-style fused attention kernels are "
-           "the default attention path in these engines' GPU builds; only the transformers line is stated "
-           "here because it was checked against the installed source.")
+for engine in [e for e in engines if e in pick]:
+    st.subheader(engine)
+    # our own curated text (engine.teaching), written as Markdown so flags show as code
+    st.markdown("\n".join(f"- **{f.technique}**: {f.how}. *Documented at* {f.source}."
+                           for f in IN_THE_WILD if f.engine == engine))
+with st.expander("The same facts as a table (download as CSV from its toolbar)"):
+    st.dataframe(
+        [{"engine": f.engine, "what": f.technique, "how it is switched on": f.how, "as documented at": f.source}
+         for f in IN_THE_WILD if f.engine in pick],
+        hide_index=True, width="stretch")
+st.caption("FlashAttention-style fused attention kernels are the default attention path in these engines' "
+           "GPU builds; only the transformers line is stated here because it was checked against the "
+           "installed source.")
 st.markdown(
-    "This app's own engine offers three drafts (a trained draft model, prompt lookup, early exit) on the "
-    "**Live** page; `benchmarks/bench_speculative.py` compares it with transformers' `assistant_model`, "
+    "This app's own engine offers four drafts on the **Live** page: a trained EAGLE-style head on the "
+    "target's own hidden states, a trained small draft model, prompt lookup and early exit; "
+    "`benchmarks/bench_speculative.py` compares it with transformers' `assistant_model`, "
     "`prompt_lookup_num_tokens` and `assistant_early_exit` on this machine.")

@@ -10,8 +10,8 @@ from engine.teaching import PageLink, trade_offs
 st.title("⚖️ Trade-offs")
 st.markdown(
     "Every speedup in this app removes a different kind of waste, and each one pays for it somewhere. "
-    "The table sets them side by side; the **example** column is computed by the engine for the setting "
-    "it names, and each row opens the page that shows it.")
+    "The cards set them side by side; each **example** is computed by the engine for the setting it "
+    "names, and each card opens the page that shows it.")
 
 
 @st.cache_data(show_spinner=False)
@@ -21,21 +21,24 @@ def _rows():
 
 rows = _rows()
 titles = {p.url_path: p.title for p in available_pages()}
-st.dataframe(
-    [{"speedup": r.technique, "saves": r.saves, "costs": r.costs, "stops helping when": r.stops_helping,
-      "changes outputs?": r.changes_outputs, "example (engine)": r.example,
-      "page": titles.get(r.page, r.page), "source": r.source} for r in rows],
-    hide_index=True, width="stretch", row_height=70,
-    column_config={"speedup": st.column_config.TextColumn(width="medium", pinned=True),
-                   "stops helping when": st.column_config.TextColumn(width="large"),
-                   "example (engine)": st.column_config.TextColumn(width="large")})
-st.caption("Use the table's toolbar (top right, on hover) to download it as CSV.")
-
-st.subheader("Open the page behind each row")
-cols = st.columns(3)
+# one card per speedup, so no column hides behind a horizontal scroll (on a projector too)
+cols = st.columns(2)
 for i, r in enumerate(rows):
-    with cols[i % 3]:
-        page_link(PageLink(r.page), f"{r.technique} → {titles.get(r.page, r.page)}")
+    with cols[i % 2].container(border=True):
+        st.markdown(f"**{r.technique}**")
+        st.markdown(f"**Saves:** {r.saves}  \n**Costs:** {r.costs}  \n**Stops helping when:** "
+                    f"{r.stops_helping}  \n**Changes outputs?** {r.changes_outputs}")
+        st.markdown(f"**Example (engine):** {r.example}")
+        st.caption(f"Source: {r.source}")
+        page_link(PageLink(r.page), f"Open: {titles.get(r.page, r.page)}")
+with st.expander("The same comparison as one table (download as CSV from its toolbar)"):
+    st.dataframe(
+        [{"speedup": r.technique, "saves": r.saves, "costs": r.costs, "stops helping when": r.stops_helping,
+          "changes outputs?": r.changes_outputs, "example (engine)": r.example,
+          "page": titles.get(r.page, r.page), "source": r.source} for r in rows],
+        hide_index=True, width="stretch",
+        column_config={"speedup": st.column_config.TextColumn(pinned=True)})
+
 st.markdown(
     "They combine: a server can cache prefixes, run FlashAttention kernels, serve a GQA model and "
     "speculate at small batch all at once, because each attacks a different cost: prefill, attention's "

@@ -87,8 +87,21 @@ def test_export_toolbars_and_a_question(page, app_url):
 
     page.goto(app_url + "/trade-offs")
     wait_idle(page)
+    page.get_by_text("Stops helping when:").first.wait_for()  # the cards: every field visible, no scrolling
+    screenshot(page, "trade_offs_cards")
+    page.get_by_text("The same comparison as one table").click()
     grid = page.locator('[data-testid="stDataFrame"]').first
     grid.wait_for()
     grid.hover()
     page.locator('[data-testid="stElementToolbar"] button[aria-label*="Download"]').first.wait_for(timeout=10_000)
     screenshot(page, "export_dataframe_toolbar")
+
+
+def test_in_the_wild_renders_flags_as_code(app_url, page, wait_idle, screenshot):
+    page.goto(app_url + "/in-the-wild")
+    wait_idle(page)
+    page.get_by_role("heading", name="vLLM").wait_for()
+    code = page.locator("code", has_text="enable_prefix_caching=True").first
+    code.wait_for()  # rendered as code, not as raw backticks
+    assert "`" not in code.inner_text()
+    screenshot(page, "in_the_wild")
