@@ -122,10 +122,11 @@ def tour_banner() -> None:
         st.markdown(f"**Guided tour · stop {i + 1} of {len(stops)}: {stop.title}**")
         st.markdown(stop.text)
         c1, c2, c3, _ = st.columns([1, 1, 1, 3])
-        if c1.button("◀ Previous", key="tour_prev", disabled=i == 0, width="stretch"):
+        if c1.button("◀ Previous", key="tour_prev", disabled=i == 0, width="stretch", shortcut="Shift+Left"):
             go_to_stop(i - 1)
         last = i == len(stops) - 1
-        if c2.button("Finish" if last else "Next ▶", key="tour_next", type="primary", width="stretch"):
+        if c2.button("Finish" if last else "Next ▶", key="tour_next", type="primary", width="stretch",
+                     shortcut="Shift+Right"):
             if last:
                 leave_tour()
                 if page_file("recap"):

@@ -68,6 +68,27 @@ def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
     return {"target_step_ms": round(tm, 2), "head_step_ms": round(dm, 2), "c": round(dm / tm, 4), "steps": steps}
 
 
+@torch.inference_mode()
+def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100) -> dict:
+    """Median ms of one target pass over n = 1..max_tokens new tokens after a cached context (the verify
+    pass of γ = n − 1), sizes interleaved so noise hits all alike."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 20000, (1, context + max_tokens), generator=g)
+    times = {n: [] for n in range(1, max_tokens + 1)}
+    for _ in range(reps):
+        for n in times:
+            cache = DynamicCache()
+            target.model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+            t0 = time.perf_counter()
+            target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True, logits_to_keep=n)
+            times[n].append((time.perf_counter() - t0) * 1e3)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    return {"context": context, "reps": reps, "ms": {n: round(m, 2) for n, m in med.items()},
+            "ratio_to_one_token": {n: round(m / med[1], 3) for n, m in med.items()}}
+
+
 def run_compare(target, prompts, gammas, max_new, cfg: SamplingConfig, seed: int = 0,
                 spec: str = "embedded-head") -> dict:
     """Alternate plain decoding and the head at each γ on every prompt; totals per method."""
@@ -113,9 +134,26 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--head", default="embedded-head", help="embedded-head or a head folder")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--verify-only", action="store_true",
+                    help="only measure the target pass cost by tokens verified (results/verify_cost.*)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.verify_only:
+        target = load_model("embedded", device="cpu")
+        vc = verify_costs(target)
+        out = OUT.parent / "verify_cost"
+        vc["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+                      "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0]}
+        out.with_suffix(".json").write_text(json.dumps(vc, indent=2) + "\n")
+        lines = [f"# Target pass cost by tokens verified ({vc['meta']['date']})", "",
+                 f"Embedded target, fp32, {vc['meta']['threads']} threads, after {vc['context']} cached tokens, "
+                 f"median of {vc['reps']} interleaved reps. `{vc['meta']['command']}`", "",
+                 "| tokens in the pass (γ + 1) | ms | × one token |", "|---|---|---|"]
+        lines += [f"| {n} | {vc['ms'][n]:.1f} | {vc['ratio_to_one_token'][n]:.2f} |" for n in vc["ms"]]
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     gammas = [int(g) for g in args.gammas.split(",")]
     target = load_model("embedded", device="cpu")
     head = make_proposer(args.head, target).head

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, EMBEDDED_HEAD_DIR, load_model  # noqa: E402
-from engine.proposers import make_proposer  # noqa: E402
+from engine.proposers import PromptLookupProposer, make_proposer  # noqa: E402
 from engine.speculative import encode_prompt, generate  # noqa: E402
 
 PROMPTS = {
@@ -80,12 +80,15 @@ def main() -> int:
                                     max_new_tokens=n).token_ids
 
     lg = args.lookup_gamma or g
+    vocab = target.model.get_output_embeddings().weight.shape[0]
 
     methods = {
         "ours: plain": ours("none"),
         "hf: plain generate": lambda ids: hf_generate(target, ids, n),
         "ours: prompt lookup": ours("ngram", gamma=lg),
         "hf: prompt lookup": lambda ids: hf_generate(target, ids, n, prompt_lookup_num_tokens=lg),
+        "ours: prompt lookup, adaptive length": lambda ids: generate(
+            target, PromptLookupProposer(vocab, adaptive=True), ids, gamma=lg, max_new_tokens=n).token_ids,
         f"ours: early exit {ee}": ours(f"early-exit:{ee}"),
         f"hf: early exit {ee}": lambda ids: hf_generate(
             target, ids, n, assistant_early_exit=ee, num_assistant_tokens=g,

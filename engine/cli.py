@@ -23,7 +23,8 @@ def add_generate(sub) -> None:
                    help="embedded-head (trained EAGLE-style head) | embedded-draft (trained small "
                         "model) | ngram | early-exit:K | none | hub id | folder (default: "
                         "engine.models.default_draft_spec())")
-    p.add_argument("--gamma", type=int, default=4, help="γ, draft tokens per round (1–64)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="γ, draft tokens per round (1–64; default: engine.models.default_gamma of the draft)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -65,10 +66,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from engine.models import default_draft_spec
 
-    draft_spec = args.draft or default_draft_spec()
+    draft_spec = args.draft or default_draft_spec(args.target)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress)
     ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
+    from engine.models import default_gamma
+
+    args.gamma = args.gamma if args.gamma is not None else default_gamma(draft_spec)
     kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
     res = generate(target, proposer, ids, **kw)
     base = generate(target, None, ids, **kw) if args.baseline else None

@@ -283,8 +283,8 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) ->
                            measured_speedup=sp, gamma=int(gamma))
 
 
-def default_draft_kind() -> str:
-    """The live page's default draft kind: "head" (the trained draft head), "draft" (the trained draft
-    model) or "ngram" (prompt lookup), following ``engine.models.default_draft_spec``."""
-    spec = default_draft_spec()
+def default_draft_kind(spec: str | None = None) -> str:
+    """The live page's draft kind for a draft spec (default: ``engine.models.default_draft_spec()``):
+    "head" (the trained draft head), "draft" (the trained draft model) or "ngram" (prompt lookup)."""
+    spec = default_draft_spec() if spec is None else spec
     return {EMBEDDED_HEAD: "head", EMBEDDED_DRAFT: "draft"}.get(spec, "ngram")

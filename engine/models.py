@@ -37,14 +37,26 @@ while prompt lookup costs nothing; turn it on once a shipped draft measures a re
 
 EMBEDDED_HEAD = "embedded-head"
 EMBEDDED_HEAD_DIR = ASSETS_DIR / "smollm2-head"
-EMBEDDED_HEAD_IS_DEFAULT = False
+EMBEDDED_HEAD_IS_DEFAULT = True
 """Whether the shipped EAGLE-style draft head (``engine.draft_head``, assets/smollm2-head) is the default
-draft; see its model card for the measurements behind this choice."""
+draft. On: on held-out chat prompts it is faster than plain decoding and than prompt lookup, with
+identical greedy output (assets/smollm2-head/README.md, benchmarks/results/head.md)."""
+EMBEDDED_HEAD_GAMMA = 2
+"""γ for the shipped head: the fastest γ measured in benchmarks/results/head.md (on this CPU a target pass
+over γ + 1 ≤ 3 tokens costs little more than one decode step; 4 and more cost ~1.5×)."""
 
 
-def default_draft_spec() -> str:
-    """The default draft: the shipped draft head ("embedded-head") or draft model ("embedded-draft") when
-    shipped and switched on as default, else "ngram" (prompt lookup)."""
+def default_gamma(draft_spec: str) -> int:
+    """The default γ for a draft spec: ``EMBEDDED_HEAD_GAMMA`` for the shipped head, else 4."""
+    return EMBEDDED_HEAD_GAMMA if draft_spec == EMBEDDED_HEAD else 4
+
+
+def default_draft_spec(target_spec: str = EMBEDDED) -> str:
+    """The default draft for a target: for the embedded target, the shipped draft head ("embedded-head")
+    or draft model ("embedded-draft") when shipped and switched on as default; else "ngram" (prompt
+    lookup, which works with any target)."""
+    if (target_spec or EMBEDDED) != EMBEDDED:
+        return "ngram"
     if EMBEDDED_HEAD_IS_DEFAULT and (EMBEDDED_HEAD_DIR / "head_config.json").is_file():
         return EMBEDDED_HEAD
     shipped = (EMBEDDED_DRAFT_DIR / "config.json").is_file()

@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feature-dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--init", default="", help="continue from a saved head folder (its draft vocabulary and "
+                    "layers are kept)")
     ap.add_argument("--train-minutes", type=float, default=25.0)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
@@ -332,12 +334,20 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"[data] {len(samples)} training answers ({n_tok} answer tokens) from {len(files)} files, "
          f"{len(held)} held-out; {data_min:.1f} min generating, {feat_min:.1f} min features")
 
-    vocab = draft_vocabulary(samples, args.draft_vocab, vocab_size)
-    head = FeatureHead(model.config, args.layers, vocab)
-    head.init_from_target(model)
-    head.bind(model)
+    if args.init:
+        from engine.draft_head import load_head
+
+        head = load_head(args.init, model).float()
+        head.bind(model)
+        vocab = head.vocab_ids
+        _log(f"[train] continuing from {args.init}")
+    else:
+        vocab = draft_vocabulary(samples, args.draft_vocab, vocab_size)
+        head = FeatureHead(model.config, args.layers, vocab)
+        head.init_from_target(model)
+        head.bind(model)
     n_params = sum(p.numel() for p in head.parameters())
-    _log(f"[train] head: {args.layers} layer(s), draft vocabulary {len(vocab)}, {n_params / 1e6:.2f}M parameters")
+    _log(f"[train] head: {head.n_layers} layer(s), draft vocabulary {len(vocab)}, {n_params / 1e6:.2f}M parameters")
     t0 = time.perf_counter()
     log = train_head(head, train_items, vocab_size, minutes=args.train_minutes, lr=args.lr,
                      tokens=args.tokens_per_batch, hard_weight=args.hard_weight, reg_weight=args.reg_weight,

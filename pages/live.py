@@ -21,7 +21,7 @@ from engine.live_view import (
     generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
     round_summary, verdict_frame, visible,
 )
-from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD
+from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
 from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.proposers import make_proposer
 from engine.sampling import SamplingConfig
@@ -57,10 +57,11 @@ st.markdown(
 # ------------------------------------------------------------------------------------------ settings
 url_param("lv_target", EMBEDDED, str)
 url_param("lv_preset", "code", str, choices=list(PROMPT_PRESETS) + [CUSTOM])
-url_param("lv_draft", default_draft_kind(), str, choices=list(DRAFT_KINDS))
+_default_spec = default_draft_spec(st.session_state["lv_target"].strip() or EMBEDDED)
+url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT_KINDS))
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
-url_param("lv_gamma", 4, int, lo=1, hi=GAMMA_MAX)
+url_param("lv_gamma", default_gamma(_default_spec), int, lo=1, hi=GAMMA_MAX)
 url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0)
 url_param("lv_topk", 0, int, lo=0, hi=1000)
 url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0)
@@ -180,9 +181,12 @@ if target is None:
 dec: SpeculativeDecoder | None = S.get("lv_dec")
 ready = dec is not None
 b1, b2, b3, b4, b5 = st.columns(5)
-step = b1.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished)
-run_all = b2.button("Run to the end", key="lv_run", disabled=not ready or dec.finished)
-b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round.")
+step = b1.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
+                 shortcut="N", help="Keyboard: N (next round)")
+run_all = b2.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
+                    help="Keyboard: G (go)")
+b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round. Keyboard: Esc",
+          shortcut="Esc")
 b4.button("Reset", key="lv_reset", on_click=_request_rebuild,
           help="Start the run again from the prompt (same settings and seed).")
 run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,

@@ -55,3 +55,28 @@ def test_bad_arguments_exit_2_with_message(tiny_dir, capsys, args, msg):
 def test_unknown_target_offline(capsys):
     assert main(["generate", "--prompt", "hi", "--target", "no-such-org/no-such-model"]) == 2
     assert "Could not load" in capsys.readouterr().err
+
+
+def test_default_draft_for_another_target_is_prompt_lookup(tiny_dir, capsys):
+    """The shipped head belongs to the embedded target; other targets default to prompt lookup."""
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--max-new-tokens", "6",
+               "--no-chat", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"]
+
+
+def test_generate_with_a_head_folder(tiny_dir, tmp_path, capsys):
+    import torch
+
+    from engine.draft_head import FeatureHead, save_head
+    from engine.models import load_model
+
+    target = load_model(tiny_dir, device="cpu")
+    head = FeatureHead(target.model.config, 1, torch.arange(32))
+    head.init_from_target(target.model)
+    save_head(head, tmp_path / "head")
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", str(tmp_path / "head"),
+               "--gamma", "2", "--max-new-tokens", "8", "--no-chat", "--json", "--baseline"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["identical_to_baseline"] is True
