@@ -191,6 +191,7 @@ def test_measured_run_record():
 def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):
     import engine.models as models
 
+    monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", False)
     monkeypatch.setattr(models, "EMBEDDED_DRAFT_DIR", tmp_path)
     monkeypatch.setattr(models, "EMBEDDED_DRAFT_IS_DEFAULT", True)
     assert default_draft_kind() == "ngram"  # not shipped
@@ -207,6 +208,9 @@ def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):
     assert default_draft_kind() == "head"
     monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", False)
     assert default_draft_kind() == "ngram"
+    monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", True)
+    assert models.default_draft_spec("some/other-model") == "ngram"  # the head is the embedded target's
+    assert models.default_gamma("embedded-head") == models.EMBEDDED_HEAD_GAMMA and models.default_gamma("ngram") == 4
 
 
 def test_presets():
