@@ -76,7 +76,7 @@ def main() -> None:
             rss_loaded = _rss_mb(proc.pid)
             for i in range(1, args.clicks + 1):
                 t0 = time.perf_counter()
-                page.get_by_role("button", name="Step one round").click()
+                page.get_by_role("button", name=re.compile(r"^Step one round")).click()
                 page.get_by_text(f"Round {i}:").first.wait_for(timeout=120_000)
                 t_round = time.perf_counter() - t0
                 page.get_by_text(f"Round {i} in detail").first.wait_for(timeout=120_000)
