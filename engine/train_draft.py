@@ -108,13 +108,13 @@ def build_student(target_model, shape: StudentShape, seed: int = 0):
 # ---------------------------------------------------------------------------------------------- batches
 
 
-def make_batches(samples: list[Sample], tokens_per_batch: int, seed: int) -> list[list[int]]:
-    """Group sample indices into batches of similar length with about ``tokens_per_batch`` padded tokens."""
-    order = sorted(range(len(samples)),
-                   key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+def length_batches(lengths: list[int], tokens_per_batch: int, rng: random.Random | None) -> list[list[int]]:
+    """Group indices into batches of similar length with at most ``tokens_per_batch`` padded tokens
+    (a longer single item gets a batch of its own); batches shuffled with ``rng`` unless it is None."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, cur, cur_max = [], [], 0
     for i in order:
-        n = len(samples[i].prompt_ids) + len(samples[i].response_ids)
+        n = lengths[i]
         if cur and max(cur_max, n) * (len(cur) + 1) > tokens_per_batch:
             batches.append(cur)
             cur, cur_max = [], 0
@@ -122,8 +122,15 @@ def make_batches(samples: list[Sample], tokens_per_batch: int, seed: int) -> lis
         cur_max = max(cur_max, n)
     if cur:
         batches.append(cur)
-    random.Random(seed).shuffle(batches)
+    if rng is not None:
+        rng.shuffle(batches)
     return batches
+
+
+def make_batches(samples: list[Sample], tokens_per_batch: int, seed: int) -> list[list[int]]:
+    """Group sample indices into batches of similar length with about ``tokens_per_batch`` padded tokens."""
+    return length_batches([len(s.prompt_ids) + len(s.response_ids) for s in samples], tokens_per_batch,
+                          random.Random(seed))
 
 
 def collate(samples: list[Sample], pad_id: int):

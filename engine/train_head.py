@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from engine.draft_data import Sample, build_prompts, generate_samples, load_samples, save_samples
 from engine.draft_head import FeatureHead, save_head
 from engine.errors import InputError
+from engine.train_draft import length_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,20 +108,7 @@ def make_items(samples: list[Sample], feats: list[torch.Tensor]):
 
 
 def _batches(items, tokens: int, shuffle: bool, rng: random.Random) -> list[list[int]]:
-    order = sorted(range(len(items)), key=lambda i: len(items[i][0]))
-    out, cur, mx = [], [], 0
-    for i in order:
-        n = len(items[i][0])
-        if cur and max(mx, n) * (len(cur) + 1) > tokens:
-            out.append(cur)
-            cur, mx = [], 0
-        cur.append(i)
-        mx = max(mx, n)
-    if cur:
-        out.append(cur)
-    if shuffle:
-        rng.shuffle(out)
-    return out
+    return length_batches([len(it[0]) for it in items], tokens, rng if shuffle else None)
 
 
 def _collate(items, b: list[int], hidden: int):
