@@ -85,10 +85,12 @@ def main() -> int:
     methods = {
         "ours: plain": ours("none"),
         "hf: plain generate": lambda ids: hf_generate(target, ids, n),
-        "ours: prompt lookup": ours("ngram", gamma=lg),
+        # the same proposer as transformers' (a fixed number of lookup tokens per round) ...
+        "ours: prompt lookup": lambda ids: generate(
+            target, PromptLookupProposer(vocab), ids, gamma=lg, max_new_tokens=n).token_ids,
         "hf: prompt lookup": lambda ids: hf_generate(target, ids, n, prompt_lookup_num_tokens=lg),
-        "ours: prompt lookup, adaptive length": lambda ids: generate(
-            target, PromptLookupProposer(vocab, adaptive=True), ids, gamma=lg, max_new_tokens=n).token_ids,
+        # ... and the engine's default "ngram" (adaptive length)
+        "ours: prompt lookup, adaptive length": ours("ngram", gamma=lg),
         f"ours: early exit {ee}": ours(f"early-exit:{ee}"),
         f"hf: early exit {ee}": lambda ids: hf_generate(
             target, ids, n, assistant_early_exit=ee, num_assistant_tokens=g,

@@ -200,9 +200,12 @@ if S.get("lv_error"):
 greedy = S["lv_temp"] == 0
 if greedy:
     st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
-               "likely token, so min(1, p/q) is shown as 1 or 0 and there is no uniform draw u. p and q "
+               "likely token (the table's \"argmax of p?\" column), and there is no uniform draw u. p and q "
                "in the tables and charts are the softmax at temperature 1, for display only.")
-elif dec.proposer is not None and S["lv_draft"] == "ngram":
+if dec.proposer is not None and S["lv_draft"] == "ngram":
+    st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
+               "1 fewer after a rejection, so a broken copy stops paying for long target passes.")
+if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
                "probability p(x) and a rejection resamples from p with x removed.")
 
