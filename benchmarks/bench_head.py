@@ -89,27 +89,36 @@ def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100
             "ratio_to_one_token": {n: round(m / med[1], 3) for n, m in med.items()}}
 
 
+def variant_name(g: int, conf: float) -> str:
+    return f"head γ={g}" if conf == 0 else f"head γ={g}, confidence ≥ {conf:g}"
+
+
 def run_compare(target, prompts, gammas, max_new, cfg: SamplingConfig, seed: int = 0,
-                spec: str = "embedded-head") -> dict:
-    """Alternate plain decoding and the head at each γ on every prompt; totals per method."""
+                spec: str = "embedded-head", confidences=(0.0,)) -> dict:
+    """Alternate plain decoding and the head at each γ (and each confidence threshold, see
+    ``FeatureHeadProposer``) on every prompt; totals per method."""
     rows = {"plain": {"ms": 0.0, "tokens": 0}}
-    for g in gammas:
-        rows[f"head γ={g}"] = {"ms": 0.0, "tokens": 0, "accepted": 0, "judged": 0, "passes": 0, "identical": True}
+    variants = [(g, c) for g in gammas for c in confidences]
+    for g, c in variants:
+        rows[variant_name(g, c)] = {"ms": 0.0, "tokens": 0, "accepted": 0, "judged": 0, "drafted": 0,
+                                    "passes": 0, "identical": True}
     for p in prompts:
         ids = encode_prompt(target.tokenizer, p)
         t0 = time.perf_counter()
         base = generate(target, None, ids, sampling=cfg, seed=seed, max_new_tokens=max_new)
         rows["plain"]["ms"] += (time.perf_counter() - t0) * 1e3
         rows["plain"]["tokens"] += len(base.token_ids)
-        for g in gammas:
-            r = rows[f"head γ={g}"]
+        for g, c in variants:
+            r = rows[variant_name(g, c)]
+            prop = make_proposer(spec, target)
+            prop.confidence_threshold = c
             t0 = time.perf_counter()
-            res = generate(target, make_proposer(spec, target), ids, gamma=g, sampling=cfg, seed=seed,
-                           max_new_tokens=max_new)
+            res = generate(target, prop, ids, gamma=g, sampling=cfg, seed=seed, max_new_tokens=max_new)
             r["ms"] += (time.perf_counter() - t0) * 1e3
             r["tokens"] += len(res.token_ids)
             r["accepted"] += res.stats.accepted
             r["judged"] += res.stats.judged
+            r["drafted"] += res.stats.drafted
             r["passes"] += res.stats.rounds
             r["identical"] &= res.token_ids == base.token_ids
     base_tps = rows["plain"]["tokens"] / rows["plain"]["ms"] * 1e3
@@ -119,6 +128,7 @@ def run_compare(target, prompts, gammas, max_new, cfg: SamplingConfig, seed: int
         if "judged" in r:
             r["alpha_hat"] = round(r["accepted"] / max(r["judged"], 1), 4)
             r["tokens_per_target_pass"] = round(r["tokens"] / max(r["passes"], 1), 3)
+            r["drafted_per_pass"] = round(r["drafted"] / max(r["passes"], 1), 3)
             if not cfg.greedy:
                 r.pop("identical")  # sampled outputs legitimately differ from plain decoding's
         r["ms"] = round(r["ms"])
@@ -130,6 +140,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=12, help="held-out prompts")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gammas", default="1,2,3,4")
+    ap.add_argument("--confidence", default="0", help="comma-separated confidence thresholds to compare "
+                    "(0: propose all γ; the shipped head's own default is in its head_config.json)")
     ap.add_argument("--steps", type=int, default=150, help="steps for the step-cost measurement")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--head", default="embedded-head", help="embedded-head or a head folder")
@@ -163,11 +175,12 @@ def main() -> int:
                     "load_avg_1min_start": os.getloadavg()[0], "prompts": len(prompts),
                     "max_new_tokens": args.max_new_tokens, "head": head.config}}
     print("greedy ...", file=sys.stderr, flush=True)
+    confs = [float(c) for c in args.confidence.split(",")]
     res["greedy"] = run_compare(target, prompts, gammas, args.max_new_tokens, SamplingConfig(),
-                                spec=args.head)
+                                spec=args.head, confidences=confs)
     print("T=0.7 ...", file=sys.stderr, flush=True)
     res["t0.7"] = run_compare(target, prompts, gammas, args.max_new_tokens,
-                               SamplingConfig(temperature=0.7), spec=args.head)
+                               SamplingConfig(temperature=0.7), spec=args.head, confidences=confs)
     res["step_cost"] = step_costs(target, head, encode_prompt(target.tokenizer, prompts[0]), args.steps)
     res["meta"]["load_avg_1min_end"] = os.getloadavg()[0]
     out = Path(args.out)
@@ -182,11 +195,12 @@ def main() -> int:
              f"**c = {sc['c']}** (median of {sc['steps']} alternating steps).", ""]
     for key, title in (("greedy", "Greedy (temperature 0)"), ("t0.7", "Temperature 0.7 (same seed)")):
         lines += [f"## {title}", "", "| method | tokens/s | × plain | α̂ (accepted ÷ judged) | tokens / target pass "
-                  "| identical to plain |", "|---|---|---|---|---|---|"]
+                  "| draft tokens / pass | identical to plain |", "|---|---|---|---|---|---|---|"]
         for name, r in res[key].items():
             ident = r.get("identical")
             lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} | "
                          f"{r.get('alpha_hat', '')} | {r.get('tokens_per_target_pass', '')} | "
+                         f"{r.get('drafted_per_pass', '')} | "
                          f"{'' if ident is None else ('yes' if ident else 'NO')} |")
         lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))

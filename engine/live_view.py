@@ -179,6 +179,9 @@ def round_summary(rnd: Round) -> str:
     what = {"correction": "the target corrected the first rejected token",
             "bonus": "all accepted, the target added a bonus token",
             "plain": "no draft: a plain target step"}[rnd.next_kind]
+    if rnd.tokens_verified == 0:
+        return (f"Round {rnd.index + 1}: {n} drafted, {len(rnd.emitted_ids)} emitted — no target pass: the "
+                f"prompt's prefill pass already gave p for this token.")
     return (f"Round {rnd.index + 1}: {n} drafted, {rnd.n_accepted} accepted, {len(rnd.emitted_ids)} "
             f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms "
             f"({rnd.tokens_verified} token{'' if rnd.tokens_verified == 1 else 's'} in the target pass).")

@@ -47,6 +47,9 @@ class CachedLM:
 
     ``logits_for(seq, n)`` makes the cache cover ``seq`` exactly, feeding only what is missing (after
     cropping away tokens that are no longer in ``seq``), and returns the logits of the last n positions.
+    The logits of the last cached position are kept (``last_logits``) until the cache is cropped below
+    it, so when the first asked-for position is already cached (the prompt after a full prefill) they
+    are reused and only the new tokens are fed, or nothing at all.
 
     With ``keep_hidden`` it also keeps ``hidden``: [cached_len, H], the last hidden state (after the final
     norm: what the LM head reads) at every cached position, for drafts that read the target's features
@@ -66,6 +69,7 @@ class CachedLM:
         self.cache = DynamicCache()
         self.ids: list[int] = []
         self.hidden: torch.Tensor | None = None
+        self.last_logits: torch.Tensor | None = None  # [V] float32, of the last cached position
 
     @property
     def cached_len(self) -> int:
@@ -77,6 +81,7 @@ class CachedLM:
         if drop > 0:
             self.cache.crop(-drop)
             self.ids = self.ids[:n]
+            self.last_logits = None
             if self.hidden is not None:
                 self.hidden = self.hidden[:n]
 
@@ -96,23 +101,35 @@ class CachedLM:
             ValueError: if fewer than n_logits tokens would be fed (a bug in the caller).
         """
         common = 0
-        limit = min(len(self.ids), len(seq) - 1)
+        limit = min(len(self.ids), len(seq))
         while common < limit and self.ids[common] == seq[common]:
             common += 1
+        if common == len(self.ids) and self.last_logits is not None and len(seq) - common == n_logits - 1:
+            # the first position asked for is the last cached one: reuse its logits
+            if common == len(seq):
+                return self.last_logits[None]
+            return torch.cat([self.last_logits[None], self._feed(seq, common, n_logits - 1)])
+        common = min(common, len(seq) - 1)  # feed at least one token
         self.crop(common)
+        if len(seq) - common < n_logits:
+            raise ValueError(f"asked for {n_logits} logits but only {len(seq) - common} tokens are new")
+        return self._feed(seq, common, n_logits)
+
+    def _feed(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
+        """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits."""
         new = seq[common:]
-        if len(new) < n_logits:
-            raise ValueError(f"asked for {n_logits} logits but only {len(new)} tokens are new")
         inp = torch.tensor([new], dtype=torch.long, device=self.device)
         if self.keep_hidden:
             h = self.model.get_decoder()(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state
             self.hidden = h[0] if self.hidden is None else torch.cat([self.hidden, h[0]])
             self.ids = list(seq)
-            return self.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
-        out = self.model(input_ids=inp, cache=self.cache, use_cache=True,
-                         logits_to_keep=n_logits)
-        self.ids = list(seq)
-        return out.logits[0, -n_logits:].float()
+            logits = self.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
+        else:
+            out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
+            self.ids = list(seq)
+            logits = out.logits[0, -n_logits:].float()
+        self.last_logits = logits[-1]
+        return logits
 
 
 class Proposer:
@@ -243,11 +260,25 @@ class FeatureHeadProposer(Proposer):
 
     q is the head's warped distribution over its ``vocab_ids`` (the same temperature/top-k/top-p as p),
     zero elsewhere: exactly the distribution each draft token is drawn from.
+
+    ``confidence_threshold`` (0 = off; default: the head's ``head_config.json`` value) stops a round's
+    draft early: a draft token whose top probability under the head (softmax of its logits, temperature
+    1, whatever the sampling settings) is below the threshold is not proposed, nor anything after it
+    (possibly nothing: the round is then a plain decoding step). A guess the target will likely reject
+    costs a draft step and a longer target pass for little gain (EAGLE-2, Li et al. 2024, §4: the head's
+    confidence approximates its acceptance rate; transformers' ``assistant_confidence_threshold``).
+    Stopping depends only on the head's own state, so the output law is unchanged.
     """
 
     needs_target_hidden = True
 
-    def __init__(self, head, target: LoadedModel, name: str = "draft head"):
+    def __init__(self, head, target: LoadedModel, name: str = "draft head",
+                 confidence_threshold: float | None = None):
+        if confidence_threshold is None:
+            confidence_threshold = float((getattr(head, "config", None) or {}).get("confidence_threshold", 0.0))
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise InputError(f"The draft confidence threshold must be in [0, 1), got {confidence_threshold}.")
+        self.confidence_threshold = confidence_threshold
         self.head = head
         self.target_vocab = _vocab_size(target)
         self.vocab_ids = head.vocab_ids.cpu()
@@ -297,6 +328,9 @@ class FeatureHeadProposer(Proposer):
         rows: list[torch.Tensor] = []
         for t in range(k):
             logits = self.head.logits(last[0, 0]).float().cpu()
+            if self.confidence_threshold > 0 and \
+                    float(torch.softmax(logits, -1).max()) < self.confidence_threshold:
+                break  # a likely rejection: propose no more this round
             q_red = warp_probs(logits, cfg)
             j = int(torch.argmax(logits)) if cfg.greedy else sample(q_red, generator)
             x = int(self.vocab_ids[j])
@@ -307,7 +341,7 @@ class FeatureHeadProposer(Proposer):
             if t < k - 1:
                 last = self.head(torch.tensor([[x]], device=dev), last,
                                  position_ids=torch.tensor([[n_pairs + t]], device=dev), cache=self.cache)
-        return Proposal(tokens, torch.stack(rows))
+        return Proposal(tokens, torch.stack(rows) if rows else torch.zeros(0, self.target_vocab))
 
 
 class PromptLookupProposer(Proposer):
@@ -321,15 +355,29 @@ class PromptLookupProposer(Proposer):
     coincidences that the target rejects, and each wasted proposal makes the target pass longer
     (measured on the embedded model, greedy γ=4: chat 0.83× → 0.99× of plain decoding, code edit
     1.09× → 1.18×).
+
+    ``match`` picks among several earlier occurrences: "latest" (default; the most recent text is the
+    likeliest to be copied next) or "first" (the earliest one with a continuation: the rule of
+    transformers' ``PromptLookupCandidateGenerator``; with ``max_ngram=2, min_ngram=1`` this proposer
+    then proposes exactly what transformers' prompt lookup does, which the benchmark uses for a
+    like-for-like comparison).
+
+    Raises:
+        InputError: unless 1 ≤ min_ngram ≤ max_ngram, or for another ``match``.
     """
 
-    def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 2, adaptive: bool = False):
+    def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 2, adaptive: bool = False,
+                 match: str = "latest"):
         if not 1 <= min_ngram <= max_ngram:
             raise InputError(f"Prompt lookup needs 1 ≤ min n-gram ≤ max n-gram, got {min_ngram}, {max_ngram}.")
+        if match not in ("latest", "first"):
+            raise InputError(f"Prompt lookup match must be 'latest' or 'first', got {match!r}.")
         self.target_vocab = target_vocab
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.adaptive = adaptive
-        self.name = f"prompt lookup (n-gram {min_ngram}–{max_ngram}{', adaptive length' if adaptive else ''})"
+        self.match = match
+        self.name = (f"prompt lookup (n-gram {min_ngram}–{max_ngram}{', first match' if match == 'first' else ''}"
+                     f"{', adaptive length' if adaptive else ''})")
         self.reset()
 
     def reset(self) -> None:
@@ -349,11 +397,13 @@ class PromptLookupProposer(Proposer):
         self._last = None
 
     def lookup(self, seq: list[int], k: int) -> list[int]:
-        """Up to k tokens following the latest earlier match of the longest suffix n-gram."""
+        """Up to k tokens following the latest (or first, see ``match``) earlier match of the longest
+        suffix n-gram that has a continuation."""
         n_seq = len(seq)
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
             suffix = seq[n_seq - n:]
-            for start in range(n_seq - n - 1, -1, -1):  # latest match first, excluding the suffix itself
+            starts = range(n_seq - n - 1, -1, -1) if self.match == "latest" else range(n_seq - n)
+            for start in starts:  # excluding the suffix itself
                 if seq[start:start + n] == suffix:
                     cont = seq[start + n:start + n + k]
                     if cont:

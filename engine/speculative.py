@@ -66,6 +66,13 @@ class _TokenText:
         vals, idx = torch.topk(probs, min(n, probs.shape[-1]))
         return [TopToken(int(i), self(int(i)), float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
+    def top_rows(self, probs: torch.Tensor, n: int = 5) -> list[list[TopToken]]:
+        """``top`` of each row of [R, V] ``probs``, in one topk call."""
+        if probs.shape[0] == 0:
+            return []
+        vals, idx = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)
+        return [[TopToken(i, self(i), v) for v, i in zip(vr, ir)] for vr, ir in zip(vals.tolist(), idx.tolist())]
+
 
 @dataclass
 class GenerationResult:
@@ -148,7 +155,9 @@ class SpeculativeDecoder:
         return self.text(token_id)
 
     def prefill(self) -> None:
-        """Process the prompt except its last token in the target (timed as prefill, in ``prefill_ms``).
+        """Process the prompt in the target (timed as prefill, in ``prefill_ms``). The pass's logits at
+        the last prompt position give p for the first new token, so the first round feeds only its draft
+        tokens (none: no target pass at all, as in plain ``generate``, whose prefill yields token 1).
 
         Called by the first ``step()`` if not called before; calling it early (e.g. when a page builds
         the decoder) keeps the prompt's cost out of the first round. Idempotent.
@@ -161,8 +170,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         if self.proposer is not None:
             self.proposer.reset()
-        if len(self.prompt_ids) > 1:
-            self.target_lm.logits_for(self.prompt_ids[:-1], 1)
+        self.target_lm.logits_for(self.prompt_ids, 1)
         self.prefill_ms = (time.perf_counter() - t0) * 1000
         self.elapsed_ms += self.prefill_ms
         self._prefilled = True
@@ -229,6 +237,7 @@ class SpeculativeDecoder:
             self.proposer.rollback(self.seq)
 
         positions = []
+        top_p, top_q = text.top_rows(p), text.top_rows(q[:k])
         for i, x in enumerate(draft):
             if i < verdict.n_accepted:
                 verdict_s = "accepted"
@@ -241,13 +250,13 @@ class SpeculativeDecoder:
                 token_id=x, text=text(x), q=float(q[i, x]), p=float(p[i, x]),
                 accept_prob=verdict.accept_probs[i] if evaluated else None,
                 u=verdict.uniforms[i] if i < len(verdict.uniforms) else None,
-                verdict=verdict_s, top_p=text.top(p[i]), top_q=text.top(q[i])))
+                verdict=verdict_s, top_p=top_p[i], top_q=top_q[i]))
         kind = verdict.next_kind if k > 0 else "plain"
         rnd = Round(
             index=len(self.rounds), context_len=context_len, drafted=positions,
             n_accepted=verdict.n_accepted, next_token_id=verdict.next_token,
             next_text=text(verdict.next_token), next_kind=kind,
-            next_top_p=text.top(p[verdict.n_accepted]),
+            next_top_p=top_p[verdict.n_accepted],
             residual_top=text.top(verdict.residual) if verdict.residual is not None else None,
             emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms,
             tokens_verified=tokens_verified, stop_reason=stop_reason)

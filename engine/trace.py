@@ -60,7 +60,8 @@ class Round:
         residual_top: for a correction under sampling, the top-5 of norm(max(0, p − q)).
         emitted_ids: tokens appended this round (after EOS / max_new_tokens truncation).
         draft_ms, verify_ms: wall time of the draft phase and of the target pass, in ms.
-        tokens_verified: tokens fed to the target in its pass (uncached context + draft tokens).
+        tokens_verified: tokens fed to the target in its pass (uncached context + draft tokens); 0 when
+            the round needed no pass (the first round without draft tokens: p came with the prefill).
         stop_reason: "eos", "max_new_tokens" or None.
     """
 
@@ -108,7 +109,7 @@ class RunStats:
         acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
             evaluated, i.e. P(accept at i | all before accepted).
         draft_ms_per_token: mean draft time per draft token (ms).
-        verify_ms_mean: mean time of a target pass (ms).
+        verify_ms_mean: mean time of a target pass (ms), over rounds that ran one.
         draft_cost_ratio: c = draft_ms_per_token ÷ target pass time (the ``c`` of the analytic model).
         verify_ms_by_tokens: median target-pass time (ms) by number of tokens fed in that pass.
         prefill_ms: time to prefill the prompt (ms).
@@ -155,12 +156,14 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
     by_pos = [kept[i] / evaluated[i] for i in sorted(evaluated)]
     judged = sum(evaluated.values())
     draft_ms = sum(r.draft_ms for r in rounds)
-    verify = [r.verify_ms for r in rounds]
+    # a round with no target pass (the first one, when the prefill pass already gave its p) is not a pass
+    verify = [r.verify_ms for r in rounds if r.tokens_verified > 0]
     verify_mean = statistics.fmean(verify) if verify else None
     draft_per_tok = draft_ms / drafted if drafted else None
     by_tokens: dict[int, list[float]] = {}
     for r in rounds:
-        by_tokens.setdefault(r.tokens_verified, []).append(r.verify_ms)
+        if r.tokens_verified > 0:
+            by_tokens.setdefault(r.tokens_verified, []).append(r.verify_ms)
     return RunStats(
         rounds=len(rounds),
         new_tokens=new_tokens,

@@ -95,9 +95,45 @@ def exact_joint_2(target, prompt, cfg):
             if p1[a] * p2[a, b] > 0}
 
 
+def test_confidence_threshold_stops_the_draft_where_the_head_is_unsure(tiny):
+    """With a threshold, each round proposes the longest prefix of the unthresholded draft whose tokens
+    all have head confidence (max softmax at T = 1) ≥ the threshold; output stays identical."""
+    target = tiny["target"]
+    ids = PROMPTS[1]
+    ref = hf_greedy(target, ids, 24)
+    cfg = SamplingConfig()
+    stopped = full = 0
+    for thr in (0.08, 0.12, 0.2):
+        prop = make_proposer(str(tiny["head_dir"]), target)
+        prop.confidence_threshold = thr
+        plain = make_proposer(str(tiny["head_dir"]), target)
+        dec = SpeculativeDecoder(target, prop, ids, gamma=4, max_new_tokens=24, stop_on_eos=False)
+        plain.attach(dec.target_lm)
+        dec.prefill()
+        while not dec.finished:
+            got = prop.propose(dec.seq, 4, cfg, torch.Generator())
+            want = plain.propose(dec.seq, 4, cfg, torch.Generator())
+            conf = [float(want.q[i].max()) for i in range(len(want.tokens))]  # greedy q: softmax at T = 1
+            n = next((i for i, c in enumerate(conf) if c < thr), len(conf))
+            assert got.tokens == want.tokens[:n], (thr, conf)
+            stopped += n < 4
+            full += n == 4
+            dec.step()
+        assert dec.seq[len(ids):] == ref
+    assert stopped and full  # both cases occurred
+    prop = make_proposer(str(tiny["head_dir"]), target)
+    prop.confidence_threshold = 0.999  # nothing is confident: every round is a plain step
+    res = generate(target, prop, ids, gamma=4, max_new_tokens=12, stop_on_eos=False)
+    assert res.token_ids == ref[:12] and res.stats.drafted == 0
+    with pytest.raises(InputError, match="confidence"):
+        FeatureHeadProposer(prop.head, target, confidence_threshold=1.0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.95)])
-def test_distribution_preserved_with_head(tmp_path, cfg):
+@pytest.mark.parametrize("cfg,threshold", [(SamplingConfig(temperature=1.0), 0.0),
+                                           (SamplingConfig(temperature=0.8, top_k=5, top_p=0.95), 0.0),
+                                           (SamplingConfig(temperature=1.0), 0.3)])
+def test_distribution_preserved_with_head(tmp_path, cfg, threshold):
     """G-test of the joint law of 2 generated tokens against the exact one; the head covers only some
     ids (q = 0 where p > 0) and is random (many rejections and residual draws)."""
     words = ["a", "b", "c", "d", "e", "f"]
@@ -112,6 +148,7 @@ def test_distribution_preserved_with_head(tmp_path, cfg):
     counts: dict[tuple, int] = {}
     runs = 2000
     prop = make_proposer(str(tmp_path / "h"), target)
+    prop.confidence_threshold = threshold  # stopping on the head's own confidence keeps the law
     for seed in range(runs):
         res = generate(target, prop, prompt, gamma=2, sampling=cfg, seed=seed, max_new_tokens=2,
                        stop_on_eos=False)

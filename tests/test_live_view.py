@@ -240,3 +240,13 @@ def test_measured_run_feeds_the_whatif_comparison():
     assert mc.tokens_per_pass == pytest.approx(3.05078125)
     assert mc.tokens_per_pass == pytest.approx(expected_tokens_per_pass(0.75, 4))
     assert (mc.alpha, mc.gamma, mc.c, mc.measured) == (0.75, 4, pytest.approx(0.1), 1.5)
+
+
+def test_round_summary_of_a_round_without_a_target_pass():
+    from engine.live_view import round_summary
+
+    rnd = Round(index=0, context_len=5, drafted=[], n_accepted=0, next_token_id=9, next_text="Z",
+                next_kind="plain", next_top_p=[TopToken(9, "Z", 0.5)], residual_top=None, emitted_ids=[9],
+                draft_ms=0.0, verify_ms=0.0, tokens_verified=0)
+    assert round_summary(rnd) == ("Round 1: 0 drafted, 1 emitted — no target pass: the prompt's prefill pass "
+                                  "already gave p for this token.")

@@ -329,3 +329,72 @@ def test_adaptive_prompt_lookup_schedule_and_exactness(tiny):
             got = generate(target, PromptLookupProposer(32, 3, 1, adaptive=True), ids, gamma=gamma,
                            max_new_tokens=24).token_ids
             assert got == ref
+
+
+def test_prompt_lookup_first_match_equals_transformers_candidates():
+    """With match="first", max n-gram 2, min 1, our lookup proposes exactly what transformers'
+    PromptLookupCandidateGenerator does (the like-for-like row of the benchmark); "latest" differs."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    rng = torch.Generator().manual_seed(3)
+    ours = PromptLookupProposer(8, max_ngram=2, min_ngram=1, match="first")
+    latest = PromptLookupProposer(8, max_ngram=2, min_ngram=1)
+    differs = 0
+    for trial in range(300):
+        seq = torch.randint(0, 8, (int(torch.randint(2, 40, (1,), generator=rng)),), generator=rng).tolist()
+        k = int(torch.randint(1, 7, (1,), generator=rng))
+        hf = PromptLookupCandidateGenerator(eos_token_id=None, num_output_tokens=k, max_matching_ngram_size=2,
+                                            max_length=10_000, logits_processor=None, vocab_size=8)
+        out, _ = hf.get_candidates(torch.tensor([seq]))
+        want = out[0, len(seq):].tolist()
+        assert ours.lookup(seq, k) == want, (seq, k)
+        differs += latest.lookup(seq, k) != want
+    assert differs > 30  # the two rules really are different
+    with pytest.raises(InputError, match="match"):
+        PromptLookupProposer(8, match="longest")
+
+
+def _count_passes(model):
+    calls = []
+    handle = model.register_forward_hook(lambda m, a, kw_out=None: calls.append(1))
+    return calls, handle
+
+
+def test_prefill_logits_are_reused_so_passes_match_plain_generate(tiny):
+    """The prompt's prefill pass gives p for the first new token: plain decoding of N tokens makes N
+    target passes (as transformers' generate), and a first round with no draft makes no pass."""
+    target = tiny["target"]
+    ids = PROMPTS[1]
+    calls, handle = _count_passes(target.model)
+    try:
+        res = generate(target, None, ids, max_new_tokens=10, stop_on_eos=False)
+        assert len(calls) == 10 and res.token_ids == hf_greedy(target, ids, 10)
+        assert res.rounds[0].tokens_verified == 0 and res.rounds[1].tokens_verified == 1
+        st = res.stats
+        assert set(st.verify_ms_by_tokens) == {1}  # the pass-less first round is not a pass of 0 tokens
+        assert st.verify_ms_mean == pytest.approx(sum(r.verify_ms for r in res.rounds[1:]) / 9)
+    finally:
+        handle.remove()
+
+
+def test_cached_lm_reuses_the_last_logits_only_while_valid(tiny):
+    from engine.proposers import CachedLM
+
+    model = tiny["target"].model
+    seq = [5, 6, 7, 8, 9]
+    with torch.no_grad():
+        full = model(torch.tensor([seq + [10, 11]])).logits[0].float()
+    lm = CachedLM(model, torch.device("cpu"))
+    calls, handle = _count_passes(model)
+    try:
+        a = lm.logits_for(seq, 1)
+        b = lm.logits_for(seq, 1)  # fully cached: the stored logits, no pass
+        assert len(calls) == 1 and torch.equal(a, b)
+        c = lm.logits_for(seq + [10, 11], 3)  # first asked-for position cached: feed only the 2 new tokens
+        assert len(calls) == 2 and lm.cached_len == 7
+        assert torch.allclose(c, full[4:7], atol=1e-4)
+        lm.crop(6)  # cropped below the kept position: the stored logits are gone, token 6 is fed again
+        d = lm.logits_for(seq + [10], 1)
+        assert len(calls) == 3 and torch.allclose(d[0], full[5], atol=1e-4)
+    finally:
+        handle.remove()
