@@ -113,7 +113,8 @@ def run_generate(args: argparse.Namespace) -> int:
         print("acceptance by draft position: " + ", ".join(f"{a:.2f}" for a in s.acceptance_by_position))
         if s.draft_cost_ratio is not None:
             print(f"draft cost c = {s.draft_cost_ratio:.3f} of a target pass")
-    print(f"{s.new_tokens} tokens in {s.rounds} target passes, {s.total_ms:.0f} ms "
+    print(f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'} in {s.rounds} round{'' if s.rounds == 1 else 's'}, "
+          f"{s.total_ms:.0f} ms "
           f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)")
     if base is not None:
         same = "identical" if base.token_ids == res.token_ids else "different (sampling)"
