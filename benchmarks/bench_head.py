@@ -94,23 +94,26 @@ def variant_name(g: int, conf: float) -> str:
 
 
 def run_compare(target, prompts, gammas, max_new, cfg: SamplingConfig, seed: int = 0,
-                spec: str = "embedded-head", confidences=(0.0,)) -> dict:
+                spec: str = "embedded-head", confidences=(0.0,), other_head: str = "") -> dict:
     """Alternate plain decoding and the head at each γ (and each confidence threshold, see
-    ``FeatureHeadProposer``) on every prompt; totals per method."""
+    ``FeatureHeadProposer``) on every prompt, and ``other_head`` (another head folder) at the first γ;
+    totals per method."""
     rows = {"plain": {"ms": 0.0, "tokens": 0}}
-    variants = [(g, c) for g in gammas for c in confidences]
-    for g, c in variants:
-        rows[variant_name(g, c)] = {"ms": 0.0, "tokens": 0, "accepted": 0, "judged": 0, "drafted": 0,
-                                    "passes": 0, "identical": True}
+    variants = [(variant_name(g, c), spec, g, c) for g in gammas for c in confidences]
+    if other_head:
+        variants.append((f"other head ({other_head}) γ={gammas[0]}", other_head, gammas[0], 0.0))
+    for name, *_ in variants:
+        rows[name] = {"ms": 0.0, "tokens": 0, "accepted": 0, "judged": 0, "drafted": 0, "passes": 0,
+                      "identical": True}
     for p in prompts:
         ids = encode_prompt(target.tokenizer, p)
         t0 = time.perf_counter()
         base = generate(target, None, ids, sampling=cfg, seed=seed, max_new_tokens=max_new)
         rows["plain"]["ms"] += (time.perf_counter() - t0) * 1e3
         rows["plain"]["tokens"] += len(base.token_ids)
-        for g, c in variants:
-            r = rows[variant_name(g, c)]
-            prop = make_proposer(spec, target)
+        for name, sp, g, c in variants:
+            r = rows[name]
+            prop = make_proposer(sp, target)
             prop.confidence_threshold = c
             t0 = time.perf_counter()
             res = generate(target, prop, ids, gamma=g, sampling=cfg, seed=seed, max_new_tokens=max_new)
@@ -145,6 +148,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150, help="steps for the step-cost measurement")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--head", default="embedded-head", help="embedded-head or a head folder")
+    ap.add_argument("--other-head", default="", help="another head folder, run at the first γ (A/B)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--verify-only", action="store_true",
                     help="only measure the target pass cost by tokens verified (results/verify_cost.*)")
@@ -177,10 +181,11 @@ def main() -> int:
     print("greedy ...", file=sys.stderr, flush=True)
     confs = [float(c) for c in args.confidence.split(",")]
     res["greedy"] = run_compare(target, prompts, gammas, args.max_new_tokens, SamplingConfig(),
-                                spec=args.head, confidences=confs)
+                                spec=args.head, confidences=confs, other_head=args.other_head)
     print("T=0.7 ...", file=sys.stderr, flush=True)
     res["t0.7"] = run_compare(target, prompts, gammas, args.max_new_tokens,
-                               SamplingConfig(temperature=0.7), spec=args.head, confidences=confs)
+                               SamplingConfig(temperature=0.7), spec=args.head, confidences=confs,
+                               other_head=args.other_head)
     res["step_cost"] = step_costs(target, head, encode_prompt(target.tokenizer, prompts[0]), args.steps)
     res["meta"]["load_avg_1min_end"] = os.getloadavg()[0]
     out = Path(args.out)

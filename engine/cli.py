@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from engine.errors import InputError
 from engine.trace import token_origins
 
 COLORS = {"accepted": "\033[32m", "correction": "\033[31m", "bonus": "\033[34m", "plain": ""}
@@ -25,6 +26,9 @@ def add_generate(sub) -> None:
                         "engine.models.default_draft_spec())")
     p.add_argument("--gamma", type=int, default=None,
                    help="γ, draft tokens per round (1–64; default: engine.models.default_gamma of the draft)")
+    p.add_argument("--draft-confidence", type=float, default=None,
+                   help="draft head only: stop a round's draft at the first token the head gives a probability "
+                        "below this (0..1; default: off)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -68,7 +72,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
     draft_spec = args.draft or default_draft_spec(args.target)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    if args.draft_confidence is not None and not 0.0 <= args.draft_confidence < 1.0:
+        raise InputError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}.")
     target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress)
+    if args.draft_confidence is not None:
+        if not hasattr(proposer, "confidence_threshold"):
+            raise InputError("--draft-confidence applies to a draft head only (--draft embedded-head or a head "
+                             "folder).")
+        proposer.confidence_threshold = args.draft_confidence
     ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     from engine.models import default_gamma
 

@@ -80,3 +80,17 @@ def test_generate_with_a_head_folder(tiny_dir, tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["identical_to_baseline"] is True
+    # the head's confidence threshold: 0.999 stops every draft (plain steps), output unchanged
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", str(tmp_path / "head"),
+               "--gamma", "2", "--max-new-tokens", "8", "--no-chat", "--json", "--baseline",
+               "--draft-confidence", "0.999"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["stats"]["drafted"] == 0 and out["stats"]["identical_to_baseline"] is True
+
+
+def test_draft_confidence_is_checked(tiny_dir, capsys):
+    rc = main(["generate", "--prompt", "w1 w2", "--target", tiny_dir, "--draft", "ngram", "--no-chat",
+               "--draft-confidence", "0.3"])
+    assert rc != 0 and "draft head only" in capsys.readouterr().err
+    rc = main(["generate", "--prompt", "w1 w2", "--target", tiny_dir, "--draft-confidence", "1.5"])
+    assert rc != 0 and "[0, 1)" in capsys.readouterr().err
