@@ -9,8 +9,10 @@ def test_whatif_renders_seed_values(page, app_url):
     page.goto(app_url + "/whatif?wi_toy_n=2000")
     wait_idle(page)
     page.get_by_role("heading", name="📈 What-if: how much faster?").first.wait_for()
-    page.locator('[data-testid="stMetricValue"]').first.wait_for()
-    # E = (1 − 0.8^5)/0.2 = 3.36 and 3.36/1.2 = 2.80× at the defaults
+    # E = (1 − 0.8^5)/0.2 = 3.36 and 3.36/1.2 = 2.80× at the defaults; the metrics appear one by one, so
+    # wait for each value (a wrong value times out) before reading them all
+    for value in ("3.36", "2.80×"):
+        page.locator('[data-testid="stMetricValue"]', has_text=value).first.wait_for(timeout=30_000)
     metrics = page.locator('[data-testid="stMetricValue"]').all_inner_texts()
     assert "3.36" in metrics and "2.80×" in metrics
     page.locator(".js-plotly-plot").nth(2).wait_for(timeout=30_000)   # γ chart, heat map, E vs α
