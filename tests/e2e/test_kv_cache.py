@@ -3,6 +3,7 @@
 from urllib.parse import quote
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.e2e.conftest import screenshot, wait_idle
 
@@ -52,10 +53,18 @@ def test_kv_cache_buttons_measure_and_real_check(page, app_url):
     wait_idle(page)
     page.get_by_role("button", name="Measure this machine").click()
     page.get_by_text("It is now in the table and the device list").first.wait_for(timeout=60_000)
-    wait_idle(page)  # a click during the rerun that draws the measurement can be dropped
-    page.get_by_role("button", name="Run the embedded model").click()
-    # 16 tokens · 46080 B (2 · 30 · 3 · 64 · 4 bytes, fp32) = 737280 B
-    page.get_by_text("yes ✓").first.wait_for(timeout=120_000)
+    # 16 tokens · 46080 B (2 · 30 · 3 · 64 · 4 bytes, fp32) = 737280 B. A click that lands during the rerun
+    # drawing the measurement can be dropped (seen twice in full runs, never alone): click again then; a
+    # wrong result ("NO ✗") still fails after the attempts
+    for attempt in range(3):
+        wait_idle(page)
+        page.get_by_role("button", name="Run the embedded model").click()
+        try:
+            page.get_by_text("yes ✓").first.wait_for(timeout=60_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 2 or page.get_by_text("NO ✗").count():
+                raise
     wait_idle(page)
     assert page.get_by_text("737,280 B").count() >= 2  # the real cache and the calculator
     assert not page.locator('[data-testid="stException"]').count()
