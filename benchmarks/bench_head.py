@@ -144,7 +144,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gammas", default="1,2,3,4")
     ap.add_argument("--confidence", default="0", help="comma-separated confidence thresholds to compare "
-                    "(0: propose all γ; the shipped head's own default is in its head_config.json)")
+                    "(0: propose all γ, the engine's default)")
     ap.add_argument("--steps", type=int, default=150, help="steps for the step-cost measurement")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--head", default="embedded-head", help="embedded-head or a head folder")

@@ -261,7 +261,7 @@ class FeatureHeadProposer(Proposer):
     q is the head's warped distribution over its ``vocab_ids`` (the same temperature/top-k/top-p as p),
     zero elsewhere: exactly the distribution each draft token is drawn from.
 
-    ``confidence_threshold`` (0 = off; default: the head's ``head_config.json`` value) stops a round's
+    ``confidence_threshold`` (0 = off, the default; settable, checked to be in [0, 1)) stops a round's
     draft early: a draft token whose top probability under the head (softmax of its logits, temperature
     1, whatever the sampling settings) is below the threshold is not proposed, nor anything after it
     (possibly nothing: the round is then a plain decoding step). A guess the target will likely reject
@@ -272,12 +272,7 @@ class FeatureHeadProposer(Proposer):
 
     needs_target_hidden = True
 
-    def __init__(self, head, target: LoadedModel, name: str = "draft head",
-                 confidence_threshold: float | None = None):
-        if confidence_threshold is None:
-            confidence_threshold = float((getattr(head, "config", None) or {}).get("confidence_threshold", 0.0))
-        if not 0.0 <= confidence_threshold < 1.0:
-            raise InputError(f"The draft confidence threshold must be in [0, 1), got {confidence_threshold}.")
+    def __init__(self, head, target: LoadedModel, name: str = "draft head", confidence_threshold: float = 0.0):
         self.confidence_threshold = confidence_threshold
         self.head = head
         self.target_vocab = _vocab_size(target)
@@ -285,6 +280,17 @@ class FeatureHeadProposer(Proposer):
         self.target_lm: CachedLM | None = None
         self.name = name
         self.reset()
+
+    @property
+    def confidence_threshold(self) -> float:
+        return self._confidence_threshold
+
+    @confidence_threshold.setter
+    def confidence_threshold(self, value: float) -> None:
+        """Raises InputError outside [0, 1)."""
+        if not 0.0 <= float(value) < 1.0:
+            raise InputError(f"The draft confidence threshold must be in [0, 1), got {value}.")
+        self._confidence_threshold = float(value)
 
     def attach(self, target_lm: CachedLM) -> None:
         if not target_lm.keep_hidden:

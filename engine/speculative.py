@@ -63,8 +63,8 @@ class _TokenText:
         return s
 
     def top(self, probs: torch.Tensor, n: int = 5) -> list[TopToken]:
-        vals, idx = torch.topk(probs, min(n, probs.shape[-1]))
-        return [TopToken(int(i), self(int(i)), float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
+        """The n most probable tokens of a [V] distribution."""
+        return self.top_rows(probs[None], n)[0]
 
     def top_rows(self, probs: torch.Tensor, n: int = 5) -> list[list[TopToken]]:
         """``top`` of each row of [R, V] ``probs``, in one topk call."""
