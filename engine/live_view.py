@@ -182,9 +182,11 @@ def round_summary(rnd: Round) -> str:
     if rnd.tokens_verified == 0:
         return (f"Round {rnd.index + 1}: {n} drafted, {len(rnd.emitted_ids)} emitted — no target pass: the "
                 f"prompt's prefill pass already gave p for this token.")
+    fed = f"{rnd.tokens_verified} token{'' if rnd.tokens_verified == 1 else 's'} in the target pass"
+    if rnd.prefill_tokens:
+        fed += f", {rnd.prefill_tokens} of them the prompt: this pass was also the prefill"
     return (f"Round {rnd.index + 1}: {n} drafted, {rnd.n_accepted} accepted, {len(rnd.emitted_ids)} "
-            f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms "
-            f"({rnd.tokens_verified} token{'' if rnd.tokens_verified == 1 else 's'} in the target pass).")
+            f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms ({fed}).")
 
 
 def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:

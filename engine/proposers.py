@@ -368,12 +368,18 @@ class PromptLookupProposer(Proposer):
     then proposes exactly what transformers' prompt lookup does, which the benchmark uses for a
     like-for-like comparison).
 
+    ``stop_ids`` (the target's EOS ids; ``make_proposer`` passes them): a copied continuation is cut
+    before its first stop token, as transformers does. Copying across an end of turn (chat prompts hold
+    several) proposes text after the answer would have ended: the target rejects it or generation stops,
+    and either way the longer verify pass is wasted (measured: transformers' lookup was ~8 % faster on a
+    code edit until this rule was added).
+
     Raises:
         InputError: unless 1 ≤ min_ngram ≤ max_ngram, or for another ``match``.
     """
 
     def __init__(self, target_vocab: int, max_ngram: int = 3, min_ngram: int = 2, adaptive: bool = False,
-                 match: str = "latest"):
+                 match: str = "latest", stop_ids=()):
         if not 1 <= min_ngram <= max_ngram:
             raise InputError(f"Prompt lookup needs 1 ≤ min n-gram ≤ max n-gram, got {min_ngram}, {max_ngram}.")
         if match not in ("latest", "first"):
@@ -382,6 +388,7 @@ class PromptLookupProposer(Proposer):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.adaptive = adaptive
         self.match = match
+        self.stop_ids = frozenset(int(i) for i in stop_ids)
         self.name = (f"prompt lookup (n-gram {min_ngram}–{max_ngram}{', first match' if match == 'first' else ''}"
                      f"{', adaptive length' if adaptive else ''})")
         self.reset()
@@ -404,7 +411,7 @@ class PromptLookupProposer(Proposer):
 
     def lookup(self, seq: list[int], k: int) -> list[int]:
         """Up to k tokens following the latest (or first, see ``match``) earlier match of the longest
-        suffix n-gram that has a continuation."""
+        suffix n-gram that has a continuation, cut before the first stop id (possibly to nothing)."""
         n_seq = len(seq)
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
             suffix = seq[n_seq - n:]
@@ -413,6 +420,9 @@ class PromptLookupProposer(Proposer):
                 if seq[start:start + n] == suffix:
                     cont = seq[start + n:start + n + k]
                     if cont:
+                        for i, t in enumerate(cont):
+                            if t in self.stop_ids:
+                                return cont[:i]
                         return cont
         return []
 
@@ -468,7 +478,7 @@ def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = No
     if kind == "ngram":
         # adaptive length: measured faster than a fixed γ on chat and code edits
         # (benchmarks/results/speculative.md, "adaptive length" rows)
-        return PromptLookupProposer(_vocab_size(target), adaptive=True)
+        return PromptLookupProposer(_vocab_size(target), adaptive=True, stop_ids=target.eos_token_ids)
     if kind.startswith("early-exit"):
         try:
             k = int(kind.split(":", 1)[1])

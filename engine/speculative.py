@@ -155,12 +155,17 @@ class SpeculativeDecoder:
         return self.text(token_id)
 
     def prefill(self) -> None:
-        """Process the prompt in the target (timed as prefill, in ``prefill_ms``). The pass's logits at
-        the last prompt position give p for the first new token, so the first round feeds only its draft
-        tokens (none: no target pass at all, as in plain ``generate``, whose prefill yields token 1).
+        """Process the prompt in the target now, in a pass of its own (timed as ``prefill_ms``). The
+        pass's logits at the last prompt position give p for the first new token, so the first round
+        feeds only its draft tokens (none: no target pass at all, as in plain ``generate``, whose
+        prefill yields token 1).
 
-        Called by the first ``step()`` if not called before; calling it early (e.g. when a page builds
-        the decoder) keeps the prompt's cost out of the first round. Idempotent.
+        Optional: without it, the first ``step()`` fuses the prefill into its verify pass (prompt + draft
+        tokens in one target pass, as transformers' assisted generation does) when the draft can
+        propose from the prompt alone (prompt lookup, a draft model, early exit), and prefills
+        separately first otherwise (plain decoding; a draft head, which reads the prompt's target
+        features). Calling it early (e.g. when a page builds the decoder) keeps the prompt's cost out of
+        the first round, at the price of one more target pass. Idempotent.
         """
         with self.lock:
             if not self._prefilled:
@@ -190,7 +195,12 @@ class SpeculativeDecoder:
         if self.finished:
             raise InputError("This run is finished; press Reset (or start a new run) to generate again.")
         t_round = time.perf_counter()
-        self.prefill()
+        fuse_prefill = not self._prefilled and self.proposer is not None and not self.target_lm.keep_hidden
+        if fuse_prefill:  # the verify pass below processes the prompt too
+            self.proposer.reset()
+            self._prefilled = True
+        else:
+            self.prefill()
         text = self.text
         cfg = self.sampling
         remaining = self.max_new_tokens - len(self.new_ids)
@@ -217,6 +227,8 @@ class SpeculativeDecoder:
         else:
             verdict = verify_sampling(draft, q, p, self.generator)
         verify_ms = (time.perf_counter() - t0) * 1000
+        if fuse_prefill:
+            self.prefill_ms = verify_ms
 
         # 3. emit: accepted prefix + the target's own token, stopping at EOS / max_new_tokens
         emitted = draft[:verdict.n_accepted] + [verdict.next_token]
@@ -259,7 +271,8 @@ class SpeculativeDecoder:
             next_top_p=top_p[verdict.n_accepted],
             residual_top=text.top(verdict.residual) if verdict.residual is not None else None,
             emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms,
-            tokens_verified=tokens_verified, stop_reason=stop_reason)
+            tokens_verified=tokens_verified, prefill_tokens=len(self.prompt_ids) if fuse_prefill else 0,
+            stop_reason=stop_reason)
         self.rounds.append(rnd)
         self.elapsed_ms += (time.perf_counter() - t_round) * 1000
         if stop_reason:

@@ -62,6 +62,9 @@ class Round:
         draft_ms, verify_ms: wall time of the draft phase and of the target pass, in ms.
         tokens_verified: tokens fed to the target in its pass (uncached context + draft tokens); 0 when
             the round needed no pass (the first round without draft tokens: p came with the prefill).
+        prefill_tokens: prompt tokens among them: the first round's pass also prefilled the prompt
+            (prefill fused into the verify pass); 0 otherwise. Such a pass is left out of the verify-time
+            statistics (its time is mostly the prompt's).
         stop_reason: "eos", "max_new_tokens" or None.
     """
 
@@ -78,6 +81,7 @@ class Round:
     draft_ms: float
     verify_ms: float
     tokens_verified: int
+    prefill_tokens: int = 0
     stop_reason: str | None = None
 
     @property
@@ -109,10 +113,12 @@ class RunStats:
         acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
             evaluated, i.e. P(accept at i | all before accepted).
         draft_ms_per_token: mean draft time per draft token (ms).
-        verify_ms_mean: mean time of a target pass (ms), over rounds that ran one.
+        verify_ms_mean: mean time of a target verify pass (ms), over rounds that ran one (a pass that
+            also prefilled the prompt is not counted).
         draft_cost_ratio: c = draft_ms_per_token ÷ target pass time (the ``c`` of the analytic model).
         verify_ms_by_tokens: median target-pass time (ms) by number of tokens fed in that pass.
-        prefill_ms: time to prefill the prompt (ms).
+        prefill_ms: time of the target pass that processed the prompt (ms); when the prefill was fused
+            into the first verify pass, that pass's time (it includes the first round's draft tokens).
         total_ms: wall time of the whole generation, prefill included (ms).
         tokens_per_s: new_tokens ÷ total time.
     """
@@ -156,14 +162,15 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
     by_pos = [kept[i] / evaluated[i] for i in sorted(evaluated)]
     judged = sum(evaluated.values())
     draft_ms = sum(r.draft_ms for r in rounds)
-    # a round with no target pass (the first one, when the prefill pass already gave its p) is not a pass
-    verify = [r.verify_ms for r in rounds if r.tokens_verified > 0]
+    # a round with no target pass (the first one, when the prefill pass already gave its p) is not a
+    # pass; a pass that also prefilled the prompt is a prefill more than a verify pass
+    passes = [r for r in rounds if r.tokens_verified > 0 and not r.prefill_tokens]
+    verify = [r.verify_ms for r in passes]
     verify_mean = statistics.fmean(verify) if verify else None
     draft_per_tok = draft_ms / drafted if drafted else None
     by_tokens: dict[int, list[float]] = {}
-    for r in rounds:
-        if r.tokens_verified > 0:
-            by_tokens.setdefault(r.tokens_verified, []).append(r.verify_ms)
+    for r in passes:
+        by_tokens.setdefault(r.tokens_verified, []).append(r.verify_ms)
     return RunStats(
         rounds=len(rounds),
         new_tokens=new_tokens,

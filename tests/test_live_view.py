@@ -250,3 +250,14 @@ def test_round_summary_of_a_round_without_a_target_pass():
                 draft_ms=0.0, verify_ms=0.0, tokens_verified=0)
     assert round_summary(rnd) == ("Round 1: 0 drafted, 1 emitted — no target pass: the prompt's prefill pass "
                                   "already gave p for this token.")
+
+
+def test_round_summary_of_a_pass_that_also_prefilled_the_prompt():
+    from engine.live_view import round_summary
+
+    rnd = Round(index=0, context_len=5, drafted=[_pos(5, "a", "accepted", acc=1.0)], n_accepted=1,
+                next_token_id=8, next_text="b", next_kind="bonus", next_top_p=[], residual_top=None,
+                emitted_ids=[5, 8], draft_ms=1.0, verify_ms=20.0, tokens_verified=6, prefill_tokens=5)
+    assert round_summary(rnd) == ("Round 1: 1 drafted, 1 accepted, 2 emitted — all accepted, the target added a "
+                                  "bonus token. Draft 1.0 ms, verify 20.0 ms (6 tokens in the target pass, 5 of "
+                                  "them the prompt: this pass was also the prefill).")

@@ -337,19 +337,26 @@ def test_prompt_lookup_first_match_equals_transformers_candidates():
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     rng = torch.Generator().manual_seed(3)
-    ours = PromptLookupProposer(8, max_ngram=2, min_ngram=1, match="first")
-    latest = PromptLookupProposer(8, max_ngram=2, min_ngram=1)
-    differs = 0
-    for trial in range(300):
-        seq = torch.randint(0, 8, (int(torch.randint(2, 40, (1,), generator=rng)),), generator=rng).tolist()
-        k = int(torch.randint(1, 7, (1,), generator=rng))
-        hf = PromptLookupCandidateGenerator(eos_token_id=None, num_output_tokens=k, max_matching_ngram_size=2,
-                                            max_length=10_000, logits_processor=None, vocab_size=8)
-        out, _ = hf.get_candidates(torch.tensor([seq]))
-        want = out[0, len(seq):].tolist()
-        assert ours.lookup(seq, k) == want, (seq, k)
-        differs += latest.lookup(seq, k) != want
-    assert differs > 30  # the two rules really are different
+    differs = cut = 0
+    for stop in ([], [7], [0, 5]):  # with stop ids, candidates are cut before the first one
+        ours = PromptLookupProposer(8, max_ngram=2, min_ngram=1, match="first", stop_ids=stop)
+        latest = PromptLookupProposer(8, max_ngram=2, min_ngram=1, stop_ids=stop)
+        no_stop = PromptLookupProposer(8, max_ngram=2, min_ngram=1, match="first")
+        for trial in range(300):
+            seq = torch.randint(0, 8, (int(torch.randint(2, 40, (1,), generator=rng)),), generator=rng).tolist()
+            k = int(torch.randint(1, 7, (1,), generator=rng))
+            hf = PromptLookupCandidateGenerator(eos_token_id=torch.tensor(stop) if stop else None,
+                                                num_output_tokens=k, max_matching_ngram_size=2,
+                                                max_length=10_000, logits_processor=None, vocab_size=8)
+            out, _ = hf.get_candidates(torch.tensor([seq]))
+            want = out[0, len(seq):].tolist()
+            got = ours.lookup(seq, k)
+            assert got == want, (seq, k, stop)
+            assert not set(got) & set(stop)
+            differs += latest.lookup(seq, k) != want
+            cut += no_stop.lookup(seq, k) != got
+    assert differs > 90  # the two rules really are different
+    assert cut > 90  # and the stop ids really cut
     with pytest.raises(InputError, match="match"):
         PromptLookupProposer(8, match="longest")
 
@@ -373,6 +380,42 @@ def test_prefill_logits_are_reused_so_passes_match_plain_generate(tiny):
         st = res.stats
         assert set(st.verify_ms_by_tokens) == {1}  # the pass-less first round is not a pass of 0 tokens
         assert st.verify_ms_mean == pytest.approx(sum(r.verify_ms for r in res.rounds[1:]) / 9)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("kind", ["ngram", "early-exit:2", "draft"])
+def test_first_verify_pass_also_prefills_the_prompt(tiny, kind):
+    """A draft that proposes from the prompt alone gets its first round verified in the prefill pass
+    (prompt + draft tokens, as transformers' assisted generation does): one target pass per round, the
+    same greedy output, and that pass is kept out of the verify-time statistics. An explicit
+    ``prefill()`` (the live page) still gives the prompt a pass of its own."""
+    target = tiny["target"]
+    ids = PROMPTS[0]  # repeats itself, so prompt lookup has something to propose in round 1
+    calls, handle = _count_passes(target.model)
+    try:
+        prop = make_proposer("draft" if kind == "draft" else kind, target, tiny["draft"])
+        if kind == "ngram":
+            assert prop.stop_ids == frozenset(target.eos_token_ids)  # copies are cut at end of turn
+        res = generate(target, prop, ids, gamma=3, max_new_tokens=16, stop_on_eos=False)
+        n_target = len(calls) if kind != "early-exit:2" else None  # early exit's layers run the same module
+        first = res.rounds[0]
+        assert first.prefill_tokens == len(ids) and first.n_drafted > 0
+        assert first.tokens_verified == len(ids) + first.n_drafted
+        assert all(r.prefill_tokens == 0 for r in res.rounds[1:])
+        if n_target is not None:
+            assert n_target == res.stats.rounds
+        # plain decoding equals transformers' generate (tested above); here EOS must not stop the run
+        assert res.token_ids == generate(target, None, ids, max_new_tokens=16, stop_on_eos=False).token_ids
+        st = res.stats
+        assert st.prefill_ms == first.verify_ms
+        assert max(st.verify_ms_by_tokens) <= 4  # the prompt's pass is not a verify pass of 10 tokens
+        calls.clear()
+        dec = SpeculativeDecoder(target, make_proposer("draft" if kind == "draft" else kind, target, tiny["draft"]),
+                                 ids, gamma=3, max_new_tokens=16, stop_on_eos=False)
+        dec.prefill()
+        assert dec.step().prefill_tokens == 0 and dec.rounds[0].tokens_verified == dec.rounds[0].n_drafted
+        assert dec.run().token_ids == res.token_ids
     finally:
         handle.remove()
 
