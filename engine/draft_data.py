@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -149,18 +150,158 @@ def _templates(r: random.Random, topic: str, topic2: str) -> list[tuple[str, str
     ]
 
 
+# Prompt set 2 (stage-3 data): more topics and activities, new kinds of requests (how-to, advice,
+# rewriting, classification, extraction, definitions, recipes, editing and testing code). A category is
+# drawn first, then a template in it (set 1 draws among all templates at once); categories with few
+# distinct prompts (code, rewrite) still run out early, since prompts are never repeated.
+TOPICS_2 = TOPICS + [
+    "the Great Wall of China", "the Amazon river", "glaciers", "the Sahara", "the Arctic", "penguins",
+    "octopuses", "elephants", "wolves", "sharks", "mushrooms", "tomatoes", "potatoes", "cheese", "yogurt",
+    "bread", "olive oil", "spices", "the human skin", "the lungs", "the liver", "blood types", "bones",
+    "muscles", "vision", "hearing", "allergies", "antibiotics", "the common cold", "first aid",
+    "the Moon's phases", "eclipses", "comets", "the Milky Way", "the Big Bang", "rockets",
+    "the International Space Station", "GPS", "Wi-Fi", "batteries", "semiconductors", "lasers",
+    "radio", "television", "cameras", "the telephone", "the steam engine", "bridges", "skyscrapers",
+    "roads", "cities", "villages", "farming", "fishing", "irrigation", "water treatment", "plastic",
+    "glass", "steel", "paper", "cotton", "wool", "fashion", "architecture", "painting", "sculpture",
+    "theater", "film", "opera", "dance", "rap music", "rock music", "novels", "fairy tales", "mythology",
+    "philosophy", "ethics", "logic", "psychology", "sociology", "economics", "taxes", "banks",
+    "credit cards", "insurance", "retirement plans", "elections", "the constitution", "courts",
+    "journalism", "advertising", "marketing", "customer service", "negotiation", "kindness", "curiosity",
+    "habits", "motivation", "creativity", "critical thinking", "debate", "note-taking", "reading speed",
+    "spreadsheets", "email etiquette", "typing", "web browsers", "search engines", "HTML", "CSS",
+    "JavaScript", "Python", "SQL", "APIs", "Linux", "Git", "recursion", "sorting algorithms",
+    "hash tables", "linked lists", "graphs", "regular expressions", "debugging", "code review",
+    "algebra", "percentages", "averages", "triangles", "circles", "negative numbers", "decimals",
+]
+ACTIVITIES_2 = ACTIVITIES + [
+    "learning to cook rice", "painting a room", "fixing a flat bicycle tire", "making a budget",
+    "writing a cover letter", "studying with flashcards", "waking up early", "drinking less coffee",
+    "planting tomatoes", "making new habits stick", "learning to draw", "packing for a trip",
+    "choosing a laptop", "backing up my files", "preparing for a marathon", "meal prepping",
+    "decluttering my room", "learning chess", "writing a speech", "dealing with a difficult coworker",
+    "asking for a raise", "starting a podcast", "learning SQL", "building a website", "cooking pasta",
+    "keeping a journal", "reducing stress before exams", "teaching a child to read", "caring for a cat",
+    "organizing my email inbox",
+]
+CODE_TASKS_2 = CODE_TASKS + [
+    "counts how often each word appears in a file", "returns the second largest number in a list",
+    "converts a list of strings to uppercase", "checks whether a year is a leap year",
+    "computes the area of a circle", "splits a list into chunks of size n", "rotates a list by k places",
+    "finds the intersection of two lists", "converts a number to binary", "checks balanced parentheses",
+    "calculates a running total", "reverses the words in a sentence", "finds all even numbers in a list",
+    "computes the mean and median of a list", "removes whitespace from a string",
+    "finds the longest word in a sentence", "counts lines in a text file", "implements a queue",
+    "returns the keys of a dictionary sorted by value", "converts a string to title case",
+]
+FUNCS = [
+    ("add", "def add(a, b):\n    return a + b"),
+    ("is_even", "def is_even(n):\n    return n % 2 == 0"),
+    ("mean", "def mean(xs):\n    return sum(xs) / len(xs)"),
+    ("greet", "def greet(name):\n    print('Hello, ' + name + '!')"),
+    ("maximum", "def maximum(xs):\n    best = xs[0]\n    for x in xs:\n        if x > best:\n            best = x\n    return best"),
+    ("count_words", "def count_words(text):\n    return len(text.split())"),
+    ("square_all", "def square_all(nums):\n    result = []\n    for n in nums:\n        result.append(n * n)\n    return result"),
+    ("first_char", "def first_char(s):\n    return s[0]"),
+    ("average", "def average(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)"),
+    ("divide", "def divide(a, b):\n    return a / b"),
+]
+SENTENCES = [
+    "me and him goes to the store yesterday", "the meeting have been moved to friday",
+    "I can't wait to see you at the party tonight!", "Please send the report by end of day.",
+    "this product broke after two days and nobody answered my emails",
+    "The hotel was clean, the staff were friendly and the view was amazing.",
+    "their going to announce the results tomorrow", "We regret to inform you that the event is cancelled.",
+    "The food was cold and the waiter forgot our drinks.", "I love how simple this app is to use.",
+    "Anna Smith met David Lee in Paris on 3 May to discuss the new contract.",
+    "The package arrived late, but the quality is excellent.",
+]
+DISHES = ["pancakes", "tomato soup", "a simple salad", "fried rice", "banana bread", "guacamole",
+          "scrambled eggs", "vegetable curry", "lemonade", "chocolate chip cookies", "pasta with pesto",
+          "a smoothie", "roasted vegetables", "hummus", "oatmeal"]
+ROLES = ["teacher", "nurse", "software engineer", "chef", "pilot", "farmer", "librarian", "architect",
+         "firefighter", "scientist", "journalist", "electrician", "dentist", "data analyst", "carpenter"]
+SITUATIONS = ["my friend forgot my birthday", "I failed an exam", "I can't decide which job offer to take",
+              "my roommate is very messy", "I feel nervous about a presentation", "I want to change careers",
+              "my neighbor is noisy at night", "I keep procrastinating", "I moved to a new city and feel lonely",
+              "I have too many tasks this week"]
+
+
+def _templates_2(r: random.Random, topic: str, topic2: str) -> dict[str, list[str]]:
+    """Prompt set 2: category -> prompt candidates for one topic pair."""
+    n = r.randint(3, 7)
+    act, task, lang = r.choice(ACTIVITIES_2), r.choice(CODE_TASKS_2), r.choice(LANGS)
+    fname, fsrc = r.choice(FUNCS)
+    sent, dish, role, sit = r.choice(SENTENCES), r.choice(DISHES), r.choice(ROLES), r.choice(SITUATIONS)
+    return {
+        "explain": [f"Explain {topic} in simple terms.", f"What is {topic}?", f"How does {topic} work?",
+                    f"Why do people care about {topic}?", f"Explain {topic} to {r.choice(AUDIENCES)}.",
+                    f"Define {topic} in one sentence.", f"What are the basics of {topic}?",
+                    f"What are common misconceptions about {topic}?", f"How has {topic} changed over time?"],
+        "howto": [f"How do I get started with {act}?", f"What's the best way to approach {act}?",
+                  f"Give me {n} tips for {act}.", f"Write a step-by-step guide to {act}.",
+                  f"What mistakes should I avoid when {act}?", f"Make a one-week plan for {act}."],
+        "advice": [f"I need advice: {sit}. What should I do?", f"{sit[0].upper() + sit[1:]}. Any suggestions?",
+                   f"What does a {role} do all day?", f"How do I become a {role}?",
+                   f"What skills does a {role} need?", f"Should I learn about {topic} or {topic2} first?"],
+        "list": [f"List {n} interesting facts about {topic}.", f"What are the pros and cons of {topic}?",
+                 f"Name {n} things everyone should know about {topic}.", f"Give me {n} questions to ask about {topic}.",
+                 f"List {n} words related to {topic}."],
+        "compare": [f"Compare {topic} and {topic2}.", f"What is the difference between {topic} and {topic2}?",
+                    f"Which is more important, {topic} or {topic2}? Explain briefly."],
+        "code": [f"Write a {lang if r.random() < 0.4 else 'Python'} function that {task}.",
+                 f"How do I write a program that {task}?",
+                 f"Add a docstring to this function:\n\n```python\n{fsrc}\n```",
+                 f"What does this function do?\n\n```python\n{fsrc}\n```",
+                 f"Rename the function `{fname}` to `{fname}_v2` in this code:\n\n```python\n{fsrc}\n```",
+                 f"Add type hints to this function:\n\n```python\n{fsrc}\n```",
+                 f"Write a unit test for this function:\n\n```python\n{fsrc}\n```",
+                 f"Is there a bug in this code?\n\n```python\n{fsrc}\n```",
+                 f"Explain what this code does:\n\n```\n{r.choice(SNIPPETS)}\n```"],
+        "chat": [f"Hi! I'm feeling {r.choice(MOODS)} today. Can you tell me something about {topic}?",
+                 f"Hello, how are you? I want to get better at {act}.", f"Tell me a fun fact about {topic}.",
+                 f"Can you help me understand {topic}? I keep getting confused.", "Hi there!",
+                 "Good morning! What's a good way to spend a free afternoon?",
+                 f"Thanks for your help yesterday with {topic}. Can you remind me of the key idea?",
+                 f"I'm a {role}. How could {topic} be useful in my work?"],
+        "rewrite": [f'Fix the grammar in this sentence: "{sent}"', f'Rewrite this more formally: "{sent}"',
+                    f'Make this sentence shorter: "{sent}"', f'Translate into French: "{sent}"',
+                    f'Is this review positive or negative? "{sent}"', f'Extract the names and dates from: "{sent}"',
+                    f'Rewrite this in a friendlier tone: "{sent}"'],
+        "write": [f"Write a short poem about {topic}.", f"Write an email to {r.choice(PEOPLE)} about {r.choice(MATTERS)}.",
+                  f"Write a short story about {r.choice(CHARACTERS)} who {r.choice(EVENTS)}.",
+                  f"Give me a recipe for {dish}.", f"Write a tweet about {topic}.",
+                  f"Write a product description for a book about {topic}.", f"Write a haiku about {topic}."],
+        "summary": [f"Summarize the following text in {r.randint(1, 3)} sentences:\n\n{_passage(r, topic)}",
+                    f"What is the main point of this passage?\n\n\"{_passage(r, topic)}\"",
+                    f"Give this news story a headline:\n\n{_passage(r, topic)}"],
+        "math": [f"What is {r.randint(2, 99)} times {r.randint(2, 99)}? Explain your steps.",
+                 f"Solve for x: {r.randint(2, 9)}x + {r.randint(1, 30)} = {r.randint(31, 99)}.",
+                 f"What is {r.randint(5, 95)}% of {r.randint(20, 500)}?",
+                 f"If I buy {r.randint(2, 9)} items at ${r.randint(2, 40)} each, how much do I pay?"],
+    }
+
+
 def _is_heldout_topic(topic: str) -> bool:
     """A fixed 1-in-6 split of the topic list (by hash), so held-out prompts use unseen topics."""
     return int(hashlib.sha256(topic.encode()).hexdigest(), 16) % 6 == 0
 
 
-def build_prompts(n: int, split: str = "train", seed: int = 0) -> list[dict]:
+_HELDOUT_WORDS = re.compile(r"\b(" + "|".join(re.escape(t) for t in TOPICS_2 if _is_heldout_topic(t)) + r")\b",
+                            re.IGNORECASE)
+
+
+def build_prompts(n: int, split: str = "train", seed: int = 0, prompt_set: int = 1) -> list[dict]:
     """Generate ``n`` distinct prompts of mixed categories.
 
     Args:
         n: number of prompts (≥ 1).
-        split: "train" or "heldout"; the two use disjoint topic sets (about 5/6 and 1/6 of TOPICS).
-        seed: random seed; the same (n, split, seed) always gives the same list.
+        split: "train" or "heldout"; the two use disjoint topic sets (about 5/6 and 1/6 of the topics,
+            split by ``_is_heldout_topic`` in both prompt sets, so set 2's training topics never include
+            a held-out topic of set 1).
+        seed: random seed; the same (n, split, seed, prompt_set) always gives the same list.
+        prompt_set: 1 (the first two training stages and every held-out benchmark) or 2 (more topics and
+            request kinds, categories equally likely; stage 3).
 
     Returns:
         list of {"category": str, "prompt": str}.
@@ -172,14 +313,23 @@ def build_prompts(n: int, split: str = "train", seed: int = 0) -> list[dict]:
         raise InputError("The number of prompts must be at least 1.")
     if split not in ("train", "heldout"):
         raise InputError(f"Unknown split {split!r}; use 'train' or 'heldout'.")
-    topics = [t for t in TOPICS if _is_heldout_topic(t) == (split == "heldout")]
-    r = random.Random(f"{split}-{seed}")
+    if prompt_set not in (1, 2):
+        raise InputError(f"Unknown prompt set {prompt_set!r}; use 1 or 2.")
+    topics = [t for t in (TOPICS if prompt_set == 1 else TOPICS_2) if _is_heldout_topic(t) == (split == "heldout")]
+    r = random.Random(f"{split}-{seed}" if prompt_set == 1 else f"{split}-{seed}-set{prompt_set}")
     out, seen = [], set()
     tries = 0
     while len(out) < n and tries < 50 * n:
         tries += 1
         t1, t2 = r.sample(topics, 2)
-        cat, prompt = r.choice(_templates(r, t1, t2))
+        if prompt_set == 1:
+            cat, prompt = r.choice(_templates(r, t1, t2))
+        else:
+            cands = _templates_2(r, t1, t2)
+            cat = r.choice(sorted(cands))
+            prompt = r.choice(cands[cat])
+            if split == "train" and _HELDOUT_WORDS.search(prompt):
+                continue  # a word list (activities, snippets) named a held-out topic
         if prompt in seen:
             continue
         seen.add(prompt)

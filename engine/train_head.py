@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", default=str(ROOT / ".cache" / "draft-train"), help="data cache folder")
     ap.add_argument("--prompts", type=int, default=8000, help="new training prompts to generate from")
     ap.add_argument("--heldout", type=int, default=64, help="held-out prompts (unseen topics)")
+    ap.add_argument("--prompt-set", type=int, default=1, choices=[1, 2],
+                    help="generator for new training prompts (engine.draft_data.build_prompts); the held-out "
+                         "prompts always come from set 1")
     ap.add_argument("--data-minutes", type=float, default=25.0, help="time budget for new training data "
                     "(0: only reuse cached train*.pt files)")
     ap.add_argument("--gen-dtype", default="bf16", choices=["bf16", "fp32"])
@@ -293,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.data_minutes > 0 and not new_path.is_file():
         old = {s.prompt for f in _train_files(work) for s in load_samples(f)}
-        prompts = [p for p in build_prompts(args.prompts, "train", seed=args.seed) if p["prompt"] not in old]
+        prompts = [p for p in build_prompts(args.prompts, "train", seed=args.seed, prompt_set=args.prompt_set) if p["prompt"] not in old]
         new = generate_samples(gen_model, tok, prompts, eos, greedy_fraction=0.4, temperature=0.8,
                                max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, seed=args.seed,
                                progress=_log, time_budget_s=args.data_minutes * 60)

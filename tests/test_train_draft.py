@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -40,11 +41,30 @@ def test_prompts_deterministic_distinct_and_topics_disjoint():
     assert any(t in p["prompt"] for p in held for t in held_topics)
 
 
+def test_prompt_set_2_is_broader_and_keeps_held_out_topics_out():
+    from engine.draft_data import TOPICS_2
+
+    a = build_prompts(2000, "train", seed=3, prompt_set=2)
+    assert a == build_prompts(2000, "train", seed=3, prompt_set=2)
+    assert len({p["prompt"] for p in a}) == 2000
+    cats = {p["category"] for p in a}
+    assert {"howto", "advice", "rewrite", "code", "chat", "summary"} <= cats
+    assert len(cats) == 11
+    # no held-out topic of either set appears in a set-2 training prompt (the benchmarks' held-out
+    # prompts come from set 1)
+    held = re.compile(r"\b(" + "|".join(re.escape(t) for t in TOPICS_2 if _is_heldout_topic(t)) + r")\b", re.I)
+    assert set(t for t in TOPICS if _is_heldout_topic(t)) <= set(TOPICS_2)
+    for p in a:
+        assert not held.search(p["prompt"]), p
+
+
 def test_prompts_bad_arguments():
     with pytest.raises(InputError):
         build_prompts(0)
     with pytest.raises(InputError):
         build_prompts(5, split="test")
+    with pytest.raises(InputError, match="prompt set"):
+        build_prompts(5, prompt_set=3)
 
 
 # ---------------------------------------------------------------------------------------------- pieces
