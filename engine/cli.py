@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 
-from engine.errors import InputError
+from engine.errors import InputError, ModelLoadError
 from engine.trace import token_origins
 
 COLORS = {"accepted": "\033[32m", "correction": "\033[31m", "bonus": "\033[34m", "plain": ""}
-MARKS = {"accepted": ("", ""), "correction": ("⟨", "⟩"), "bonus": ("«", "»"), "plain": ("", "")}
+# without colour: accepted draft tokens are bare text; a run of plain target steps (no draft that round)
+# is wrapped as one group, so it cannot pass for accepted draft tokens
+MARKS = {"accepted": ("", ""), "correction": ("⟨", "⟩"), "bonus": ("«", "»"), "plain": ("‹", "›")}
 RESET = "\033[0m"
 
 
@@ -23,9 +25,10 @@ def add_generate(sub) -> None:
     p.add_argument("--draft", default=None,
                    help="embedded-head (trained EAGLE-style head) | embedded-draft (trained small "
                         "model) | ngram | early-exit:K | none | hub id | folder (default: "
-                        "engine.models.default_draft_spec())")
+                        f"{_default_draft_help()})")
     p.add_argument("--gamma", type=int, default=None,
-                   help="γ, draft tokens per round (1–64; default: engine.models.default_gamma of the draft)")
+                   help=f"γ, draft tokens per round (1–64; default: {_default_gamma_help()}; ignored with "
+                        "--draft none)")
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
                         "below this (0..1; default: off)")
@@ -57,8 +60,43 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
     if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD) or draft_spec.startswith("early-exit")
             or is_head_folder(draft_spec)):
         return target, make_proposer(draft_spec, target)
-    draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
+    try:
+        draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{e} (A draft is embedded-head, embedded-draft, ngram, early-exit:K, none, a "
+                             "hub id or a local folder.)") from None
     return target, make_proposer("model", target, draft)
+
+
+def marked_text(tokenizer, origins: list[tuple[int, str]], color: bool) -> str:
+    """The generated text with each token marked by origin (``engine.trace.ORIGINS``): ANSI colours, or
+    without colour the ``MARKS`` brackets (a run of consecutive plain target steps shares one pair)."""
+    pieces: list[str] = []
+    prev = None
+    for t, origin in origins:
+        s = tokenizer.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if color:
+            pieces.append(f"{COLORS[origin]}{s}{RESET if COLORS[origin] else ''}")
+            continue
+        a, b = MARKS[origin]
+        if origin == "plain" and prev == "plain":
+            pieces[-1] = pieces[-1][:-len(b)] + s + b  # extend the open group
+        else:
+            pieces.append(f"{a}{s}{b}")
+        prev = origin
+    return "".join(pieces)
+
+
+def _default_draft_help() -> str:
+    from engine.models import default_draft_spec
+
+    return f"{default_draft_spec()} for the embedded target, ngram for any other"
+
+
+def _default_gamma_help() -> str:
+    from engine.models import EMBEDDED_HEAD, default_gamma
+
+    return f"{default_gamma(EMBEDDED_HEAD)} for embedded-head, {default_gamma('ngram')} for the others"
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -99,21 +137,14 @@ def run_generate(args: argparse.Namespace) -> int:
         return 0
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     tok = target.tokenizer
-    pieces = []
-    for t, origin in token_origins(res.rounds):
-        s = tok.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if color:
-            pieces.append(f"{COLORS[origin]}{s}{RESET if COLORS[origin] else ''}")
-        else:
-            a, b = MARKS[origin]
-            pieces.append(f"{a}{s}{b}")
-    print("".join(pieces))
-    legend = ("\033[32maccepted draft\033[0m  \033[31mcorrection\033[0m  \033[34mbonus\033[0m  plain"
-              if color else "accepted draft: plain text  ⟨correction⟩  «bonus»")
+    print(marked_text(tok, token_origins(res.rounds), color))
+    legend = ("\033[32maccepted draft\033[0m  \033[31mcorrection\033[0m  \033[34mbonus\033[0m  "
+              "uncoloured: target step without a draft"
+              if color else "accepted draft: bare text  ⟨correction⟩  «bonus»  ‹target steps without a draft›")
     s = res.stats
     print(f"\n--- {legend}")
     print(f"target: {target.name}   draft: {proposer.name if proposer else 'none (plain decoding)'}   "
-          f"γ = {args.gamma}   T = {args.temperature}")
+          + (f"γ = {args.gamma}   " if proposer else "") + f"T = {args.temperature}")
     if s.acceptance_rate is not None:
         from engine.analytic import expected_tokens_per_pass
 

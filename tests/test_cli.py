@@ -94,3 +94,38 @@ def test_draft_confidence_is_checked(tiny_dir, capsys):
     assert rc != 0 and "draft head only" in capsys.readouterr().err
     rc = main(["generate", "--prompt", "w1 w2", "--target", tiny_dir, "--draft-confidence", "1.5"])
     assert rc != 0 and "[0, 1)" in capsys.readouterr().err
+
+
+def test_plain_target_steps_are_marked_without_colour(tiny_dir, capsys):
+    """Without colour, plain target steps (no draft that round) are wrapped ‹…›, one pair per run, so they
+    never read as accepted draft tokens; with no draft, γ is not shown."""
+    from engine.cli import marked_text
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return f"t{ids[0]} "
+
+    origins = [(1, "plain"), (2, "plain"), (3, "accepted"), (4, "correction"), (5, "plain"), (6, "bonus")]
+    assert marked_text(Tok(), origins, color=False) == "‹t1 t2 ›t3 ⟨t4 ⟩‹t5 ›«t6 »"
+    assert marked_text(Tok(), origins[:2], color=True) == "t1 t2 "  # uncoloured in colour mode
+    rc = main(["generate", "--prompt", "w1 w2 w3", "--target", tiny_dir, "--draft", "none",
+               "--max-new-tokens", "5", "--no-chat", "--color", "never"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("‹") and first.endswith("›") and first.count("‹") == 1
+    assert "‹target steps without a draft›" in out and "γ =" not in out
+
+
+def test_help_names_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "engine.models" not in out
+    assert "default: embedded-head for the embedded target" in out and "2 for embedded-head" in out
+
+
+def test_unknown_draft_lists_the_valid_drafts(tiny_dir, capsys):
+    assert main(["generate", "--prompt", "hi", "--target", tiny_dir, "--draft", "bogus", "--no-chat"]) == 2
+    err = capsys.readouterr().err
+    assert "Could not load 'bogus'" in err and "ngram, early-exit:K" in err
