@@ -112,6 +112,9 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence < 1.0:
         raise InputError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}.")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load on every run; first loads report through progress()
     target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress)
     if args.draft_confidence is not None:
         if not hasattr(proposer, "confidence_threshold"):

@@ -129,3 +129,9 @@ def test_unknown_draft_lists_the_valid_drafts(tiny_dir, capsys):
     assert main(["generate", "--prompt", "hi", "--target", tiny_dir, "--draft", "bogus", "--no-chat"]) == 2
     err = capsys.readouterr().err
     assert "Could not load 'bogus'" in err and "ngram, early-exit:K" in err
+
+
+def test_no_subcommand_names_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        main([])
+    assert "{prepare,generate}" in capsys.readouterr().err
