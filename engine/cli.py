@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -71,19 +72,16 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
 def marked_text(tokenizer, origins: list[tuple[int, str]], color: bool) -> str:
     """The generated text with each token marked by origin (``engine.trace.ORIGINS``): ANSI colours, or
     without colour the ``MARKS`` brackets (a run of consecutive plain target steps shares one pair)."""
+    def text(t: int) -> str:
+        return tokenizer.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    if color:
+        return "".join(f"{COLORS[o]}{text(t)}{RESET if COLORS[o] else ''}" for t, o in origins)
     pieces: list[str] = []
-    prev = None
-    for t, origin in origins:
-        s = tokenizer.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if color:
-            pieces.append(f"{COLORS[origin]}{s}{RESET if COLORS[origin] else ''}")
-            continue
+    for origin, run in itertools.groupby(origins, key=lambda x: x[1]):
         a, b = MARKS[origin]
-        if origin == "plain" and prev == "plain":
-            pieces[-1] = pieces[-1][:-len(b)] + s + b  # extend the open group
-        else:
-            pieces.append(f"{a}{s}{b}")
-        prev = origin
+        words = [text(t) for t, _ in run]
+        pieces += [a + "".join(words) + b] if origin == "plain" else [a + w + b for w in words]
     return "".join(pieces)
 
 
