@@ -97,6 +97,36 @@ class FeatureHead(nn.Module):
             self.fc.weight[:, H:] = torch.eye(H)
             self.fc.bias.zero_()
 
+    def grow(self, n_layers: int, target_model: nn.Module) -> "FeatureHead":
+        """A deeper head that computes exactly what this one computes, to continue training with more layers.
+
+        The new layers go after the trained ones. Each starts from the target's last layer with its output
+        projections (attention ``o_proj`` and MLP ``down_proj``) set to zero, so it adds nothing to the
+        residual stream until training moves them (the zero-initialised residual branch of ReZero, Bachlechner
+        et al. 2020). fc, the trained layers, the final norm and ``vocab_ids`` are copied.
+
+        Returns:
+            a new bound head with ``n_layers`` layers.
+
+        Raises:
+            ValueError: ``n_layers`` is not larger than this head's.
+        """
+        if n_layers <= self.n_layers:
+            raise ValueError(f"grow needs more than the head's {self.n_layers} layer(s), got {n_layers}.")
+        big = FeatureHead(target_model.config, n_layers, self.vocab_ids)
+        big.init_from_target(target_model)
+        big.fc.load_state_dict(self.fc.state_dict())
+        big.body.norm.load_state_dict(self.body.norm.state_dict())
+        with torch.no_grad():
+            for i, layer in enumerate(big.body.layers):
+                if i < self.n_layers:
+                    layer.load_state_dict(self.body.layers[i].state_dict())
+                else:
+                    layer.self_attn.o_proj.weight.zero_()
+                    layer.mlp.down_proj.weight.zero_()
+        p = self.fc.weight
+        return big.to(device=p.device, dtype=p.dtype).bind(target_model)
+
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """Predicted next features.

@@ -257,10 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-batch", type=int, default=96)
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--feature-dtype", default="bf16", choices=["bf16", "fp32"])
-    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers in the head (default 1, or the --init head's); more than the --init "
+                         "head's adds layers that start as the identity (FeatureHead.grow)")
     ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--init", default="", help="continue from a saved head folder (its draft vocabulary and "
-                    "layers are kept)")
+    ap.add_argument("--init", default="", help="continue from a saved head folder (its draft vocabulary is kept, and its "
+                    "layers unless --layers asks for more)")
     ap.add_argument("--train-minutes", type=float, default=25.0)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
@@ -330,11 +332,15 @@ def main(argv: list[str] | None = None) -> int:
 
         head = load_head(args.init, model).float()
         head.bind(model)
+        if args.layers is not None and args.layers < head.n_layers:
+            raise InputError(f"--layers {args.layers} is fewer than the {head.n_layers} layer(s) of {args.init}.")
+        if args.layers is not None and args.layers > head.n_layers:
+            head = head.grow(args.layers, model)
         vocab = head.vocab_ids
         _log(f"[train] continuing from {args.init}")
     else:
         vocab = draft_vocabulary(samples, args.draft_vocab, vocab_size)
-        head = FeatureHead(model.config, args.layers, vocab)
+        head = FeatureHead(model.config, args.layers or 1, vocab)
         head.init_from_target(model)
         head.bind(model)
     n_params = sum(p.numel() for p in head.parameters())

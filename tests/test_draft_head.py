@@ -208,3 +208,28 @@ def test_head_without_features_proposes_nothing(tiny):
     assert first.drafted == []
     second = dec.step()
     assert len(second.drafted) == 3
+
+
+def test_grow_adds_layers_that_start_as_the_identity(tiny, tmp_path):
+    """A grown head computes what the original computes; its new layer is in the path (changing its output
+    projection changes the result); it saves and reloads with the new depth and stays exact as a draft."""
+    target = tiny["target"]
+    head = load_head(tiny["head_dir"], target.model)
+    big = head.grow(2, target.model)
+    assert big.n_layers == 2 and len(big.body.layers) == 2
+    torch.manual_seed(1)
+    tok, feats = torch.randint(0, 32, (2, 9)), torch.randn(2, 9, target.model.config.hidden_size)
+    with torch.no_grad():
+        assert torch.equal(head(tok, feats), big(tok, feats))
+        assert torch.equal(big.vocab_ids, head.vocab_ids)
+        big.body.layers[1].self_attn.o_proj.weight.normal_(0, 0.5)
+        assert not torch.allclose(head(tok, feats), big(tok, feats))
+    save_head(big, tmp_path / "big")
+    again = load_head(tmp_path / "big", target.model)
+    assert again.n_layers == 2
+    ids = PROMPTS[1]
+    got = generate(target, make_proposer(str(tmp_path / "big"), target), ids, gamma=3, max_new_tokens=16,
+                   stop_on_eos=False).token_ids
+    assert got == hf_greedy(target, ids, 16)
+    with pytest.raises(ValueError, match="more than"):
+        head.grow(1, target.model)
