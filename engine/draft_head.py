@@ -127,6 +127,18 @@ class FeatureHead(nn.Module):
         p = self.fc.weight
         return big.to(device=p.device, dtype=p.dtype).bind(target_model)
 
+    def with_vocab(self, vocab_ids: torch.Tensor, target_model: nn.Module) -> "FeatureHead":
+        """The same head proposing from another draft vocabulary (its LM head rows are the target's, so
+        only ``vocab_ids`` changes; a smaller vocabulary makes each draft step cheaper).
+
+        Returns:
+            a new bound head.
+        """
+        head = FeatureHead(target_model.config, self.n_layers, vocab_ids)
+        head.load_state_dict({k: v for k, v in self.state_dict().items() if k != "vocab_ids"}, strict=False)
+        p = self.fc.weight
+        return head.to(device=p.device, dtype=p.dtype).bind(target_model)
+
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """Predicted next features.

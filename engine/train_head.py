@@ -260,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=None,
                     help="decoder layers in the head (default 1, or the --init head's); more than the --init "
                          "head's adds layers that start as the identity (FeatureHead.grow)")
-    ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--init", default="", help="continue from a saved head folder (its draft vocabulary is kept, and its "
-                    "layers unless --layers asks for more)")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="ids the head may propose (default 8192, or the --init head's; with --init another "
+                         "size re-selects the most frequent ids, FeatureHead.with_vocab)")
+    ap.add_argument("--init", default="", help="continue from a saved head folder (its layers and draft vocabulary are kept "
+                    "unless --layers or --draft-vocab say otherwise)")
     ap.add_argument("--train-minutes", type=float, default=25.0)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
@@ -336,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"--layers {args.layers} is fewer than the {head.n_layers} layer(s) of {args.init}.")
         if args.layers is not None and args.layers > head.n_layers:
             head = head.grow(args.layers, model)
+        if args.draft_vocab is not None and args.draft_vocab != head.vocab_ids.numel():
+            head = head.with_vocab(draft_vocabulary(samples, args.draft_vocab, vocab_size), model)
         vocab = head.vocab_ids
         _log(f"[train] continuing from {args.init}")
     else:
-        vocab = draft_vocabulary(samples, args.draft_vocab, vocab_size)
+        vocab = draft_vocabulary(samples, args.draft_vocab or 8192, vocab_size)
         head = FeatureHead(model.config, args.layers or 1, vocab)
         head.init_from_target(model)
         head.bind(model)

@@ -233,3 +233,22 @@ def test_grow_adds_layers_that_start_as_the_identity(tiny, tmp_path):
     assert got == hf_greedy(target, ids, 16)
     with pytest.raises(ValueError, match="more than"):
         head.grow(1, target.model)
+
+
+def test_with_vocab_keeps_the_features_and_proposes_only_the_new_ids(tiny):
+    target = tiny["target"]
+    head = load_head(tiny["head_dir"], target.model)
+    small = head.with_vocab(torch.tensor([3, 5, 7]), target.model)
+    torch.manual_seed(2)
+    tok, feats = torch.randint(0, 32, (1, 6)), torch.randn(1, 6, target.model.config.hidden_size)
+    with torch.no_grad():
+        y = head(tok, feats)
+        assert torch.equal(y, small(tok, feats))
+        w = target.model.get_output_embeddings().weight
+        assert torch.allclose(small.logits(y), y @ w[[3, 5, 7]].T)
+    prop = FeatureHeadProposer(small, target)
+    ids = PROMPTS[0]
+    res = generate(target, prop, ids, gamma=3, max_new_tokens=12, stop_on_eos=False)
+    drafted = {d.token_id for r in res.rounds for d in r.drafted}
+    assert drafted and drafted <= {3, 5, 7}
+    assert res.token_ids == hf_greedy(target, ids, 12)
