@@ -32,19 +32,20 @@ def add_generate(sub) -> None:
                         "--draft none)")
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
-                        "below this (0..1; default: off)")
+                        "below this, in [0, 1) (default: off)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling draws (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--baseline", action="store_true",
                    help="also decode without speculation (same settings and seed) and report the speedup")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="colour tokens by origin (auto: when printing to a terminal)")
     p.set_defaults(func=run_generate)
 
 
@@ -99,6 +100,7 @@ def _default_gamma_help() -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     from engine.sampling import SamplingConfig
+    from engine.live_view import compare_baseline
     from engine.speculative import encode_prompt, generate
 
     def progress(msg, frac):
@@ -126,13 +128,19 @@ def run_generate(args: argparse.Namespace) -> int:
     kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
     res = generate(target, proposer, ids, **kw)
     base = generate(target, None, ids, **kw) if args.baseline else None
+    # time per token, not total time: under sampling the two runs may generate different numbers of tokens
+    cmp = compare_baseline(res.token_ids, res.stats, base.token_ids, base.stats) if base is not None else None
     if args.json:
         out = res.to_dict()
         out["draft"] = draft_spec
-        if base is not None:
+        out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
+                           "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                           "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat}
+        if cmp is not None:
             out["stats"]["baseline_tokens_per_s"] = base.stats.tokens_per_s
-            out["stats"]["speedup"] = base.stats.total_ms / res.stats.total_ms
-            out["stats"]["identical_to_baseline"] = base.token_ids == res.token_ids
+            out["stats"]["baseline_new_tokens"] = base.stats.new_tokens
+            out["stats"]["speedup"] = cmp.speedup
+            out["stats"]["identical_to_baseline"] = cmp.identical
         json.dump(out, sys.stdout, ensure_ascii=False)
         print()
         return 0
@@ -159,8 +167,9 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'} in {s.rounds} round{'' if s.rounds == 1 else 's'}, "
           f"{s.total_ms:.0f} ms "
           f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)")
-    if base is not None:
-        same = "identical" if base.token_ids == res.token_ids else "different (sampling)"
-        print(f"baseline: {base.stats.tokens_per_s:.1f} tokens/s; speedup "
-              f"{base.stats.total_ms / res.stats.total_ms:.2f}×; outputs {same}")
+    if cmp is not None:
+        same = "identical" if cmp.identical else "different (sampling)"
+        sp = "—" if cmp.speedup is None else f"{cmp.speedup:.2f}×"
+        print(f"baseline: {base.stats.tokens_per_s:.1f} tokens/s; speedup {sp} (tokens/s ÷ baseline tokens/s); "
+              f"outputs {same}")
     return 0

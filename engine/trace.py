@@ -112,7 +112,9 @@ class RunStats:
         tokens_per_target_pass: new tokens ÷ rounds (bonus and corrections included).
         acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
             evaluated, i.e. P(accept at i | all before accepted).
-        draft_ms_per_token: mean draft time per draft token (ms).
+        draft_ms_per_token: draft time of all rounds ÷ draft tokens (ms per token; rounds that proposed
+            nothing count with their time), leaving out the first round that drafted when later rounds
+            drafted too: that round also runs the draft over the prompt (its prefill).
         verify_ms_mean: mean time of a target verify pass (ms), over rounds that ran one (a pass that
             also prefilled the prompt is not counted).
         draft_cost_ratio: c = draft_ms_per_token ÷ target pass time (the ``c`` of the analytic model).
@@ -161,13 +163,19 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
             kept[i] = kept.get(i, 0) + (d.verdict == "accepted")
     by_pos = [kept[i] / evaluated[i] for i in sorted(evaluated)]
     judged = sum(evaluated.values())
-    draft_ms = sum(r.draft_ms for r in rounds)
     # a round with no target pass (the first one, when the prefill pass already gave its p) is not a
     # pass; a pass that also prefilled the prompt is a prefill more than a verify pass
     passes = [r for r in rounds if r.tokens_verified > 0 and not r.prefill_tokens]
     verify = [r.verify_ms for r in passes]
     verify_mean = statistics.fmean(verify) if verify else None
-    draft_per_tok = draft_ms / drafted if drafted else None
+    # the first round that drafts also runs the draft over the whole prompt (the draft model's or early
+    # exit's prefill, the head's pass over the prompt's features): like the target's prefill, it is not a
+    # draft step, so c leaves that round out when later rounds drafted too
+    drafting = [i for i, r in enumerate(rounds) if r.n_drafted]
+    skip = drafting[0] if len(drafting) > 1 else None
+    steady_ms = sum(r.draft_ms for i, r in enumerate(rounds) if i != skip)  # empty proposals cost time too
+    steady_drafted = sum(r.n_drafted for i, r in enumerate(rounds) if i != skip)
+    draft_per_tok = steady_ms / steady_drafted if steady_drafted else None
     by_tokens: dict[int, list[float]] = {}
     for r in passes:
         by_tokens.setdefault(r.tokens_verified, []).append(r.verify_ms)

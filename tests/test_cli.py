@@ -135,3 +135,22 @@ def test_no_subcommand_names_the_commands(capsys):
     with pytest.raises(SystemExit):
         main([])
     assert "{prepare,generate}" in capsys.readouterr().err
+
+
+def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):
+    """Under sampling the two runs may stop at EOS after different numbers of tokens: the speedup is the
+    ratio of tokens/s (time per token), not of total times; the settings are recorded."""
+    for seed in range(40):
+        rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", "ngram",
+                   "--gamma", "3", "--max-new-tokens", "12", "--json", "--baseline", "--no-chat",
+                   "--temperature", "1.5", "--seed", str(seed)])
+        assert rc == 0
+        out = json.loads(capsys.readouterr().out)
+        st = out["stats"]
+        if st["baseline_new_tokens"] != len(out["token_ids"]):
+            break
+    else:
+        pytest.fail("no seed gave runs of different lengths")
+    assert st["speedup"] == pytest.approx(st["tokens_per_s"] / st["baseline_tokens_per_s"], rel=1e-9)
+    assert out["settings"] == {"target": tiny_dir, "draft": "ngram", "gamma": 3, "temperature": 1.5, "top_k": 0,
+                               "top_p": 1.0, "seed": seed, "max_new_tokens": 12, "chat": False}

@@ -176,6 +176,22 @@ def test_compare_baseline_speedup():
     assert not c.identical and c.first_difference == 7
 
 
+def test_draft_cost_leaves_out_the_drafts_prefill_round():
+    """c leaves out the first drafting round (the draft also ran over the prompt then), keeps rounds that
+    proposed nothing, and falls back to the only drafting round when there is no other."""
+    def rnd(i, n_drafted, draft_ms):
+        return Round(index=i, context_len=5, drafted=[_pos(1, "a", "accepted")] * n_drafted, n_accepted=n_drafted,
+                     next_token_id=1, next_text="a", next_kind="bonus", next_top_p=[], residual_top=None,
+                     emitted_ids=[1] * (n_drafted + 1), draft_ms=draft_ms, verify_ms=10.0,
+                     tokens_verified=n_drafted + 1)
+    s = run_stats([rnd(0, 2, 50.0), rnd(1, 2, 2.0), rnd(2, 0, 0.5)], prefill_ms=0.0, total_ms=100.0)
+    # (2 ms + 0.5 ms) / 2 draft tokens = 1.25 ms per token; ÷ mean verify 10 ms = 0.125
+    assert s.draft_ms_per_token == pytest.approx(1.25)
+    assert s.draft_cost_ratio == pytest.approx(0.125)
+    only = run_stats([rnd(0, 2, 50.0), rnd(1, 0, 1.0)], prefill_ms=0.0, total_ms=100.0)
+    assert only.draft_ms_per_token == pytest.approx(25.5)  # (50 + 1) / 2: nothing else to go by
+
+
 def test_measured_run_record():
     s = _stats(4, 100.0)
     rec = measured_run(s, gamma=4, measured_speedup=1.5)
