@@ -288,6 +288,14 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) ->
                            measured_speedup=sp, gamma=int(gamma))
 
 
+def default_preset(draft_kind: str) -> str:
+    """The live page's default prompt preset for its default draft kind: the code edit for prompt lookup
+    (its answer copies the quoted code), the chat question for a trained draft, which predicts free text
+    (measured on the embedded target with the shipped head: about 1.0× plain on the code edit, 1.3–1.4× on
+    chat prompts; assets/smollm2-head/README.md)."""
+    return "code" if draft_kind == "ngram" else "chat"
+
+
 def default_draft_kind(spec: str | None = None) -> str:
     """The live page's draft kind for a draft spec (default: ``engine.models.default_draft_spec()``):
     "head" (the trained draft head), "draft" (the trained draft model) or "ngram" (prompt lookup)."""

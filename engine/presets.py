@@ -1,7 +1,7 @@
 """Prompt presets of the live speculative decoding page.
 
-Three kinds of request that behave differently under speculation: a chat question (free text; only a
-draft model predicts it), a code-editing request that quotes the code to edit (the answer copies long
+Three kinds of request that behave differently under speculation: a chat question (free text: a trained
+draft predicts it, prompt lookup finds little to copy), a code-editing request that quotes the code to edit (the answer copies long
 stretches of the prompt, which is where prompt lookup shines), and a summary of a quoted paragraph
 (copies some phrases).
 """

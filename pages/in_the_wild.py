@@ -26,7 +26,8 @@ st.caption("FlashAttention-style fused attention kernels are the default attenti
            "GPU builds; only the transformers line is stated here because it was checked against the "
            "installed source.")
 st.markdown(
-    "This app's own engine offers four drafts on the **Live** page: a trained EAGLE-style head on the "
-    "target's own hidden states, a trained small draft model, prompt lookup and early exit; "
+    "This app's own engine offers five drafts on the **Live** page: a trained EAGLE-style head on the "
+    "target's own hidden states, a trained small draft model, prompt lookup, early exit, and any draft "
+    "model that shares the target's tokenizer; "
     "`benchmarks/bench_speculative.py` compares it with transformers' `assistant_model`, "
     "`prompt_lookup_num_tokens` and `assistant_early_exit` on this machine.")

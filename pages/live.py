@@ -17,7 +17,7 @@ from app.teaching import check_yourself, safe_questions
 from engine.analytic import expected_tokens_per_pass
 from engine.errors import InputError, SpeedupLabError
 from engine.live_view import (
-    chart_labels, compare_baseline, default_draft_kind, focus_position, generated_markdown,
+    chart_labels, compare_baseline, default_draft_kind, default_preset, focus_position, generated_markdown,
     generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
     round_summary, verdict_frame, visible,
 )
@@ -56,8 +56,9 @@ st.markdown(
 
 # ------------------------------------------------------------------------------------------ settings
 url_param("lv_target", EMBEDDED, str)
-url_param("lv_preset", "code", str, choices=list(PROMPT_PRESETS) + [CUSTOM])
 _default_spec = default_draft_spec(st.session_state["lv_target"].strip() or EMBEDDED)
+url_param("lv_preset", default_preset(default_draft_kind(_default_spec)), str,
+          choices=list(PROMPT_PRESETS) + [CUSTOM])
 url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT_KINDS))
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
@@ -334,7 +335,11 @@ else:
                      "draft proposed fewer than γ tokens (prompt lookup without a match, the end of "
                      "the run) pull the measured value below E.")
     m[2].metric("Measured c (draft step ÷ target pass)",
-                "—" if stats.draft_cost_ratio is None else f"{stats.draft_cost_ratio:.3f}")
+                "—" if stats.draft_cost_ratio is None else f"{stats.draft_cost_ratio:.3f}",
+                help="Draft time per draft token ÷ mean target verify pass, in this run. The first round "
+                     "that drafts is left out: it also runs the draft over the prompt. Many small draft "
+                     "operations slow down more than one big target pass when other programs (a browser "
+                     "on the same machine) share the CPU, so c measured here can exceed a benchmark's.")
     m[3].metric("Speculative tokens/s", "—" if stats.tokens_per_s is None else f"{stats.tokens_per_s:.1f}")
     m2 = st.columns(4)
     m2[0].metric("Baseline tokens/s",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from engine.live_view import default_preset
 from engine.presets import CUSTOM, preset_text
 from tests.tiny_models import WORDS, save_tiny_llama
 
@@ -196,3 +197,17 @@ def test_reset_after_finishing_enables_step(tiny):
     assert at.button(key="lv_step").disabled  # finished
     at = _click(at, "lv_reset")
     assert not at.button(key="lv_step").disabled and not at.session_state["lv_dec"].rounds
+
+
+def test_default_preset_follows_the_default_draft(tiny):
+    """The embedded target's default draft is the trained head, which predicts free text: the page opens on
+    the chat question. Another target's default draft is prompt lookup: it opens on the code edit."""
+    assert default_preset("head") == "chat" and default_preset("draft") == "chat"
+    assert default_preset("ngram") == "code"
+    for target, preset in ((tiny, "code"), ("embedded", "chat")):
+        at = AppTest.from_file(PAGE, default_timeout=120)
+        at.query_params["lv_target"] = target
+        at.run()
+        assert not at.exception, at.exception
+        assert at.session_state["lv_preset"] == preset
+        assert at.session_state["lv_prompt"] == preset_text(preset)
