@@ -185,6 +185,8 @@ def round_summary(rnd: Round) -> str:
     fed = f"{rnd.tokens_verified} token{'' if rnd.tokens_verified == 1 else 's'} in the target pass"
     if rnd.prefill_tokens:
         fed += f", {rnd.prefill_tokens} of them the prompt: this pass was also the prefill"
+    elif n and rnd.tokens_verified == n:
+        fed += ": only the draft tokens, since the prefill pass already gave p for the first one"
     return (f"Round {rnd.index + 1}: {n} drafted, {rnd.n_accepted} accepted, {len(rnd.emitted_ids)} "
             f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms ({fed}).")
 

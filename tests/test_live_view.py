@@ -277,3 +277,17 @@ def test_round_summary_of_a_pass_that_also_prefilled_the_prompt():
     assert round_summary(rnd) == ("Round 1: 1 drafted, 1 accepted, 2 emitted — all accepted, the target added a "
                                   "bonus token. Draft 1.0 ms, verify 20.0 ms (6 tokens in the target pass, 5 of "
                                   "them the prompt: this pass was also the prefill).")
+
+
+def test_round_summary_of_a_first_pass_after_the_prefill():
+    """After a separate prefill pass, the first verify pass feeds only the draft tokens (the prefill gave p
+    for the first one); later passes also feed the last emitted token."""
+    from engine.live_view import round_summary
+
+    def rnd(fed):
+        return Round(index=0, context_len=5, drafted=[_pos(5, "a", "accepted", acc=1.0)] * 2, n_accepted=2,
+                     next_token_id=8, next_text="b", next_kind="bonus", next_top_p=[], residual_top=None,
+                     emitted_ids=[5, 5, 8], draft_ms=1.0, verify_ms=20.0, tokens_verified=fed)
+    assert round_summary(rnd(2)).endswith("(2 tokens in the target pass: only the draft tokens, since the "
+                                          "prefill pass already gave p for the first one).")
+    assert round_summary(rnd(3)).endswith("(3 tokens in the target pass).")
