@@ -59,7 +59,13 @@ def test_kv_cache_buttons_measure_and_real_check(page, app_url):
     # wrong result ("NO ✗") still fails after the attempts
     for attempt in range(3):
         wait_idle(page)
-        page.get_by_role("button", name="Run the embedded model").click()
+        button = page.get_by_role("button", name="Run the embedded model")
+        try:
+            button.wait_for(timeout=30_000)
+        except PlaywrightTimeoutError:  # seen once in a full run: say what the page showed instead
+            alerts = page.locator('[data-testid="stAlert"], [data-testid="stException"]').all_inner_texts()
+            raise AssertionError(f"no 'Run the embedded model' button; url {page.url}; alerts {alerts}") from None
+        button.click()
         try:
             page.get_by_text("yes ✓").first.wait_for(timeout=60_000)
             break
