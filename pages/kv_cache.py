@@ -286,9 +286,13 @@ if whatif:
 
 # ---------------------------------------------------------------------------------------------- this machine
 st.subheader("This machine")
-if st.button("Measure this machine (≈ 1 s: a tensor copy and a matmul)", key="measure"):
+def _measure() -> None:
+    # a callback runs before the script, so the device list above already has the result: no st.rerun(),
+    # whose interrupted run could leave the sliders' state at their minimums (seen in full e2e runs)
     st.session_state["measured_hw"] = measure_this_machine()
-    st.rerun()
+
+
+st.button("Measure this machine (≈ 1 s: a tensor copy and a matmul)", key="measure", on_click=_measure)
 if measured is not None:
     st.caption(f"**{measured.name}**: memory {format_bytes(measured.memory_bytes)}, bandwidth "
                f"{measured.bandwidth / 1e9:,.1f} GB/s, matmul {measured.peak_flops / 1e12:,.3f} TFLOP/s "
