@@ -1,9 +1,9 @@
 """Prompt presets of the live speculative decoding page.
 
 Three kinds of request that behave differently under speculation: a chat question (free text: a trained
-draft predicts it, prompt lookup finds little to copy), a code-editing request that quotes the code to edit (the answer copies long
-stretches of the prompt, which is where prompt lookup shines), and a summary of a quoted paragraph
-(copies some phrases).
+draft predicts it, prompt lookup finds little to copy), a code-editing request that quotes the code to
+edit (the answer copies long stretches of the prompt, which is where prompt lookup shines), and a summary
+of a quoted paragraph (copies some phrases).
 """
 
 from __future__ import annotations

@@ -275,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers must be at least 1, got {args.layers}")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        ap.error(f"--draft-vocab must be at least 1, got {args.draft_vocab}")
+    if args.init and not Path(args.init).is_dir():
+        ap.error(f"--init {args.init!r} is not a folder holding a saved draft head")
     if args.threads:
         torch.set_num_threads(args.threads)
     from engine.models import load_model

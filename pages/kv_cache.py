@@ -69,6 +69,12 @@ def _on_preset() -> None:
         _apply(spec)
 
 
+def _measure() -> None:
+    # a callback runs before the script, so the device list already has the result: no st.rerun(), whose
+    # interrupted run could leave the sliders' state at their minimums (seen in full e2e runs)
+    st.session_state["measured_hw"] = measure_this_machine()
+
+
 def _on_hub() -> None:
     try:
         spec = load_hub_config(st.session_state.get("hub_id", ""))
@@ -286,12 +292,6 @@ if whatif:
 
 # ---------------------------------------------------------------------------------------------- this machine
 st.subheader("This machine")
-def _measure() -> None:
-    # a callback runs before the script, so the device list above already has the result: no st.rerun(),
-    # whose interrupted run could leave the sliders' state at their minimums (seen in full e2e runs)
-    st.session_state["measured_hw"] = measure_this_machine()
-
-
 st.button("Measure this machine (≈ 1 s: a tensor copy and a matmul)", key="measure", on_click=_measure)
 if measured is not None:
     st.caption(f"**{measured.name}**: memory {format_bytes(measured.memory_bytes)}, bandwidth "

@@ -92,3 +92,14 @@ def test_shipped_head_is_exact_and_accepts_on_the_embedded_target():
     # a trained head agrees with the target far more often than chance (measured α̂ is in the model card;
     # an untrained head accepts ~0 of 49k-way guesses)
     assert res.stats.acceptance_rate > 0.25, res.stats.acceptance_rate
+
+
+@pytest.mark.parametrize("args, msg", [(["--layers", "0"], "--layers must be at least 1"),
+                                       (["--draft-vocab", "0"], "--draft-vocab must be at least 1"),
+                                       (["--init", "/no/such/head"], "not a folder holding a saved draft head")])
+def test_bad_arguments_stop_before_any_work(args, msg, capsys):
+    from engine.train_head import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
