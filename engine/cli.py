@@ -32,7 +32,7 @@ def add_generate(sub) -> None:
                         "--draft none)")
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
-                        "below this, in [0, 1) (default: off)")
+                        f"below this, in [0, 1) (default: {_default_confidence_help()})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
@@ -92,6 +92,12 @@ def _default_draft_help() -> str:
     return f"{default_draft_spec()} for the embedded target, ngram for any other"
 
 
+def _default_confidence_help() -> str:
+    from engine.models import EMBEDDED_HEAD, default_draft_confidence
+
+    return f"{default_draft_confidence(EMBEDDED_HEAD):g} for embedded-head, off for a head folder"
+
+
 def _default_gamma_help() -> str:
     from engine.models import EMBEDDED_HEAD, default_gamma
 
@@ -135,7 +141,8 @@ def run_generate(args: argparse.Namespace) -> int:
         out["draft"] = draft_spec
         out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                           "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat}
+                           "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
+                           "draft_confidence": getattr(proposer, "confidence_threshold", None)}
         if cmp is not None:
             out["stats"]["baseline_tokens_per_s"] = base.stats.tokens_per_s
             out["stats"]["baseline_new_tokens"] = base.stats.new_tokens
@@ -153,7 +160,9 @@ def run_generate(args: argparse.Namespace) -> int:
     s = res.stats
     print(f"\n--- {legend}")
     print(f"target: {target.name}   draft: {proposer.name if proposer else 'none (plain decoding)'}   "
-          + (f"γ = {args.gamma}   " if proposer else "") + f"T = {args.temperature}")
+          + (f"γ = {args.gamma}   " if proposer else "")
+          + (f"confidence gate = {proposer.confidence_threshold:g}   "
+             if getattr(proposer, "confidence_threshold", 0) else "") + f"T = {args.temperature}")
     if s.acceptance_rate is not None:
         from engine.analytic import expected_tokens_per_pass
 

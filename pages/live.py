@@ -21,7 +21,8 @@ from engine.live_view import (
     generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
     round_summary, verdict_frame, visible,
 )
-from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
+from engine.models import (EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_confidence,
+                           default_draft_spec, default_gamma)
 from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.proposers import make_proposer
 from engine.sampling import SamplingConfig
@@ -29,6 +30,7 @@ from engine.teaching import live_questions
 from engine.speculative import SpeculativeDecoder, encode_prompt
 
 GAMMA_MAX = 16
+CONF_MAX = 0.95  # the draft head's confidence gate slider (the engine accepts [0, 1))
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 DRAFT_KINDS = {
@@ -42,7 +44,7 @@ DRAFT_KINDS = {
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
-            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed"]
+            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
 
 st.title("🔴 Live speculative decoding")
 st.markdown(
@@ -63,6 +65,7 @@ url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
 url_param("lv_gamma", default_gamma(_default_spec), int, lo=1, hi=GAMMA_MAX)
+url_param("lv_conf", default_draft_confidence(EMBEDDED_HEAD), float, lo=0.0, hi=CONF_MAX)
 url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0)
 url_param("lv_topk", 0, int, lo=0, hi=1000)
 url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0)
@@ -115,6 +118,12 @@ with st.sidebar:
         st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
                       help="Must share the target's tokenizer.")
     st.slider("γ (draft tokens per round)", 1, GAMMA_MAX, key="lv_gamma")
+    if st.session_state["lv_draft"] == "head":
+        st.slider("Confidence gate (0 = off)", 0.0, CONF_MAX, step=0.05, key="lv_conf",
+                  help="The head stops a round's draft at the first token whose top probability under "
+                       "the head is below this, so a round can propose fewer than γ tokens (or none: a "
+                       "plain decoding step). Guesses the target would likely reject then cost neither a "
+                       "draft step nor a longer target pass (EAGLE-2). The output law is unchanged.")
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
     st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
     st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")
@@ -128,7 +137,7 @@ sync_url(URL_KEYS)
 S = st.session_state
 config = (S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
           S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
-          float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]))
+          float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]))
 
 
 def _proposer(cfg, tgt):
@@ -140,7 +149,9 @@ def _proposer(cfg, tgt):
             raise InputError("Early exit needs a target with at least 2 layers.")
         return make_proposer(f"early-exit:{cfg[3]}", tgt)
     if kind == "head":
-        return make_proposer(EMBEDDED_HEAD, tgt)
+        proposer = make_proposer(EMBEDDED_HEAD, tgt)
+        proposer.confidence_threshold = cfg[11]
+        return proposer
     spec = EMBEDDED_DRAFT if kind == "draft" else cfg[4]
     if not spec:
         raise InputError("Type a draft model: a Hugging Face id in the local cache or a local folder.")
@@ -206,6 +217,10 @@ if greedy:
 if dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
                "1 fewer after a rejection, so a broken copy stops paying for long target passes.")
+if dec.proposer is not None and S["lv_draft"] == "head" and S["lv_conf"] > 0:
+    st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
+               f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
+               "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
 if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
                "probability p(x) and a rejection resamples from p with x removed.")
@@ -332,8 +347,8 @@ else:
                 delta=None if e_alpha is None else f"formula at α̂, γ={dec.gamma}: {e_alpha:.2f}",
                 delta_color="off", delta_arrow="off",
                 help="E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1). Rounds where the "
-                     "draft proposed fewer than γ tokens (prompt lookup without a match, the end of "
-                     "the run) pull the measured value below E.")
+                     "draft proposed fewer than γ tokens (prompt lookup without a match, the draft head's "
+                     "confidence gate, the end of the run) pull the measured value below E.")
     m[2].metric("Measured c (draft step ÷ target pass)",
                 "—" if stats.draft_cost_ratio is None else f"{stats.draft_cost_ratio:.3f}",
                 help="Draft time per draft token ÷ mean target verify pass, in this run. The first round "

@@ -123,6 +123,9 @@ def test_help_names_the_defaults(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "engine.models" not in out
     assert "default: embedded-head for the embedded target" in out and "2 for embedded-head" in out
+    from engine.models import EMBEDDED_HEAD_CONFIDENCE
+
+    assert f"(default: {EMBEDDED_HEAD_CONFIDENCE:g} for embedded-head, off for a head folder)" in out
 
 
 def test_unknown_draft_lists_the_valid_drafts(tiny_dir, capsys):
@@ -153,4 +156,5 @@ def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):
         pytest.fail("no seed gave runs of different lengths")
     assert st["speedup"] == pytest.approx(st["tokens_per_s"] / st["baseline_tokens_per_s"], rel=1e-9)
     assert out["settings"] == {"target": tiny_dir, "draft": "ngram", "gamma": 3, "temperature": 1.5, "top_k": 0,
-                               "top_p": 1.0, "seed": seed, "max_new_tokens": 12, "chat": False}
+                               "top_p": 1.0, "seed": seed, "max_new_tokens": 12, "chat": False,
+                               "draft_confidence": None}

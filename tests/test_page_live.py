@@ -211,3 +211,28 @@ def test_default_preset_follows_the_default_draft(tiny):
         assert not at.exception, at.exception
         assert at.session_state["lv_preset"] == preset
         assert at.session_state["lv_prompt"] == preset_text(preset)
+
+
+def test_confidence_gate_slider_only_for_the_head(tiny):
+    from engine.models import EMBEDDED_HEAD_CONFIDENCE
+
+    at = _app(tiny)  # prompt lookup: no gate
+    assert not [s for s in at.slider if s.key == "lv_conf"]
+    at = _app(tiny, lv_draft="head", lv_conf=5)  # out of range in the URL: clamped to the slider's top
+    assert at.slider(key="lv_conf").value == 0.95
+    at = _app(tiny, lv_draft="head")
+    assert at.slider(key="lv_conf").value == EMBEDDED_HEAD_CONFIDENCE
+
+
+@pytest.mark.slow
+def test_embedded_head_confidence_gate_from_the_url():
+    """A high gate (from a shared link) reaches the head, cuts rounds short and leaves greedy output unchanged."""
+    at = _app("embedded", prompt=None, lv_draft="head", lv_preset="chat", lv_max_new=12, lv_conf=0.9)
+    assert at.slider(key="lv_conf").value == 0.9
+    at = _click(at, "lv_baseline")  # finishes the speculative run, then decodes plainly
+    dec = at.session_state["lv_dec"]
+    assert dec.proposer.confidence_threshold == 0.9
+    # without a gate every round but the last drafts γ tokens
+    assert sum(len(r.drafted) for r in dec.rounds) < dec.gamma * (len(dec.rounds) - 1)
+    assert _metric(at, "Greedy outputs identical?") == "yes"
+    assert "Confidence gate 0.9" in "\n".join(c.value for c in at.caption)

@@ -43,11 +43,16 @@ def test_prefix_cache_timestamp_link(page, app_url):
 @pytest.mark.slow
 def test_prefix_cache_measure_button(page, app_url):
     page.set_viewport_size({"width": 1400, "height": 3200})
-    page.goto(app_url + "/prefix-cache")
+    page.goto(app_url + "/prefix-cache?pc_block=8&pc_capacity=40")   # non-default settings must survive
     wait_idle(page)
     page.get_by_role("button", name="Measure on the embedded model").click()
     _wait_text(page, "TTFT, prefix reused (measured)", timeout_ms=300_000)
     wait_idle(page, timeout_ms=120_000)
     body = page.locator('[data-testid="stMain"]').inner_text()
     assert "same first token (yes)" in body
+    # the measured cost is offered at the top, and the sliders kept their values (the KV page once lost
+    # them after a button's work)
+    assert "Use the measured prefill cost" in body
+    assert "pc_block=8" in page.url and "pc_capacity=40" in page.url, page.url
+    assert "whole blocks of 8)" in body
     screenshot(page, "prefix_cache_measured")
