@@ -96,15 +96,20 @@ def start_tour_button() -> None:
     c1, c2 = st.columns([1, 1])
     if c1.button("▶ Start the guided tour", type="primary", key="tour_start", width="stretch"):
         go_to_stop(0)
-    if c2.button("Presenter mode " + ("off" if st.session_state.get(PRESENT_KEY) else "on"), key="present_toggle",
-                 width="stretch", help="Larger fonts and a hidden sidebar; or add ?present=1 to any page's URL."):
-        on = not st.session_state.get(PRESENT_KEY)
-        st.session_state[PRESENT_KEY] = on
-        if on:
-            st.query_params[PRESENT_KEY] = "1"
-        elif PRESENT_KEY in st.query_params:
-            del st.query_params[PRESENT_KEY]
-        st.rerun()
+    c2.button("Presenter mode " + ("off" if st.session_state.get(PRESENT_KEY) else "on"), key="present_toggle",
+              width="stretch", help="Larger fonts and a hidden sidebar; or add ?present=1 to any page's URL.",
+              on_click=_toggle_presenter)
+
+
+def _toggle_presenter() -> None:
+    """Button callback: runs before the next script run, so the styling follows at once, without an
+    ``st.rerun()`` after the click. The URL changes too: ``init_modes`` reads it on every run."""
+    on = not st.session_state.get(PRESENT_KEY)
+    st.session_state[PRESENT_KEY] = on
+    if on:
+        st.query_params[PRESENT_KEY] = "1"
+    elif PRESENT_KEY in st.query_params:
+        del st.query_params[PRESENT_KEY]
 
 
 def tour_banner() -> None:
@@ -134,6 +139,4 @@ def tour_banner() -> None:
                 st.rerun()
             else:
                 go_to_stop(i + 1)
-        if c3.button("✕ Leave tour", key="tour_leave", width="stretch"):
-            leave_tour()
-            st.rerun()
+        c3.button("✕ Leave tour", key="tour_leave", width="stretch", on_click=leave_tour)
