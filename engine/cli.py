@@ -32,7 +32,7 @@ def add_generate(sub) -> None:
                         "--draft none)")
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
-                        f"below this, in [0, 1) (default: {_default_confidence_help()})")
+                        "below this, in [0, 1) (default: off)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
@@ -90,12 +90,6 @@ def _default_draft_help() -> str:
     from engine.models import default_draft_spec
 
     return f"{default_draft_spec()} for the embedded target, ngram for any other"
-
-
-def _default_confidence_help() -> str:
-    from engine.models import EMBEDDED_HEAD, default_draft_confidence
-
-    return f"{default_draft_confidence(EMBEDDED_HEAD):g} for embedded-head, off for a head folder"
 
 
 def _default_gamma_help() -> str:

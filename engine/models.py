@@ -46,19 +46,6 @@ EMBEDDED_HEAD_GAMMA = 2
 over γ + 1 ≤ 3 tokens costs little more than one decode step; 4 and more cost ~1.5×)."""
 
 
-EMBEDDED_HEAD_CONFIDENCE = 0.2
-"""Confidence gate for the shipped head (``FeatureHeadProposer.confidence_threshold``): a round stops
-drafting at the first token whose top probability under the head is below it. Chosen by
-benchmarks/bench_head.py (benchmarks/results/head.md): at γ = 2 it is as fast as no gate or faster, and
-the tokens it leaves out are mostly ones the target would reject. The output law is unchanged."""
-
-
-def default_draft_confidence(draft_spec: str) -> float:
-    """The default confidence gate for a draft spec: ``EMBEDDED_HEAD_CONFIDENCE`` for the shipped head,
-    else 0 (off; only draft heads have a gate)."""
-    return EMBEDDED_HEAD_CONFIDENCE if draft_spec == EMBEDDED_HEAD else 0.0
-
-
 def default_gamma(draft_spec: str) -> int:
     """The default γ for a draft spec: ``EMBEDDED_HEAD_GAMMA`` for the shipped head, else 4."""
     return EMBEDDED_HEAD_GAMMA if draft_spec == EMBEDDED_HEAD else 4

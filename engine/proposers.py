@@ -453,16 +453,14 @@ def _cached_head(folder: str, target_model: torch.nn.Module):
 
 def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
     """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", "embedded-head" or a folder
-    with a saved draft head (``engine.draft_head``), or a draft model (pass ``draft``). The shipped head
-    ("embedded-head") gets its default confidence gate (``models.EMBEDDED_HEAD_CONFIDENCE``); a head
-    folder gets none; set ``confidence_threshold`` on the proposer to change it.
+    with a saved draft head (``engine.draft_head``), or a draft model (pass ``draft``).
 
     Raises:
         InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model;
         ModelLoadError for a draft head that cannot be loaded for this target.
     """
     from engine.draft_head import is_head_folder
-    from engine.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR, default_draft_confidence
+    from engine.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR
 
     kind = (kind or "").strip()
     if kind in ("none", "baseline"):
@@ -476,7 +474,7 @@ def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = No
             raise ModelLoadError(f"The shipped draft head is missing from {folder}.")
         head = _cached_head(str(folder), target.model)
         label = "trained draft head (EAGLE-style)" if kind == EMBEDDED_HEAD else f"draft head: {kind}"
-        return FeatureHeadProposer(head, target, name=label, confidence_threshold=default_draft_confidence(kind))
+        return FeatureHeadProposer(head, target, name=label)
     if kind == "ngram":
         # adaptive length: measured faster than a fixed γ on chat and code edits
         # (benchmarks/results/speculative.md, "adaptive length" rows)

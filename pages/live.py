@@ -21,8 +21,7 @@ from engine.live_view import (
     generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
     round_summary, verdict_frame, visible,
 )
-from engine.models import (EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_confidence,
-                           default_draft_spec, default_gamma)
+from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
 from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.proposers import make_proposer
 from engine.sampling import SamplingConfig
@@ -65,7 +64,7 @@ url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
 url_param("lv_gamma", default_gamma(_default_spec), int, lo=1, hi=GAMMA_MAX)
-url_param("lv_conf", default_draft_confidence(EMBEDDED_HEAD), float, lo=0.0, hi=CONF_MAX)
+url_param("lv_conf", 0.0, float, lo=0.0, hi=CONF_MAX)  # off: α̂ and γ keep the analytic model's meaning
 url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0)
 url_param("lv_topk", 0, int, lo=0, hi=1000)
 url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0)
@@ -123,7 +122,8 @@ with st.sidebar:
                   help="The head stops a round's draft at the first token whose top probability under "
                        "the head is below this, so a round can propose fewer than γ tokens (or none: a "
                        "plain decoding step). Guesses the target would likely reject then cost neither a "
-                       "draft step nor a longer target pass (EAGLE-2). The output law is unchanged.")
+                       "draft step nor a longer target pass (EAGLE-2). The output law is unchanged. Off by "
+                       "default, so that γ and α̂ mean what they mean in the formulas.")
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
     st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
     st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")

@@ -123,9 +123,6 @@ def test_help_names_the_defaults(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "engine.models" not in out
     assert "default: embedded-head for the embedded target" in out and "2 for embedded-head" in out
-    from engine.models import EMBEDDED_HEAD_CONFIDENCE
-
-    assert f"(default: {EMBEDDED_HEAD_CONFIDENCE:g} for embedded-head, off for a head folder)" in out
 
 
 def test_unknown_draft_lists_the_valid_drafts(tiny_dir, capsys):

@@ -227,8 +227,6 @@ def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", True)
     assert models.default_draft_spec("some/other-model") == "ngram"  # the head is the embedded target's
     assert models.default_gamma("embedded-head") == models.EMBEDDED_HEAD_GAMMA and models.default_gamma("ngram") == 4
-    assert models.default_draft_confidence("embedded-head") == models.EMBEDDED_HEAD_CONFIDENCE > 0
-    assert models.default_draft_confidence("ngram") == 0 and models.default_draft_confidence("/a/head") == 0
 
 
 def test_presets():

@@ -214,14 +214,12 @@ def test_default_preset_follows_the_default_draft(tiny):
 
 
 def test_confidence_gate_slider_only_for_the_head(tiny):
-    from engine.models import EMBEDDED_HEAD_CONFIDENCE
-
     at = _app(tiny)  # prompt lookup: no gate
     assert not [s for s in at.slider if s.key == "lv_conf"]
     at = _app(tiny, lv_draft="head", lv_conf=5)  # out of range in the URL: clamped to the slider's top
     assert at.slider(key="lv_conf").value == 0.95
     at = _app(tiny, lv_draft="head")
-    assert at.slider(key="lv_conf").value == EMBEDDED_HEAD_CONFIDENCE
+    assert at.slider(key="lv_conf").value == 0.0  # off by default
 
 
 @pytest.mark.slow

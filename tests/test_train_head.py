@@ -7,7 +7,7 @@ import torch
 
 from engine.draft_data import Sample, generate_samples
 from engine.draft_head import FeatureHead, load_head, save_head
-from engine.models import EMBEDDED_HEAD_CONFIDENCE, EMBEDDED_HEAD_DIR, load_model
+from engine.models import EMBEDDED_HEAD_DIR, load_model
 from engine.proposers import make_proposer
 from engine.speculative import encode_prompt, generate
 from engine.train_head import compute_features, draft_vocabulary, evaluate_head, make_items, train_head
@@ -87,9 +87,7 @@ def test_shipped_head_is_exact_and_accepts_on_the_embedded_target():
     assert head.config["target"] == "embedded"
     ids = encode_prompt(target.tokenizer, "Write two sentences about rivers.")
     ref = generate(target, None, ids, max_new_tokens=40)
-    prop = make_proposer("embedded-head", target)
-    assert prop.confidence_threshold == EMBEDDED_HEAD_CONFIDENCE  # the shipped head's default gate
-    res = generate(target, prop, ids, gamma=3, max_new_tokens=40)
+    res = generate(target, make_proposer("embedded-head", target), ids, gamma=3, max_new_tokens=40)
     assert res.token_ids == ref.token_ids
     # a trained head agrees with the target far more often than chance (measured α̂ is in the model card;
     # an untrained head accepts ~0 of 49k-way guesses)
