@@ -89,6 +89,37 @@ def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100
             "ratio_to_one_token": {n: round(m / med[1], 3) for n, m in med.items()}}
 
 
+def acceptance_only(target, prompts: list[str], gammas: list[int], max_new: int, heads: list[str]) -> dict:
+    """Greedy α̂ = accepted ÷ judged of each head at each γ over many prompts, and whether every output equals
+    plain decoding's. No timing: the counts do not depend on the machine's load, so this can run on a busy
+    machine and over more prompts than the timed comparison. Returns {"rows": {name: {...}}}; each row has
+    accepted, judged, alpha and a 95 % Clopper-Pearson interval (scipy ``binomtest``; it treats positions
+    as independent, which they are not quite, so read it as a rough guide)."""
+    from scipy.stats import binomtest
+
+    rows: dict[str, dict] = {}
+    for spec in heads:
+        for g in gammas:
+            rows[f"{spec} γ={g}"] = {"head": spec, "gamma": g, "accepted": 0, "judged": 0, "identical": True}
+    for i, p in enumerate(prompts):
+        ids = encode_prompt(target.tokenizer, p)
+        base = generate(target, None, ids, max_new_tokens=max_new).token_ids
+        for r in rows.values():
+            prop = make_proposer(r["head"], target)
+            prop.confidence_threshold = 0.0
+            res = generate(target, prop, ids, gamma=r["gamma"], max_new_tokens=max_new)
+            r["accepted"] += res.stats.accepted
+            r["judged"] += res.stats.judged
+            r["identical"] &= res.token_ids == base
+        print(f"  prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    for r in rows.values():
+        r["alpha"] = r["accepted"] / r["judged"] if r["judged"] else None
+        if r["judged"]:
+            ci = binomtest(r["accepted"], r["judged"]).proportion_ci(0.95)
+            r["ci95"] = [ci.low, ci.high]
+    return {"rows": rows}
+
+
 def variant_name(g: int, conf: float) -> str:
     return f"head γ={g}" if conf == 0 else f"head γ={g}, confidence ≥ {conf:g}"
 
@@ -150,6 +181,9 @@ def main() -> int:
     ap.add_argument("--head", default="embedded-head", help="embedded-head or a head folder")
     ap.add_argument("--other-head", default="", help="another head folder, run at the first γ (A/B)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--acceptance-only", action="store_true",
+                    help="greedy α̂ only (no timing) of --head (and --other-head) at each γ; writes "
+                         "head_acceptance.json/.md")
     ap.add_argument("--verify-only", action="store_true",
                     help="only measure the target pass cost by tokens verified (results/verify_cost.*)")
     args = ap.parse_args()
@@ -172,6 +206,28 @@ def main() -> int:
         return 0
     gammas = [int(g) for g in args.gammas.split(",")]
     target = load_model("embedded", device="cpu")
+    if args.acceptance_only:
+        prompts = [p["prompt"] for p in build_prompts(args.prompts, "heldout", seed=0)]
+        heads = [args.head] + ([args.other_head] if args.other_head else [])
+        acc = acceptance_only(target, prompts, gammas, args.max_new_tokens, heads)
+        acc["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+                       "prompts": len(prompts), "max_new_tokens": args.max_new_tokens}
+        out = Path(args.out).parent / "head_acceptance"
+        out.with_suffix(".json").write_text(json.dumps(acc, indent=2) + "\n")
+        lines = [f"# Draft head acceptance, greedy ({acc['meta']['date']})", "",
+                 f"{len(prompts)} held-out prompts × ≤ {args.max_new_tokens} new tokens, embedded target; counts "
+                 f"only, no timing. `{acc['meta']['command']}`", "",
+                 "| head, γ | accepted / judged | α̂ | 95 % interval (positions as independent) | identical to plain |",
+                 "|---|---|---|---|---|"]
+        for name, r in acc["rows"].items():
+            ci = r.get("ci95")
+            alpha = "—" if r["alpha"] is None else f"{r['alpha']:.4f}"
+            interval = "" if ci is None else f"{ci[0]:.3f}–{ci[1]:.3f}"
+            lines.append(f"| {name} | {r['accepted']} / {r['judged']} | {alpha} | {interval} | "
+                         f"{'yes' if r['identical'] else 'no'} |")
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     head = make_proposer(args.head, target).head
     prompts = [p["prompt"] for p in build_prompts(args.prompts, "heldout", seed=0)]
     res = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
