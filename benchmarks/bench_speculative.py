@@ -10,8 +10,9 @@ Methods: our plain decoding (baseline through the same KV-cache code), transform
 (``assistant_early_exit``) at the same γ with a constant schedule.
 
     python benchmarks/bench_speculative.py [--reps 3] [--max-new-tokens 96] [--gamma 4] [--threads N]
+        [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--out PATH_WITHOUT_SUFFIX]
 
-Writes benchmarks/results/speculative.json and speculative.md.
+Writes benchmarks/results/speculative.json and speculative.md (or ``--out`` + .json / .md).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ PROMPTS = {
 def hf_generate(target, ids, n, **kw):
     gen_kw = dict(max_new_tokens=n, do_sample=False, pad_token_id=target.tokenizer.pad_token_id)
     gen_kw.update(kw)
-    out = target.model.generate(torch.tensor([ids]), **gen_kw)
+    out = target.model.generate(torch.tensor([ids], device=target.device), **gen_kw)
     return out[0, len(ids):].tolist()
 
 
@@ -65,13 +66,19 @@ def main() -> int:
     ap.add_argument("--lookup-gamma", type=int, default=0, help="γ for prompt lookup, ours and transformers' "
                     "(0: --gamma)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
+    ap.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (target and draft alike)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_model("embedded")
+    target = load_model("embedded", device=args.device, dtype=args.dtype)
     have_draft = (EMBEDDED_DRAFT_DIR / "config.json").is_file()
-    draft = load_model(EMBEDDED_DRAFT) if have_draft else None
+    draft = load_model(EMBEDDED_DRAFT, device=args.device, dtype=args.dtype) if have_draft else None
+    if target.device.type == "cuda":
+        hardware = f"{torch.cuda.get_device_name(target.device)} (CUDA {torch.version.cuda})"
+    else:
+        hardware = f"CPU, {torch.get_num_threads()} threads"
     g, n = args.gamma, args.max_new_tokens
     ee = 10
 
@@ -158,12 +165,15 @@ def main() -> int:
 
     meta = {"gamma": g, "lookup_gamma": lg, "head_gamma": args.head_gamma or g, "max_new_tokens": n, "reps": args.reps, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "machine": platform.machine(), "cpus": torch.get_num_threads(),
+            "device": str(target.device), "dtype": args.dtype, "hardware": hardware,
+            "transformers": __import__("transformers").__version__,
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [f"# Speculative decoding benchmark ({meta['date']})", "",
-             f"Embedded SmolLM2-135M-Instruct, fp32 CPU, greedy, γ = {g} (prompt lookup {lg}, draft head "
+             f"Embedded SmolLM2-135M-Instruct, {args.dtype} on {hardware}, torch {torch.__version__}, "
+             f"transformers {meta['transformers']}, greedy, γ = {g} (prompt lookup {lg}, draft head "
              f"{meta['head_gamma']}), {n} new tokens, median of "
              f"{args.reps} alternating reps. `{meta['command']}`", "",
              "× transformers: against the same proposer in transformers (for our adaptive prompt lookup, "

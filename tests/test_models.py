@@ -29,6 +29,28 @@ def test_tokenizer_check():
         check_tokenizers_compatible(a, make_tokenizer(WORDS, eos="</s>"))
 
 
+def test_tokenizer_check_is_remembered_per_pair(monkeypatch):
+    """A pair that passed is not checked again (building a proposer per run must not re-read two
+    49 k-token vocabularies); a mismatching pair still raises every time; a new pair is checked."""
+    import engine.models as models
+
+    a, b, bad = make_tokenizer(WORDS), make_tokenizer(WORDS), make_tokenizer(list(reversed(WORDS)))
+    calls = []
+    full = models._check_tokenizers
+    monkeypatch.setattr(models, "_check_tokenizers", lambda t, d: (calls.append((t, d)), full(t, d)))
+    check_tokenizers_compatible(a, b)
+    check_tokenizers_compatible(a, b)
+    assert calls == [(a, b)]
+    check_tokenizers_compatible(a, a)  # the same object: nothing to compare
+    assert len(calls) == 1
+    for _ in range(2):
+        with pytest.raises(TokenizerMismatchError):
+            check_tokenizers_compatible(a, bad)
+    assert len(calls) == 3
+    check_tokenizers_compatible(b, a)  # the other direction is another pair
+    assert len(calls) == 4
+
+
 def test_dtype_names():
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
     assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
