@@ -42,7 +42,8 @@ def add_generate(sub) -> None:
                    help="also decode without speculation (same settings and seed) and report the speedup")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--dtype", default=None,
+                   help="fp32 | bf16 | fp16 (default: fp32, also on CUDA, so greedy output matches plain decoding)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin (auto: when printing to a terminal)")
@@ -171,7 +172,13 @@ def run_generate(args: argparse.Namespace) -> int:
           f"{s.total_ms:.0f} ms "
           f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)")
     if cmp is not None:
-        same = "identical" if cmp.identical else "different (sampling)"
+        if cmp.identical:
+            same = "identical"
+        elif sampling.greedy:  # the rule keeps greedy output identical: a difference is arithmetic
+            same = (f"different from token {cmp.first_difference} on (greedy, so arithmetic: a pass over several "
+                    "tokens rounded differently from one-token steps, as bf16/fp16 often do)")
+        else:
+            same = "different (sampling: other random draws, the same distribution)"
         sp = "—" if cmp.speedup is None else f"{cmp.speedup:.2f}×"
         print(f"baseline: {base.stats.tokens_per_s:.1f} tokens/s; speedup {sp} (tokens/s ÷ baseline tokens/s); "
               f"outputs {same}")

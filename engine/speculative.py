@@ -210,9 +210,9 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         if self.proposer is not None and k_max > 0:
             prop = self.proposer.propose(self.seq, k_max, cfg, self.generator)
-            draft, q = prop.tokens[:k_max], prop.q[:k_max]
+            draft, q, point_mass = prop.tokens[:k_max], prop.q[:k_max], prop.point_mass
         else:
-            draft, q = [], torch.zeros(0)
+            draft, q, point_mass = [], torch.zeros(0), False
         draft_ms = (time.perf_counter() - t0) * 1000
 
         # 2. verify: one target pass over the uncached context + the k draft tokens
@@ -249,7 +249,9 @@ class SpeculativeDecoder:
             self.proposer.rollback(self.seq)
 
         positions = []
-        top_p, top_q = text.top_rows(p), text.top_rows(q[:k])
+        top_p = text.top_rows(p)
+        # a one-hot q has one token with q > 0: no need to search V for it
+        top_q = [[TopToken(x, text(x), 1.0)] for x in draft] if point_mass else text.top_rows(q[:k])
         for i, x in enumerate(draft):
             if i < verdict.n_accepted:
                 verdict_s = "accepted"

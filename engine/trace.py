@@ -31,7 +31,8 @@ class DraftPosition:
             position was never evaluated (after an earlier rejection).
         u: the uniform draw compared with accept_prob (sampling only).
         verdict: "accepted", "rejected" or "discarded" (drafted after the first rejection).
-        top_p, top_q: the 5 most likely tokens under p and q at this position.
+        top_p, top_q: the 5 most likely tokens under p and q at this position (for a one-hot q, as
+            in prompt lookup, top_q is that one token).
     """
 
     token_id: int

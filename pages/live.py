@@ -379,7 +379,11 @@ else:
         if greedy:
             m2[2].metric("Greedy outputs identical?", "yes" if cmp.identical else "no",
                          delta=None if cmp.identical else f"first difference at token {cmp.first_difference}",
-                         delta_color="off", delta_arrow="off")
+                         delta_color="off", delta_arrow="off",
+                         help="Under greedy decoding the verification rule reproduces plain decoding token for "
+                              "token. A difference can only come from arithmetic: a target pass over several "
+                              "tokens rounding differently from one-token steps, which happens in bf16/fp16 "
+                              "and, at an exact tie, in fp32 (the models run in fp32 here).")
         else:
             m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
                          help="Under sampling the two runs draw different random numbers: the outputs "

@@ -155,3 +155,22 @@ def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):
     assert out["settings"] == {"target": tiny_dir, "draft": "ngram", "gamma": 3, "temperature": 1.5, "top_k": 0,
                                "top_p": 1.0, "seed": seed, "max_new_tokens": 12, "chat": False,
                                "draft_confidence": None}
+
+
+def test_baseline_difference_is_explained_by_mode(tiny_dir, capsys, monkeypatch):
+    """A greedy run that differs from its baseline is blamed on arithmetic (bf16 passes over several
+    tokens), never on "sampling"; a sampled run that differs is blamed on the random draws."""
+    import dataclasses
+
+    import engine.live_view as live_view
+
+    real = live_view.compare_baseline
+    monkeypatch.setattr(live_view, "compare_baseline", lambda *a: dataclasses.replace(
+        real(*a), identical=False, first_difference=3))
+    base = ["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", "ngram", "--gamma", "2",
+            "--max-new-tokens", "8", "--baseline", "--no-chat", "--color", "never"]
+    assert main(base) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "different from token 3 on (greedy, so arithmetic" in line and "sampling" not in line
+    assert main(base + ["--temperature", "1.0"]) == 0
+    assert "different (sampling" in capsys.readouterr().out.splitlines()[-1]

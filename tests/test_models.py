@@ -53,7 +53,8 @@ def test_tokenizer_check_is_remembered_per_pair(monkeypatch):
 
 def test_dtype_names():
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
-    assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype(None, torch.device("cuda")) == torch.float32  # exactness first, also on a GPU
+    assert resolve_dtype("bf16", torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("fp16", torch.device("cuda")) == torch.float16
     with pytest.raises(ModelLoadError, match="dtype"):
         resolve_dtype("fp7", torch.device("cpu"))

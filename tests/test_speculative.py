@@ -59,6 +59,24 @@ def test_greedy_accepts_something_so_the_check_is_not_vacuous(tiny):
     assert res.stats.rounds == 4  # 20 tokens at γ + 1 = 5 per target pass
 
 
+def test_trace_top_q_of_a_point_mass_is_its_one_token(tiny):
+    """Prompt lookup's q is one-hot: the trace's top_q is that token at q = 1 (no zero-mass filler),
+    while a draft model's top_q lists 5 tokens in falling order and contains its draft token."""
+    target = tiny["target"]
+    res = generate(target, make_proposer("ngram", target), PROMPTS[1], gamma=4, max_new_tokens=16,
+                   stop_on_eos=False)
+    drafted = [d for r in res.rounds for d in r.drafted]
+    assert drafted, "prompt lookup proposed nothing: the check would be vacuous"
+    for d in drafted:
+        assert [(t.id, t.prob) for t in d.top_q] == [(d.token_id, 1.0)] and d.q == 1.0
+    res = generate(target, make_proposer("draft", target, tiny["draft_small"]), PROMPTS[1], gamma=3,
+                   max_new_tokens=8, stop_on_eos=False)
+    for d in (d for r in res.rounds for d in r.drafted):
+        probs = [t.prob for t in d.top_q]
+        assert len(probs) == 5 and probs == sorted(probs, reverse=True)
+        assert d.token_id == d.top_q[0].id  # greedy: the draft's argmax
+
+
 def test_kv_rollback_matches_fresh_prefill(tiny):
     target = tiny["target"]
     dec = SpeculativeDecoder(target, make_proposer("draft", target, tiny["draft"]), PROMPTS[1], gamma=5,
