@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -66,6 +67,8 @@ def main() -> int:
     ap.add_argument("--lookup-gamma", type=int, default=0, help="γ for prompt lookup, ours and transformers' "
                     "(0: --gamma)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--methods", default="", help="a regular expression: run only the methods whose name it "
+                    "matches (e.g. 'plain|prompt lookup$|trained draft'); 'ours: plain' always runs")
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (target and draft alike)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
@@ -122,6 +125,9 @@ def main() -> int:
         methods["hf: trained draft (assisted)"] = lambda ids: hf_generate(target, ids, n,
                                                                           assistant_model=draft.model)
 
+    if args.methods:
+        keep = re.compile(args.methods)
+        methods = {m: fn for m, fn in methods.items() if m == "ours: plain" or keep.search(m)}
     results = {}
     for pname in args.prompts.split(","):
         prompt = PROMPTS[pname]
