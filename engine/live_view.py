@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import html
 import math
+import statistics
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from engine.models import EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec
@@ -276,6 +277,83 @@ def compare_baseline(spec_ids: list[int], spec: RunStats, base_ids: list[int],
                               same_length=len(spec_ids) == len(base_ids),
                               spec_tokens_per_s=spec.tokens_per_s, base_tokens_per_s=base.tokens_per_s,
                               first_difference=first)
+
+
+@dataclass
+class SpeedupAB:
+    """Speculative and plain decoding of the same prompt, settings and seed, timed back to back.
+
+    Attributes:
+        order: "spec" / "base" for each run, in the order they ran (A B B A …).
+        spec_ms_per_token, base_ms_per_token: each run's total time (prefill included) ÷ its new tokens,
+            in ms, in run order.
+        spec_ids, base_ids: the tokens of the last run of each (every run of a kind gives the same
+            tokens: the decoders are seeded).
+        spec_stats, base_stats: ``RunStats`` of the last run of each (for c and the verify costs).
+        spec_rounds: the rounds of the last speculative run (their draft and verify times).
+    """
+
+    order: list[str]
+    spec_ms_per_token: list[float]
+    base_ms_per_token: list[float]
+    spec_ids: list[int]
+    base_ids: list[int]
+    spec_stats: RunStats
+    base_stats: RunStats
+    spec_rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def reps(self) -> int:
+        return min(len(self.spec_ms_per_token), len(self.base_ms_per_token))
+
+    @property
+    def speedup(self) -> float:
+        """Median baseline ms per token ÷ median speculative ms per token."""
+        return statistics.median(self.base_ms_per_token) / statistics.median(self.spec_ms_per_token)
+
+    def comparison(self, spec_ids: list[int] | None = None) -> BaselineComparison:
+        """A ``BaselineComparison`` from the medians; ``spec_ids`` (default: the timed run's) are the tokens
+        compared with the baseline's."""
+        spec_ids = self.spec_ids if spec_ids is None else list(spec_ids)
+        first = next((i for i, (a, b) in enumerate(zip(spec_ids, self.base_ids)) if a != b), None)
+        if first is None and len(spec_ids) != len(self.base_ids):
+            first = min(len(spec_ids), len(self.base_ids))
+        return BaselineComparison(
+            speedup=self.speedup, identical=spec_ids == self.base_ids, same_length=len(spec_ids) == len(self.base_ids),
+            spec_tokens_per_s=1000.0 / statistics.median(self.spec_ms_per_token),
+            base_tokens_per_s=1000.0 / statistics.median(self.base_ms_per_token), first_difference=first)
+
+
+def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) -> SpeedupAB:
+    """Time speculative against plain decoding: ``reps`` runs of each, alternating A B B A A B …, each run
+    to its end with nothing drawn between rounds (a page that redraws while a run computes slows the run
+    it measures; the draft's many small steps the most). The guide's rule for speed claims, in small.
+
+    Args:
+        make_spec, make_base: build a fresh, seeded ``SpeculativeDecoder`` (the speculative one and the
+            baseline, ``proposer=None``); called once per run.
+        reps: runs of each kind, ≥ 1.
+        on_progress: ``on_progress(done, total, kind)`` before each run ("spec" or "base").
+
+    Raises:
+        ValueError: if reps < 1. Errors of the builders and decoders propagate (InputError, …).
+    """
+    if reps < 1:
+        raise ValueError(f"reps must be ≥ 1, got {reps}")
+    order = [k for i in range(reps) for k in (("spec", "base") if i % 2 == 0 else ("base", "spec"))]
+    ms = {"spec": [], "base": []}
+    last = {}
+    for i, kind in enumerate(order):
+        if on_progress is not None:
+            on_progress(i, len(order), kind)
+        dec = (make_spec if kind == "spec" else make_base)()
+        dec.run()
+        st = dec.stats()
+        ms[kind].append(st.total_ms / max(st.new_tokens, 1))
+        last[kind] = (list(dec.new_ids), st, list(getattr(dec, "rounds", [])))
+    return SpeedupAB(order=order, spec_ms_per_token=ms["spec"], base_ms_per_token=ms["base"],
+                     spec_ids=last["spec"][0], base_ids=last["base"][0], spec_stats=last["spec"][1],
+                     base_stats=last["base"][1], spec_rounds=last["spec"][2])
 
 
 def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) -> SimpleNamespace | None:

@@ -17,8 +17,8 @@ from app.teaching import check_yourself, safe_questions
 from engine.analytic import expected_tokens_per_pass
 from engine.errors import InputError, SpeedupLabError
 from engine.live_view import (
-    chart_labels, compare_baseline, default_draft_kind, default_preset, focus_position, generated_markdown,
-    generated_pieces, history_rows, legend_markdown, measured_run, round_frames, round_rows,
+    chart_labels, default_draft_kind, default_preset, focus_position, generated_markdown,
+    generated_pieces, history_rows, legend_markdown, measure_speedup_ab, measured_run, round_frames, round_rows,
     round_summary, verdict_frame, visible,
 )
 from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
@@ -42,7 +42,8 @@ DRAFT_KINDS = {
 # autoplay speed → (seconds between animation frames, extra pause after each round)
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
-INSTANT_REDRAW_S = 0.5  # "instant" autoplay (and the baseline's progress bar) redraws at most this often
+INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
+AB_REPS = 2  # Run baseline times this many speculative and plain runs each, alternating (engine.live_view)
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
 
@@ -203,8 +204,10 @@ b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the 
 b4.button("Reset", key="lv_reset", on_click=_request_rebuild,
           help="Start the run again from the prompt (same settings and seed).")
 run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
-                     help="Plain decoding of the same prompt with the same settings and seed (no draft); "
-                          "finishes the speculative run first so both cover the same tokens.")
+                     help="Plain decoding of the same prompt with the same settings and seed (no draft). "
+                          "Finishes the speculative run first, then times "
+                          f"{AB_REPS} speculative and {AB_REPS} plain runs, alternating, with nothing drawn "
+                          "meanwhile: the speedup and tokens/s come from those runs.")
 
 if S.get("lv_error"):
     st.error(S["lv_error"])
@@ -301,17 +304,18 @@ if (run_all or run_base) and not dec.finished:
     progress.empty()
 
 if run_base and dec.finished:
-    bar = progress.progress(0.0, text="Baseline: plain decoding, one target pass per token…")
+    bar = progress.progress(0.0, text="Timing…")
+    n_new = max(len(dec.new_ids), 1)
+
+    def _ab_progress(done: int, total: int, kind: str) -> None:
+        what = "speculative decoding" if kind == "spec" else "the baseline (plain decoding)"
+        bar.progress(done / total, text=f"Timing run {done + 1} of {total}: {what}. Nothing is drawn until "
+                                        "the runs end, so the page does not slow what it measures.")
+
     try:
-        base = _decoder(S["lv_cfg"], baseline=True, max_new=max(len(dec.new_ids), 1))
-        last_draw = 0.0
-        while not base.finished:
-            base.step()
-            if time.perf_counter() - last_draw >= INSTANT_REDRAW_S:  # as for the speculative run
-                bar.progress(min(len(base.new_ids) / base.max_new_tokens, 1.0),
-                             text=f"Baseline: {len(base.new_ids)} / {base.max_new_tokens} tokens")
-                last_draw = time.perf_counter()
-        S["lv_base"] = base
+        S["lv_base"] = measure_speedup_ab(lambda: _decoder(S["lv_cfg"]),
+                                          lambda: _decoder(S["lv_cfg"], baseline=True, max_new=n_new),
+                                          reps=AB_REPS, on_progress=_ab_progress)
     except SpeedupLabError as e:
         st.error(str(e))
     progress.empty()
@@ -334,9 +338,11 @@ elif dec.rounds:
     status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {_n_rounds(len(dec.rounds))}.")
 
 stats = dec.stats()
-base = S.get("lv_base")
-cmp = compare_baseline(dec.new_ids, stats, base.new_ids, base.stats()) if base is not None else None
-rec = measured_run(stats, dec.gamma, cmp.speedup if cmp else None) if dec.proposer is not None else None
+ab = S.get("lv_base")  # SpeedupAB after Run baseline
+cmp = ab.comparison(dec.new_ids) if ab is not None else None
+# timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
+timing = ab.spec_stats if ab is not None else stats
+rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None) if dec.proposer is not None else None
 if rec is not None:
     S["measured_run"] = rec
 
@@ -359,22 +365,29 @@ else:
                      "draft proposed fewer than γ tokens (prompt lookup without a match, the draft head's "
                      "confidence gate, the end of the run) pull the measured value below E.")
     m[2].metric("Measured c (draft step ÷ target pass)",
-                "—" if stats.draft_cost_ratio is None else f"{stats.draft_cost_ratio:.3f}",
-                help="Draft time per draft token ÷ mean target verify pass, in this run. The first round "
-                     "that drafts is left out: it also runs the draft over the prompt. Many small draft "
-                     "operations slow down more than one big target pass when other programs (a browser "
-                     "on the same machine) share the CPU, so c measured here can exceed a benchmark's.")
-    m[3].metric("Speculative tokens/s", "—" if stats.tokens_per_s is None else f"{stats.tokens_per_s:.1f}")
+                "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
+                help="Draft time per draft token ÷ mean target verify pass. The first round that drafts is "
+                     "left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
+                     "drawn round by round; many small draft operations slow down more than one big target "
+                     "pass while the browser redraws on the same CPU, so c can read high. After Run "
+                     "baseline: from the last timed speculative run, with nothing drawn.")
+    spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
+    m[3].metric("Speculative tokens/s", "—" if spec_tps is None else f"{spec_tps:.1f}",
+                help="After Run baseline: the median of the timed speculative runs. Before: this run, "
+                     "drawn round by round.")
     m2 = st.columns(4)
     m2[0].metric("Baseline tokens/s",
                  "—" if cmp is None or cmp.base_tokens_per_s is None else f"{cmp.base_tokens_per_s:.1f}",
-                 help="Press Run baseline: plain decoding of the same prompt, settings and seed.")
+                 help="Press Run baseline: plain decoding of the same prompt, settings and seed; the median "
+                      f"of {AB_REPS} timed runs.")
     m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",
-                 help="Baseline time per token ÷ speculative time per token, prefill included; with "
-                      "equal token counts this is baseline total ms ÷ speculative total ms. Measured in the "
-                      "app's process: when the browser runs on the same few cores, the draft's many small "
-                      "steps slow down more than plain decoding, so this can read lower than "
-                      "`python -m engine generate --baseline` or benchmarks/bench_head.py on the same machine.")
+                 help="Median baseline time per token ÷ median speculative time per token, prefill "
+                      f"included, over {AB_REPS} runs of each, alternating (A B B A) with nothing drawn "
+                      "meanwhile. Measured in the app's process: it can still read a little lower than "
+                      "`python -m engine generate --baseline` when the browser shares a small machine's cores. "
+                      + ("" if ab is None else "Each run, ms per token: speculative "
+                         + ", ".join(f"{x:.1f}" for x in ab.spec_ms_per_token) + "; baseline "
+                         + ", ".join(f"{x:.1f}" for x in ab.base_ms_per_token) + "."))
     if cmp is not None:
         if greedy:
             m2[2].metric("Greedy outputs identical?", "yes" if cmp.identical else "no",
@@ -388,8 +401,9 @@ else:
             m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
                          help="Under sampling the two runs draw different random numbers: the outputs "
                               "differ, but both follow the target's distribution p.")
-    m2[3].metric("Prefill / total (s)", f"{stats.prefill_ms / 1000:.2f} / {stats.total_ms / 1000:.2f}",
-                 help="Prompt prefill and whole-run wall time of the speculative run, in seconds.")
+    m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
+                 help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
+                      "after Run baseline the last timed one.")
 
     c1, c2 = st.columns(2)
     if stats.acceptance_by_position:
@@ -404,12 +418,13 @@ else:
         c1.plotly_chart(fa, width="stretch", key="lv_fig_pos")
     else:
         c1.caption("No draft token judged yet.")
-    rounds_x = [r.index + 1 for r in dec.rounds]
+    timed_rounds = ab.spec_rounds if ab is not None else dec.rounds
+    rounds_x = [r.index + 1 for r in timed_rounds]
     ft = go.Figure()
-    ft.add_bar(x=rounds_x, y=[r.draft_ms for r in dec.rounds], name="draft ms")
-    ft.add_bar(x=rounds_x, y=[r.verify_ms for r in dec.rounds], name="verify ms (target pass)")
-    ft.update_layout(title="Time per round", barmode="stack", xaxis_title="round", yaxis_title="ms",
-                     height=300, margin={"t": 40, "b": 10})
+    ft.add_bar(x=rounds_x, y=[r.draft_ms for r in timed_rounds], name="draft ms")
+    ft.add_bar(x=rounds_x, y=[r.verify_ms for r in timed_rounds], name="verify ms (target pass)")
+    ft.update_layout(title="Time per round" + (" (last timed run)" if ab is not None else ""), barmode="stack",
+                     xaxis_title="round", yaxis_title="ms", height=300, margin={"t": 40, "b": 10})
     c2.plotly_chart(ft, width="stretch", key="lv_fig_time")
 
 # ------------------------------------------------------------------------------------------ round inspector
@@ -441,12 +456,13 @@ if dec.rounds:
             fig.update_layout(height=320, showlegend=False, margin={"t": 70, "b": 10},
                               title=f"Position {j + 1}: verdict {d.verdict}")
             fig.update_yaxes(range=[0, 1.05])
+            fig.update_xaxes(type="category")  # a token such as "2" is a label, not a number
             st.plotly_chart(fig, width="stretch", key="lv_fig_pq")
         if rnd.residual_top:
             res = [t for t in rnd.residual_top if t.prob > 0]
             fr = go.Figure(go.Bar(x=chart_labels(res), y=[t.prob for t in res]))
             fr.update_layout(title="Residual norm(max(0, p − q)) the correction was drawn from (top 5)",
-                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05])
+                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
             st.plotly_chart(fr, width="stretch", key="lv_fig_res")
         elif rnd.next_kind == "correction" and greedy:
             st.caption("Greedy: the correction is the target's argmax at the rejected position "
@@ -455,7 +471,7 @@ if dec.rounds:
             nxt = [t for t in rnd.next_top_p if t.prob > 0]
             fn = go.Figure(go.Bar(x=chart_labels(nxt), y=[t.prob for t in nxt]))
             fn.update_layout(title=f"Target p where its own ({rnd.next_kind}) token was drawn (top 5)",
-                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05])
+                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
             st.plotly_chart(fn, width="stretch", key="lv_fig_next")
     with st.expander("All rounds"):
         st.dataframe(history_rows(dec.rounds), hide_index=True, width="stretch",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+import statistics
 
 import pytest
 from markdown_it import MarkdownIt
@@ -12,7 +13,8 @@ from markdown_it import MarkdownIt
 from engine.errors import InputError
 from engine.live_view import (
     NBSP, STYLE, ZWSP, chart_labels, chip, compare_baseline, default_draft_kind, escape_markdown,
-    focus_position, generated_markdown, generated_pieces, history_rows, measured_run, round_frames,
+    focus_position, generated_markdown, generated_pieces, history_rows, measure_speedup_ab, measured_run,
+    round_frames,
     round_rows, text_span, verdict_frame, visible,
 )
 from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
@@ -174,6 +176,60 @@ def test_compare_baseline_speedup():
     c = compare_baseline([1] * 7 + [2], _stats(8, 400.0), [1] * 10, _stats(10, 1000.0))
     assert c.speedup == pytest.approx(2.0)
     assert not c.identical and c.first_difference == 7
+
+
+class _FakeDecoder:
+    """Stands in for a SpeculativeDecoder: fixed tokens and a fixed total time per run."""
+
+    def __init__(self, kind, ids, total_ms, log):
+        self.kind, self.new_ids, self.total_ms, self.log = kind, list(ids), total_ms, log
+
+    def run(self):
+        self.log.append(self.kind)
+
+    def stats(self):
+        return _stats(len(self.new_ids), self.total_ms)
+
+
+def test_measure_speedup_ab_alternates_and_takes_medians():
+    """A B B A A B …; ms per token per run; speedup = median baseline ÷ median speculative (hand-computed)."""
+    log, progress = [], []
+    spec_ms = iter([400.0, 500.0, 900.0])  # 10 tokens: 40, 50, 90 ms/token → median 50
+    base_ms = iter([1000.0, 1200.0, 800.0])  # 10 tokens: 100, 120, 80 ms/token → median 100
+    ab = measure_speedup_ab(lambda: _FakeDecoder("spec", [1] * 10, next(spec_ms), log),
+                            lambda: _FakeDecoder("base", [1] * 10, next(base_ms), log), reps=3,
+                            on_progress=lambda done, total, kind: progress.append((done, total, kind)))
+    assert ab.order == log == ["spec", "base", "base", "spec", "spec", "base"]
+    assert progress == [(i, 6, k) for i, k in enumerate(ab.order)]
+    assert ab.spec_ms_per_token == [40.0, 50.0, 90.0] and ab.base_ms_per_token == [100.0, 120.0, 80.0]
+    assert ab.reps == 3 and ab.speedup == pytest.approx(2.0)
+    c = ab.comparison()
+    assert c.speedup == pytest.approx(2.0) and c.identical and c.first_difference is None
+    assert c.spec_tokens_per_s == pytest.approx(20.0) and c.base_tokens_per_s == pytest.approx(10.0)
+    # the drawn run's tokens are what is compared with the baseline
+    c = ab.comparison([1] * 4 + [2] * 6)
+    assert not c.identical and c.first_difference == 4 and c.same_length
+    with pytest.raises(ValueError, match="reps"):
+        measure_speedup_ab(lambda: None, lambda: None, reps=0)
+
+
+def test_measure_speedup_ab_on_a_real_model(tmp_path):
+    """On a tiny model: the timed speculative runs repeat the same tokens, the baseline matches them
+    (greedy), and the speedup is the ratio of the median ms per token."""
+    from engine.models import load_model
+    from engine.proposers import make_proposer
+    from engine.speculative import SpeculativeDecoder
+    from tests.tiny_models import save_tiny_llama
+
+    target = load_model(str(save_tiny_llama(tmp_path / "t", vocab_size=32, layers=2)), device="cpu")
+    ids = [5, 6, 7, 8, 5, 6, 7]
+    ab = measure_speedup_ab(
+        lambda: SpeculativeDecoder(target, make_proposer("ngram", target), ids, gamma=3, max_new_tokens=10),
+        lambda: SpeculativeDecoder(target, None, ids, max_new_tokens=10), reps=2)
+    assert ab.spec_ids == ab.base_ids and 1 <= len(ab.spec_ids) <= 10
+    assert ab.spec_stats.drafted > 0 and ab.base_stats.drafted == 0
+    assert ab.speedup == pytest.approx(statistics.median(ab.base_ms_per_token) /
+                                       statistics.median(ab.spec_ms_per_token))
 
 
 def test_draft_cost_leaves_out_the_drafts_prefill_round():

@@ -3,6 +3,8 @@ tiny random Llama; one slow test on the embedded model with prompt lookup."""
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -74,18 +76,30 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert dec.finished and len(dec.new_ids) <= 12
     assert at.success and "Finished" in at.success[0].value
     at = _click(at, "lv_baseline")
-    base = at.session_state["lv_base"]
-    assert base.proposer is None and base.finished
-    # greedy: plain decoding gives the same tokens as speculative decoding
-    assert base.new_ids == dec.new_ids
+    ab = at.session_state["lv_base"]
+    # timed A B B A, each run to its end; greedy: plain decoding gives the same tokens, and the timed
+    # speculative runs (seeded) repeat the drawn run's tokens
+    assert ab.order == ["spec", "base", "base", "spec"]
+    assert ab.base_ids == dec.new_ids and ab.spec_ids == dec.new_ids
     assert _metric(at, "Greedy outputs identical?") == "yes"
-    s, b = dec.stats(), base.stats()
-    expected = (b.total_ms / b.new_tokens) / (s.total_ms / s.new_tokens)
+    expected = statistics.median(ab.base_ms_per_token) / statistics.median(ab.spec_ms_per_token)
     assert _metric(at, "Measured speedup") == f"{expected:.2f}×"
+    assert _metric(at, "Speculative tokens/s") == f"{1000 / statistics.median(ab.spec_ms_per_token):.1f}"
+    s, t = dec.stats(), ab.spec_stats
+    assert (t.rounds, t.accepted, t.drafted) == (s.rounds, s.accepted, s.drafted)
     run = at.session_state["measured_run"]
     assert run.acceptance_rate == pytest.approx(s.acceptance_rate)
-    assert run.draft_cost_ratio == pytest.approx(s.draft_cost_ratio)
-    assert run.verify_ms_by_tokens == pytest.approx(s.verify_ms_by_tokens)
+    # timings from the undrawn run
+    assert run.draft_cost_ratio == pytest.approx(t.draft_cost_ratio)
+    assert run.verify_ms_by_tokens == pytest.approx(t.verify_ms_by_tokens)
+    # the per-round time chart now shows the timed run, and every token chart has a category axis (a
+    # token "2" must not become the number 2 on a numeric axis)
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    timed = next(f for f in specs if f["layout"]["title"]["text"].startswith("Time per round"))
+    assert timed["layout"]["title"]["text"] == "Time per round (last timed run)"
+    assert timed["data"][1]["y"] == pytest.approx([r.verify_ms for r in ab.spec_rounds])
+    token_charts = [f for f in specs if not f["layout"]["title"]["text"].startswith(("Time", "Acceptance"))]
+    assert token_charts and all(f["layout"]["xaxis"]["type"] == "category" for f in token_charts)
     # a target other than the embedded one defaults to prompt lookup at γ = 4 (the head is γ = 2)
     assert run.measured_speedup == pytest.approx(expected) and run.gamma == 4
     # the generated text is drawn, coloured by origin
@@ -169,8 +183,8 @@ def test_embedded_model_step_and_baseline():
     assert len(dec.rounds) == 1 and dec.proposer.name.startswith("prompt lookup")
     assert "Round 1:" in _markdown(at)
     at = _click(at, "lv_baseline")  # finishes the run (6 tokens), then decodes plainly
-    dec, base = at.session_state["lv_dec"], at.session_state["lv_base"]
-    assert dec.finished and base.new_ids == dec.new_ids
+    dec, ab = at.session_state["lv_dec"], at.session_state["lv_base"]
+    assert dec.finished and ab.base_ids == dec.new_ids == ab.spec_ids
     assert _metric(at, "Greedy outputs identical?") == "yes"
     assert at.session_state["measured_run"].gamma == 4
 

@@ -52,6 +52,26 @@ def test_live_run_can_be_stopped(page, app_url):
     assert not page.locator('[data-testid="stException"]').count()
 
 
+def test_live_baseline_is_timed_ab_without_drawing(page, app_url):
+    """Run baseline on the default draft (the trained head): it finishes the run, times speculative and
+    plain decoding alternately with only a progress bar on the page, then shows the comparison."""
+    page.goto(app_url + "/live?lv_draft=head&lv_preset=chat&lv_temp=0&lv_max_new=24&lv_speed=instant")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_role("button", name=re.compile(r"^Run baseline")).click()
+    page.get_by_text("Greedy outputs identical?").wait_for(timeout=180_000)
+    wait_idle(page)
+    page.set_viewport_size({"width": 1400, "height": 2000})
+    wait_idle(page)
+    body = page.inner_text("body")
+    assert re.search(r"Greedy outputs identical\?\s*yes", body), body[:3000]
+    speedup = re.search(r"Measured speedup\s*([\d.]+)×", body)
+    assert speedup and float(speedup.group(1)) > 0
+    print(f"page: measured speedup {speedup.group(1)}× (head draft, chat, 24 tokens)")
+    assert "Finished" in body
+    assert not page.locator('[data-testid="stException"]').count()
+    screenshot(page, "live_baseline")
+
+
 @pytest.fixture(scope="module")
 def escape_app_url():
     """A second Streamlit server running tests/e2e/live_escape_app.py (hostile token texts)."""
