@@ -270,13 +270,18 @@ def compare_baseline(spec_ids: list[int], spec: RunStats, base_ids: list[int],
     speedup = None
     if spec.new_tokens and base.new_tokens and spec.total_ms > 0 and base.total_ms > 0:
         speedup = (base.total_ms / base.new_tokens) / (spec.total_ms / spec.new_tokens)
-    first = next((i for i, (a, b) in enumerate(zip(spec_ids, base_ids)) if a != b), None)
-    if first is None and len(spec_ids) != len(base_ids):
-        first = min(len(spec_ids), len(base_ids))
     return BaselineComparison(speedup=speedup, identical=list(spec_ids) == list(base_ids),
                               same_length=len(spec_ids) == len(base_ids),
                               spec_tokens_per_s=spec.tokens_per_s, base_tokens_per_s=base.tokens_per_s,
-                              first_difference=first)
+                              first_difference=_first_difference(spec_ids, base_ids))
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length if one is a prefix of the other), or None."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None and len(a) != len(b):
+        first = min(len(a), len(b))
+    return first
 
 
 @dataclass
@@ -315,13 +320,11 @@ class SpeedupAB:
         """A ``BaselineComparison`` from the medians; ``spec_ids`` (default: the timed run's) are the tokens
         compared with the baseline's."""
         spec_ids = self.spec_ids if spec_ids is None else list(spec_ids)
-        first = next((i for i, (a, b) in enumerate(zip(spec_ids, self.base_ids)) if a != b), None)
-        if first is None and len(spec_ids) != len(self.base_ids):
-            first = min(len(spec_ids), len(self.base_ids))
         return BaselineComparison(
             speedup=self.speedup, identical=spec_ids == self.base_ids, same_length=len(spec_ids) == len(self.base_ids),
             spec_tokens_per_s=1000.0 / statistics.median(self.spec_ms_per_token),
-            base_tokens_per_s=1000.0 / statistics.median(self.base_ms_per_token), first_difference=first)
+            base_tokens_per_s=1000.0 / statistics.median(self.base_ms_per_token),
+            first_difference=_first_difference(spec_ids, self.base_ids))
 
 
 def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) -> SpeedupAB:
