@@ -322,6 +322,8 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
     tokenizer = _from_pretrained(AutoTokenizer, tok_source)
     model = _from_pretrained(AutoModelForCausalLM, source, dtype=dt)
     model.to(dev).eval()
+    if dt != torch.float32:  # e.g. the embedded model's name says "dequantized to fp32"
+        name = f"{name}, run in {str(dt).removeprefix('torch.')}"
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, spec=spec or EMBEDDED, device=dev)

@@ -32,6 +32,7 @@ GAMMA_MAX = 16
 CONF_MAX = 0.95  # the draft head's confidence gate slider (the engine accepts [0, 1))
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
+PROMPT_URL_MAX = 2000  # a custom prompt up to this many characters travels in the link (lv_prompt)
 DRAFT_KINDS = {
     "head": "Trained draft head on the target's features (EAGLE-style, embedded)",
     "draft": "Trained small draft model (embedded)",
@@ -73,9 +74,10 @@ url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0)
 url_param("lv_seed", 0, int, lo=0, hi=999_999)
 url_param("lv_max_new", 64, int, lo=1, hi=MAX_NEW_UI)
 url_param("lv_speed", "fast", str, choices=list(SPEEDS))
-if "lv_prompt" not in st.session_state:
+if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's custom prompt
     st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
-                                     if st.session_state["lv_preset"] != CUSTOM else "")
+                                     if st.session_state["lv_preset"] != CUSTOM
+                                     else str(st.query_params.get("lv_prompt", ""))[:PROMPT_URL_MAX])
 
 
 def _on_preset() -> None:
@@ -135,6 +137,16 @@ with st.sidebar:
              help="instant: no animation; presenter: slow animation and a pause after each round.")
 
 sync_url(URL_KEYS)
+# a custom prompt goes in the link too (a preset's is named by lv_preset), unless too long for a URL
+_custom = st.session_state["lv_preset"] == CUSTOM
+if _custom and len(st.session_state["lv_prompt"]) <= PROMPT_URL_MAX:
+    if st.query_params.get("lv_prompt") != st.session_state["lv_prompt"]:
+        st.query_params["lv_prompt"] = st.session_state["lv_prompt"]
+elif "lv_prompt" in st.query_params:
+    del st.query_params["lv_prompt"]
+if _custom and len(st.session_state["lv_prompt"]) > PROMPT_URL_MAX:
+    st.sidebar.caption(f"This prompt is over {PROMPT_URL_MAX} characters, too long for the page's link: "
+                       "a shared link opens without it.")
 
 S = st.session_state
 config = (S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],

@@ -16,6 +16,9 @@ def test_local_folder_loads(tmp_path):
     assert lm.model.dtype == torch.float32 and lm.device.type == "cpu"
     assert lm.eos_token_ids == {0}
     assert lm.model.get_output_embeddings().weight.shape[0] == 40  # padded beyond len(tokenizer)
+    assert "run in" not in lm.name
+    half = load_model(str(tmp_path / "m"), device="cpu", dtype="bf16")
+    assert half.model.dtype == torch.bfloat16 and half.name.endswith(", run in bfloat16")
 
 
 def test_tokenizer_check():

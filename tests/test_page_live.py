@@ -132,6 +132,24 @@ def test_url_state_and_sampling_shows_uniforms(tiny):
     assert at.query_params["lv_seed"] == "42" and at.query_params["lv_draft"] == "ngram"
 
 
+def test_custom_prompt_travels_in_the_link(tiny):
+    """A custom prompt is in the URL (lv_prompt) and a link with one opens with it; a preset's link has no
+    lv_prompt; a prompt over PROMPT_URL_MAX characters stays out of the URL, with a note."""
+    at = _app(tiny, prompt=None, lv_preset="custom", lv_prompt="w1 w2 w3 w1 w2 <b>x</b>")
+    assert at.text_area(key="lv_prompt").value == "w1 w2 w3 w1 w2 <b>x</b>"  # literal text, never HTML
+    assert at.session_state["lv_dec"].prompt_ids  # the decoder was built from it
+    at.text_area(key="lv_prompt").input("w3 w2 w1\nw3 w2").run()
+    assert at.query_params["lv_prompt"] == "w3 w2 w1\nw3 w2" and at.query_params["lv_preset"] == "custom"
+    at.selectbox(key="lv_preset").set_value("chat").run()
+    assert "lv_prompt" not in at.query_params
+    at.text_area(key="lv_prompt").input("w1 " * 700).run()  # 2100 characters
+    assert at.session_state["lv_preset"] == "custom" and "lv_prompt" not in at.query_params
+    assert any("too long for the page's link" in c.value for c in at.caption)
+    # a preset link ignores a stray lv_prompt
+    at = _app(tiny, prompt=None, lv_preset="chat", lv_prompt="w1 w2")
+    assert at.text_area(key="lv_prompt").value == preset_text("chat")
+
+
 def test_presets_fill_the_prompt(tiny):
     at = _app(tiny, prompt=None, lv_preset="summary")
     assert at.text_area(key="lv_prompt").value == preset_text("summary")
