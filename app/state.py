@@ -39,8 +39,12 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
         default: used when the URL has no (valid) value.
         cast: parser for the raw string (int, float, str, bool).
         lo, hi: clamp numeric values into [lo, hi].
-        choices: allowed values; anything else falls back to ``default``.
+        choices: allowed values; anything else falls back to ``default``. Also checked against a value
+            already in the session (pages share one session state: a key another page set, with a value
+            this page does not offer, is seeded again rather than shown as something it is not).
     """
+    if key in st.session_state and choices is not None and st.session_state[key] not in list(choices):
+        del st.session_state[key]
     if key not in st.session_state:
         value = default
         if key in st.query_params:

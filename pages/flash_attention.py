@@ -37,7 +37,7 @@ def _n_axis(fig: go.Figure, ns: list[int]) -> None:
 
 
 def _on_preset() -> None:
-    st.session_state["sram"] = HARDWARE_PRESETS[st.session_state["preset"]].sram_kib
+    st.session_state["sram"] = HARDWARE_PRESETS[st.session_state["fa_gpu"]].sram_kib
 
 
 def _move(delta: int, n_steps: int) -> None:
@@ -63,8 +63,8 @@ url_param("bc", 3, int, lo=1, hi=STEP_BLOCK_MAX)
 url_param("causal", False, bool)
 url_param("order", "kv_outer", str, choices=list(ORDERS))
 url_param("seed", 0, int, lo=0, hi=9999)
-url_param("preset", DEFAULT_PRESET, str, choices=list(HARDWARE_PRESETS))
-url_param("sram", HARDWARE_PRESETS[st.session_state["preset"]].sram_kib, int, lo=1, hi=1024)
+url_param("fa_gpu", DEFAULT_PRESET, str, choices=list(HARDWARE_PRESETS))
+url_param("sram", HARDWARE_PRESETS[st.session_state["fa_gpu"]].sram_kib, int, lo=1, hi=1024)
 url_param("td", 64, int, choices=[32, 64, 128, 256])
 url_param("bpe", 2, int, choices=list(DTYPES))
 url_param("nmax", 16384, int, choices=N_MAX_CHOICES)
@@ -84,7 +84,7 @@ c3.number_input("Random seed", 0, 9999, key="seed")
 
 with st.sidebar:
     st.subheader("Traffic model")
-    st.selectbox("GPU (on-chip memory per SM)", list(HARDWARE_PRESETS), key="preset", on_change=_on_preset)
+    st.selectbox("GPU (on-chip memory per SM)", list(HARDWARE_PRESETS), key="fa_gpu", on_change=_on_preset)
     st.number_input("On-chip memory M per SM (KiB)", 1, 1024, key="sram",
                     help="Combined L1 + shared memory per streaming multiprocessor, from the preset; edit to try "
                          "other sizes.")
@@ -93,12 +93,12 @@ with st.sidebar:
     st.selectbox("Largest N in the charts", N_MAX_CHOICES, key="nmax", format_func=lambda v: f"{v:,}")
     st.number_input("Batch × heads", 1, 4096, key="bh", help="Traffic and memory are per head; this multiplies them.")
 
-sync_url(["n", "d", "br", "bc", "causal", "order", "seed", "preset", "sram", "td", "bpe", "nmax", "bh"])
+sync_url(["n", "d", "br", "bc", "causal", "order", "seed", "fa_gpu", "sram", "td", "bpe", "nmax", "bh"])
 
 ss = st.session_state
 try:
     rep = _report(n=ss["n"], d=ss["d"], block_q=ss["br"], block_k=ss["bc"], causal=ss["causal"],
-                  order=ss["order"], seed=ss["seed"], preset=ss["preset"], sram_kib=ss["sram"],
+                  order=ss["order"], seed=ss["seed"], preset=ss["fa_gpu"], sram_kib=ss["sram"],
                   curve_d=ss["td"], curve_n_max=ss["nmax"], bytes_per_element=ss["bpe"], batch_heads=ss["bh"])
 except SpeedupLabError as e:
     st.error(str(e))
@@ -289,7 +289,7 @@ d1.slider("Heads", 1, 8, key="mheads")
 d2.selectbox("Largest N", MEASURE_N_CHOICES, key="mnmax", format_func=lambda v: f"{v:,}")
 d3.toggle("Causal", key="mcausal")
 sync_url(["mheads", "mnmax", "mcausal"])
-if st.button("Measure naive vs fused attention (a few seconds)", key="measure"):
+if st.button("Measure naive vs fused attention (a few seconds)", key="fa_measure"):
     ns = [n for n in [128, 256, 512, 1024, 2048, 4096] if n <= ss["mnmax"]]
     with st.spinner("Measuring…"):
         try:

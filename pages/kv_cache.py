@@ -292,7 +292,7 @@ if whatif:
 
 # ---------------------------------------------------------------------------------------------- this machine
 st.subheader("This machine")
-st.button("Measure this machine (≈ 1 s: a tensor copy and a matmul)", key="measure", on_click=_measure)
+st.button("Measure this machine (≈ 1 s: a tensor copy and a matmul)", key="kv_measure", on_click=_measure)
 if measured is not None:
     st.caption(f"**{measured.name}**: memory {format_bytes(measured.memory_bytes)}, bandwidth "
                f"{measured.bandwidth / 1e9:,.1f} GB/s, matmul {measured.peak_flops / 1e12:,.3f} TFLOP/s "

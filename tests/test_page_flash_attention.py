@@ -128,7 +128,7 @@ def test_traffic_section_a100_then_h100():
     # Model: 4,456,448 · 2 B · 1024 heads = 9.13 GB; 800,768 · 2 · 1024 = 1.64 GB.
     assert list(paper["standard"]) == ["40.3 GB", "9.13 GB"]
     assert list(paper["FlashAttention"]) == ["4.4 GB", "1.64 GB"]
-    at.selectbox(key="preset").set_value("NVIDIA H100 (SXM5)").run()
+    at.selectbox(key="fa_gpu").set_value("NVIDIA H100 (SXM5)").run()
     assert at.number_input(key="sram").value == 256
     # 256 KiB / 2 = 131,072 elements: Bc = ⌈131072/256⌉ = 512.
     assert "131,072 elements" in _text(at) and "Bc = ⌈M/4d⌉ = **512**" in _text(at)
@@ -162,7 +162,7 @@ def test_url_values_are_clamped():
 
 def test_measure_button_small():
     at = _app(mnmax="512", mheads="1")
-    at.button(key="measure").click().run()
+    at.button(key="fa_measure").click().run()
     assert not at.exception and not _errors(at)
     table = at.dataframe[-1].value
     # N = 128, 256, 512, two methods each.

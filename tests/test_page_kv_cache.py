@@ -153,7 +153,7 @@ def test_roofline_table_and_device_choice():
 
 def test_measure_button_adds_this_machine():
     at = _app()
-    at.button(key="measure").click().run()
+    at.button(key="kv_measure").click().run()
     assert not at.exception
     names = at.selectbox(key="gpu").options
     assert any(n.startswith("This machine") for n in names)

@@ -29,3 +29,18 @@ def test_garbage_nan_inf_and_out_of_range():
     assert run(x="inf", n="999") == ["0.5", "16", "'a'"]
     assert run(x="-3", n="-5")[:2] == ["0.0", "1"]
     assert run(x="1e999", n="1e3")[:2] == ["0.5", "4"]
+
+
+def test_a_value_another_page_left_in_the_session_is_checked_too():
+    """Pages share one session state: a key set elsewhere to a value this page does not offer is seeded
+    again (from the URL, else the default), not kept; a valid value is kept."""
+    at = AppTest.from_function(_app)
+    at.session_state["k"] = "NVIDIA A100 (a GPU name from another page)"
+    at.query_params["k"] = "b"
+    assert [m.value for m in at.run().markdown][2] == "'b'"
+    at = AppTest.from_function(_app)
+    at.session_state["k"] = "zzz"
+    assert [m.value for m in at.run().markdown][2] == "'a'"
+    at = AppTest.from_function(_app)
+    at.session_state["k"] = "b"
+    assert [m.value for m in at.run().markdown][2] == "'b'"
