@@ -6,6 +6,8 @@ UI only: every number comes from ``engine.kv_size``.
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
@@ -265,7 +267,11 @@ fig.add_scatter(x=rep.curve["batch"], y=rep.curve["memory_ms"], name="bytes ÷ b
 fig.add_scatter(x=rep.curve["batch"], y=rep.curve["compute_ms"], name="FLOPs ÷ peak", mode="lines")
 fig.add_scatter(x=rep.curve["batch"], y=rep.curve["step_ms"], name="step time (max)", mode="lines",
                 line=dict(width=4, dash="dot"))
-fig.add_vline(x=rep.batch, line_dash="dash", annotation_text=f"batch {rep.batch}")
+# on a log axis plotly.js places a shape at the data value but an annotation at log10 of it: add_vline's
+# own annotation at x = 8 stretched the axis to 10^8
+fig.add_vline(x=rep.batch, line_dash="dash")
+fig.add_annotation(x=math.log10(rep.batch), y=1, yref="paper", showarrow=False, xanchor="left", yanchor="top",
+                   text=f" batch {rep.batch}")
 fig.update_layout(title=f"{m.name} on {rep.gpu}, {rep.context:,}-token context",
                   xaxis_title="batch (sequences)", yaxis_title="ms per decode step", xaxis_type="log",
                   yaxis_type="log", height=420, margin=dict(t=50, b=40))

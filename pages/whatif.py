@@ -8,6 +8,8 @@ UI only: every number comes from ``engine.analytic`` or ``engine.toy``. Widget k
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -260,8 +262,11 @@ def _section_batch() -> None:
         fb.add_scatter(x=bc.batches, y=bc.speedups, mode="lines", name="speculative speedup")
         fb.add_hline(y=1.0, line_dash="dot", annotation_text="break-even")
         if bc.crossover_batch:
-            fb.add_vline(x=bc.crossover_batch, line_dash="dash", line_color="red",
-                         annotation_text=f"slowdown past B ≈ {bc.crossover_batch:,.0f}")
+            # on a log axis plotly.js places a shape at the data value but an annotation at log10 of it:
+            # add_vline's own annotation at x = 187 stretched the axis to 10^187
+            fb.add_vline(x=bc.crossover_batch, line_dash="dash", line_color="red")
+            fb.add_annotation(x=math.log10(bc.crossover_batch), y=1, yref="paper", showarrow=False,
+                              xanchor="left", yanchor="top", text=f" slowdown past B ≈ {bc.crossover_batch:,.0f}")
         fb.update_layout(title=f"Speedup against batch size (α = {alpha:.2f}, γ = {gamma}, c = {cost:.2f})",
                          xaxis={"title": "batch size B", "type": "log"}, yaxis_title="speedup ×",
                          height=CHART_H, margin={"t": 40, "b": 10})

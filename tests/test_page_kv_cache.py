@@ -149,6 +149,11 @@ def test_roofline_table_and_device_choice():
     # step: 16060522496 B / 3.35e12 B/s = 4.794 ms
     assert row["step (ms)"] == "4.794"
     assert "296" in " ".join(md.value for md in at.markdown)
+    # the batch marker on the log-log roofline chart: the line at the data value, its label at log10 of it
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    fig = next(f for f in specs if f["layout"]["xaxis"].get("type") == "log")
+    (line,), (label,) = fig["layout"]["shapes"], fig["layout"]["annotations"]
+    assert line["x0"] == at.session_state["batch"] and 10 ** label["x"] == pytest.approx(line["x0"])
 
 
 def test_measure_button_adds_this_machine():

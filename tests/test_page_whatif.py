@@ -113,6 +113,14 @@ def test_batch_roofline_inputs():
     at = _tab(_app(), "When it does not help")
     m = _metrics(at)
     assert m["Slower than plain decoding from batch"] == "≈ 187"   # hand-computed in test_analytic
+    # the red line and its label sit at B ≈ 187 on the log axis: plotly.js places a shape at the data
+    # value and an annotation at its log10 (a label at x = 187 stretched the axis to 10^187)
+    fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+               if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Speedup against batch"))
+    (line,) = [s for s in fig["layout"]["shapes"] if s.get("line", {}).get("color") == "red"]
+    (label,) = [a for a in fig["layout"]["annotations"] if "slowdown past" in a["text"]]
+    assert fig["layout"]["xaxis"]["type"] == "log"
+    assert line["x0"] == pytest.approx(187, abs=1) and 10 ** label["x"] == pytest.approx(line["x0"])
     at.selectbox(key="wi_hw").set_value("RTX 4090").run()
     assert at.number_input(key="wi_bw").value == 1008.0 and at.number_input(key="wi_bw").disabled
     at.selectbox(key="wi_hw").set_value("Custom").run()
