@@ -126,7 +126,7 @@ def tour_banner() -> None:
     with st.container(border=True, key="tour_banner"):
         st.markdown(f"**Guided tour · stop {i + 1} of {len(stops)}: {stop.title}**")
         st.markdown(stop.text)
-        c1, c2, c3, _ = st.columns([1, 1, 1, 3])
+        c1, c2, c3, _ = st.columns([2, 2, 1.5, 2.5])  # wide enough for "◀ Previous" and its key hint
         if c1.button("◀ Previous", key="tour_prev", disabled=i == 0, width="stretch", shortcut="Shift+Left"):
             go_to_stop(i - 1)
         last = i == len(stops) - 1

@@ -19,6 +19,7 @@ from engine.analytic import (GAMMA_MAX, batch_speedup_curve, best_gamma, break_e
 from engine.errors import InputError, TokenizerMismatchError
 from engine.flash import (HARDWARE_PRESETS as FLASH_HW, block_sizes, flash_traffic, sram_elements,
                           standard_attention, standard_traffic, tiled_attention)
+from engine.flash import format_bytes as flash_bytes  # decimal GB/MB, as the FlashAttention page and paper
 from engine.kv_size import (HardwareSpec, ModelSpec, decode_step, format_bytes, kv_bytes, kv_bytes_per_sequence,
                             model_preset)
 from engine.prefix_cache import (estimate_ttft_ms, join_requests, preset_requests, reusable_tokens,
@@ -160,7 +161,7 @@ def flash_questions(d: int, sram_kib: int, bytes_per_element: int, n_max: int,
         "traffic", f"At N = {n_max:,}, d = {d} and {sram_kib} KiB of on-chip memory, how many times fewer bytes "
                    "does FlashAttention move to and from main memory than standard attention (forward pass)?",
         bands, 0 if ratio < 2 else (1 if ratio <= 8 else 2),
-        f"Standard: {format_bytes(sn.bytes)}; FlashAttention (Br = {br}, Bc = {bc}): {format_bytes(fn.bytes)} — "
+        f"Standard: {flash_bytes(sn.bytes)}; FlashAttention (Br = {br}, Bc = {bc}): {flash_bytes(fn.bytes)} — "
         f"**{ratio:.1f}×** less.", src)]
     half = max(n_max // 2, 1)
     grow = standard_traffic(2 * half, d, bytes_per_element).extra_bytes / standard_traffic(
@@ -170,8 +171,8 @@ def flash_questions(d: int, sram_kib: int, bytes_per_element: int, n_max: int,
     qs.append(Question(
         "extra_memory", f"Going from N = {half:,} to N = {2 * half:,}, standard attention's extra memory "
                         "(the score and probability matrices) grows by…", opts, pick,
-        f"It holds S and P, 2·N² elements: {format_bytes(standard_traffic(half, d, bytes_per_element).extra_bytes)}"
-        f" → {format_bytes(standard_traffic(2 * half, d, bytes_per_element).extra_bytes)}, **{grow:.0f}×**. "
+        f"It holds S and P, 2·N² elements: {flash_bytes(standard_traffic(half, d, bytes_per_element).extra_bytes)}"
+        f" → {flash_bytes(standard_traffic(2 * half, d, bytes_per_element).extra_bytes)}, **{grow:.0f}×**. "
         f"FlashAttention keeps only m and ℓ (2·N elements): 2×.", src))
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(n_small, d_small, generator=g) for _ in range(3))
@@ -517,8 +518,8 @@ def tour_stops() -> list[TourStop]:
         TourStop("FlashAttention", PageLink("flash-attention", {"n": 10, "d": 4, "br": 4, "bc": 3, "step": 5,
                                                                 "nmax": 16384, "td": 64, "bpe": 2}),
                  f"Step through the tiles and watch the running maximum m and sum ℓ rescale. Below, at N = 16,384 "
-                 f"standard attention moves {format_bytes(st_.bytes)} per head, FlashAttention "
-                 f"{format_bytes(fl.bytes)} ({st_.bytes / fl.bytes:.1f}× less), for the same output."),
+                 f"standard attention moves {flash_bytes(st_.bytes)} per head, FlashAttention "
+                 f"{flash_bytes(fl.bytes)} ({st_.bytes / fl.bytes:.1f}× less), for the same output."),
         TourStop("KV-cache size", PageLink("kv-cache", {"preset": "Llama-3.1-8B", "context": 32768, "batch": 8}),
                  f"Llama-3.1-8B shares each KV head among 4 query heads (GQA): {format_bytes(kv_seq)} per "
                  f"32k-token sequence instead of {format_bytes(kv_mha)} with one KV head per query head. Look at "

@@ -129,11 +129,17 @@ step = tr.steps[k]
 r0, r1 = step.rows
 c0, c1_ = step.cols
 
+
+def _rows(a: int, b: int) -> str:
+    """Rows a … b − 1 as text: "4–7 (4 rows)", or "4 (1 row)"."""
+    return f"{a}–{b - 1} ({b - a} rows)" if b - a != 1 else f"{a} (1 row)"
+
+
 left, right = st.columns([2, 3])
 with left:
     st.markdown(f"**Step {k + 1} of {n_steps}** — in fast memory now:")
-    st.markdown(f"- Q block **i = {step.i}**: query rows {r0}–{r1 - 1} ({r1 - r0} rows)\n"
-                f"- K, V block **j = {step.j}**: key/value rows {c0}–{c1_ - 1} ({c1_ - c0} rows)")
+    st.markdown(f"- Q block **i = {step.i}**: query rows {_rows(r0, r1)}\n"
+                f"- K, V block **j = {step.j}**: key/value rows {_rows(c0, c1_)}")
     # Tile map: done / now / to do / skipped.
     status = np.where(tr.grid < 0, 0, np.where(tr.grid < k, 1, np.where(tr.grid == k, 3, 2)))
     labels = np.where(tr.grid < 0, "masked", (tr.grid + 1).astype(str))

@@ -200,7 +200,8 @@ if m.is_mla:
     st.info(f"**Latent attention**: each layer caches {m.kv_lora_rank} + {m.qk_rope_head_dim} = "
             f"{m.kv_lora_rank + m.qk_rope_head_dim} numbers per token, whatever the number of heads.")
 else:
-    st.info(f"**{m.attention_kind}**: {m.num_heads} query heads share {m.num_kv_heads} KV heads "
+    st.info(f"**{m.attention_kind}**: {m.num_heads} query heads share {m.num_kv_heads} "
+            f"KV head{'' if m.num_kv_heads == 1 else 's'} "
             f"({m.num_heads // m.num_kv_heads} query heads per KV head); each layer caches "
             f"2 × {m.num_kv_heads} × {m.head_dim} = {2 * m.num_kv_heads * m.head_dim} numbers per token.")
 if m.sliding_window and m.sliding_layers:

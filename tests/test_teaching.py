@@ -138,6 +138,17 @@ def test_tour_stops_use_real_page_keys():
         assert check_link_keys(link, _keys(link.url_path)) == []
 
 
+def test_flash_tour_stop_uses_the_pages_units():
+    """The FlashAttention page writes traffic in decimal GB/MB (as the paper does); the tour banner over it
+    said the same numbers in GiB/MiB ("2.01 GiB" above the page's "2.16 GB")."""
+    from engine.flash import format_bytes as flash_bytes
+    from engine.flash import standard_traffic
+
+    (stop,) = [s for s in tour_stops() if s.link.url_path == "flash-attention"]
+    assert flash_bytes(standard_traffic(16384, 64, 2).bytes) in stop.text
+    assert "GiB" not in stop.text and "MiB" not in stop.text
+
+
 def test_trade_offs_and_wild():
     rows = trade_offs()
     assert len(rows) == 6 and {r.page for r in rows} <= set(REG)
