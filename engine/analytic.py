@@ -610,6 +610,9 @@ class MeasuredComparison:
         predicted_curve: E / (γc + t(γ+1)/t(1)) with the measured verify-cost curve (None if the
             curve is missing).
         verify_ratio: t(γ+1)/t(1) from the measured curve (None if missing).
+        verify_slope: the slope s of t(n) = t(1)·(1 + s·(n − 1)) through that ratio, (ratio − 1) / γ,
+            clamped to [0, 1] (None if missing): with it, the analytic model's "with verify cost"
+            speedup at this α, γ, c equals ``predicted_curve``.
         measured: the live page's measured speedup (None if it did not measure a baseline).
         curve_ns, curve_ms: the measured curve (tokens per pass → ms), sorted.
         best_gamma_curve: best γ under the measured curve (None if missing).
@@ -626,6 +629,7 @@ class MeasuredComparison:
     curve_ns: list[int]
     curve_ms: list[float]
     best_gamma_curve: int | None
+    verify_slope: float | None = None
 
 
 def compare_with_measured(run: object) -> MeasuredComparison:
@@ -667,4 +671,5 @@ def compare_with_measured(run: object) -> MeasuredComparison:
     return MeasuredComparison(alpha=a, gamma=g, c=c, tokens_per_pass=expected_tokens_per_pass(a, g),
                               predicted_simple=speedup(a, g, c), predicted_curve=pred_curve,
                               verify_ratio=ratio, measured=measured, curve_ns=ns, curve_ms=ms,
-                              best_gamma_curve=best_c)
+                              best_gamma_curve=best_c,
+                              verify_slope=None if ratio is None else min(max((ratio - 1.0) / g, 0.0), 1.0))

@@ -352,9 +352,15 @@ def _section_measured() -> None:
                 st.plotly_chart(fm, width="stretch", key="wi_fig_measured")
             else:
                 st.caption("The run has no verify-time curve; only the simple prediction is shown.")
-            st.button("Use these α, γ, c in the sliders above", key="wi_btn_use_measured", on_click=_set,
-                      kwargs={"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),
-                              "cost": round(mc.c, 2), "steps": 0})
+            use = {"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),
+                   "cost": round(mc.c, 2), "steps": 0}
+            if mc.verify_slope is not None:  # so the analytic model's "with verify cost" agrees
+                use["slope"] = round(mc.verify_slope, 2)
+            st.button("Use these α, γ, c (and the measured verify slope) in the sliders", key="wi_btn_use_measured",
+                      on_click=_set, kwargs=use,
+                      help=None if mc.verify_slope is None else
+                      f"Also sets the analytic model's verify-cost slope to s = {mc.verify_slope:.2f}: "
+                      f"t(γ+1)/t(1) = {mc.verify_ratio:.2f} = 1 + s·γ.")
 
 for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),
                        (tab_batch, _section_batch), (tab_toy, _section_toy),

@@ -155,9 +155,12 @@ def test_compare_with_measured():
     assert m.predicted_simple == pytest.approx(2.734375 / 1.3)
     assert m.predicted_curve == pytest.approx(2.734375 / 1.6)
     assert m.measured == 1.7 and m.curve_ns == [1, 4]
+    # slope through t(4)/t(1) = 1.3 at γ = 3: (1.3 − 1) / 3 = 0.1; the analytic model then gives the same
+    assert m.verify_slope == pytest.approx(0.1)
+    assert analytic_view(0.75, 3, 0.1, m.verify_slope).speedup_realistic == pytest.approx(m.predicted_curve)
     m2 = compare_with_measured(types.SimpleNamespace(acceptance_rate=0.5, draft_cost_ratio=0.2, gamma=2,
                                                      verify_ms_by_tokens={}, measured_speedup=None))
-    assert m2.predicted_curve is None and m2.measured is None
+    assert m2.predicted_curve is None and m2.measured is None and m2.verify_slope is None
     with pytest.raises(InputError):
         compare_with_measured(object())
     with pytest.raises(InputError):

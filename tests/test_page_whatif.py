@@ -176,6 +176,13 @@ def test_measured_numbers_section():
     at.button(key="wi_btn_use_measured").click().run()
     assert (at.slider(key="wi_alpha").value, at.slider(key="wi_gamma").value,
             at.slider(key="wi_cost").value) == (0.75, 3, 0.1)
+    # and the slope through the measured t(4)/t(1) = 1.3: (1.3 − 1)/3 = 0.1, so the analytic tab's
+    # "with verify cost" equals the 1.71× above
+    assert at.session_state["wi_slope"] == pytest.approx(0.1)
+    at = _tab(at, "Analytic model")
+    assert at.slider(key="wi_slope").value == pytest.approx(0.1)
+    assert "1.71× with verify cost" in [m.delta for m in at.metric if m.label.startswith("Speedup E")][0]
+    at = _tab(at, "My measured numbers")
     at.session_state["measured_run"] = types.SimpleNamespace(acceptance_rate=None)
     at.run()
     assert at.error and "run the live page first" in at.error[0].value
