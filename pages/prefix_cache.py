@@ -112,7 +112,12 @@ c1.button("◀ Previous", on_click=_step, args=(-1,), disabled=st.session_state[
 c2.button("Next ▶", on_click=_step, args=(1,), disabled=st.session_state["pc_step"] >= n_req)
 c3.button("All", on_click=_step, args=(n_req,), disabled=st.session_state["pc_step"] >= n_req)
 if n_req > 1:
-    c4.slider("Show requests 1 to", 1, n_req, key="pc_step")
+    # pc_step is the page's value; the slider gets it written in before it is drawn. A slider keyed on
+    # pc_step itself kept showing its old value after a run that stopped on an error (pool too small)
+    # while the page used the restored one.
+    st.session_state["pc_step_slider"] = st.session_state["pc_step"]
+    c4.slider("Show requests 1 to", 1, n_req, key="pc_step_slider",
+              on_change=lambda: st.session_state.update(pc_step=st.session_state["pc_step_slider"]))
 step = int(st.session_state["pc_step"])
 tot = sim.totals(step)
 cur = sim.requests[step - 1]

@@ -50,20 +50,20 @@ def test_default_view_matches_engine(tok):
 def test_step_buttons(tok):
     at = _run()
     n = len(preset_requests("system"))
-    assert at.slider(key="pc_step").value == n
+    assert at.slider(key="pc_step_slider").value == n
     at.button[0].click()            # ◀ Previous
     at = _run(at)
-    assert at.slider(key="pc_step").value == n - 1
+    assert at.slider(key="pc_step_slider").value == n - 1
     assert len(at.dataframe[0].value) == n - 1
-    at.slider(key="pc_step").set_value(1)
+    at.slider(key="pc_step_slider").set_value(1)
     at = _run(at)
     assert _metric(at, "Hit rate (requests shown)") == "0.0%"   # the first request can only miss
     at.button[1].click()            # Next ▶
     at = _run(at)
-    assert at.slider(key="pc_step").value == 2
+    assert at.slider(key="pc_step_slider").value == 2
     at.button[2].click()            # All
     at = _run(at)
-    assert at.slider(key="pc_step").value == n
+    assert at.slider(key="pc_step_slider").value == n
 
 
 def test_timestamp_start_vs_end(tok):

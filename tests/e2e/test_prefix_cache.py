@@ -56,3 +56,35 @@ def test_prefix_cache_measure_button(page, app_url):
     assert "pc_block=8" in page.url and "pc_capacity=40" in page.url, page.url
     assert "whole blocks of 8)" in body
     screenshot(page, "prefix_cache_measured")
+
+
+def _slider_value(page) -> int:
+    """The value the "Show requests 1 to" slider shows (its text: label, value, min, max)."""
+    return int(page.locator(".st-key-pc_step_slider").inner_text().split()[4])  # "Show requests 1 to N 1 max"
+
+
+def test_request_slider_follows_the_page_after_a_pool_error(page, app_url):
+    """Lower the pool until the first request no longer fits (an error stops the page), raise it again:
+    the "Show requests 1 to" slider must show the step the page shows (it stayed at 1 while the page
+    showed all requests), and Previous must step back from there."""
+    page.set_viewport_size({"width": 1400, "height": 1600})
+    page.goto(app_url + "/prefix-cache?pc_capacity=16")
+    wait_idle(page)
+    _wait_text(page, "Requests through the block pool")
+    sim, _ = simulate_texts(join_requests(preset_requests("system")), load_tokenizer("embedded"), 16, 24, 2, 0.5)
+    n = len(sim.requests)
+    capacity = page.get_by_role("slider").nth(1)   # block size, pool capacity, running at once, requests
+    capacity.focus()
+    for _ in range(12):                            # 16 → 4 blocks: request 1 needs more
+        page.keyboard.press("ArrowLeft")
+    page.get_by_text("the pool holds only").first.wait_for(timeout=30_000)
+    page.get_by_role("slider").nth(1).focus()
+    for _ in range(20):                            # 4 → 24 blocks: fits again
+        page.keyboard.press("ArrowRight")
+    wait_idle(page)
+    _wait_text(page, f"{sim.hit_tokens:,} of {sim.prompt_tokens:,}")   # all n requests shown
+    assert _slider_value(page) == n
+    page.get_by_role("button", name="◀ Previous").click()
+    wait_idle(page)
+    assert _slider_value(page) == n - 1
+    _wait_text(page, f"{sim.totals(n - 1).hit_tokens:,} of {sim.totals(n - 1).prompt_tokens:,}")
