@@ -96,7 +96,9 @@ def start_tour_button() -> None:
     c1, c2 = st.columns([1, 1])
     if c1.button("▶ Start the guided tour", type="primary", key="tour_start", width="stretch"):
         go_to_stop(0)
-    c2.button("Presenter mode " + ("off" if st.session_state.get(PRESENT_KEY) else "on"), key="present_toggle",
+    # an action, not a status: "Presenter mode on" read as if it already were
+    c2.button("Leave presenter mode" if st.session_state.get(PRESENT_KEY) else "Switch to presenter mode",
+              key="present_toggle",
               width="stretch", help="Larger fonts and a hidden sidebar; or add ?present=1 to any page's URL.",
               on_click=_toggle_presenter)
 

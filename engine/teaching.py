@@ -436,12 +436,19 @@ class QualityMistake:
     chi2_p_naive: float
 
 
-def quality_mistake(n_rounds: int = 2000, seed: int = 0) -> QualityMistake:
+QUALITY_TOY = {"n": 2000, "gamma": 4, "target_peak": 8.0, "draft_peak": 4.0, "context": "cat", "seed": 0}
+"""The toy run of the quality mistake; its "Reproduce" link opens the what-if page's check with the same
+settings, so both show the same numbers."""
+
+
+def quality_mistake(n_rounds: int = QUALITY_TOY["n"], seed: int = QUALITY_TOY["seed"]) -> QualityMistake:
     """Run the toy distribution check with the engine's verification and with the naive rule."""
     from engine.toy import run_toy_rounds, verify_always_accept
 
-    ok = run_toy_rounds(n_rounds, 4, 8.0, 4.0, "cat", seed)
-    bad = run_toy_rounds(n_rounds, 4, 8.0, 4.0, "cat", seed, verify=verify_always_accept)
+    q = QUALITY_TOY
+    args = (n_rounds, q["gamma"], q["target_peak"], q["draft_peak"], q["context"], seed)
+    ok = run_toy_rounds(*args)
+    bad = run_toy_rounds(*args, verify=verify_always_accept)
     return QualityMistake(n_rounds, ok.tvd, bad.tvd, ok.chi2_p, bad.chi2_p)
 
 
@@ -686,7 +693,10 @@ MISTAKE_LINKS: dict[str, PageLink] = {
                                        "wi_params_b": 7.0, "wi_max_batch": 1024}),
     "timestamp": PageLink("prefix-cache", {"pc_preset": "timestamp", "pc_ts": "start"}),
     "long_answer": PageLink("prefix-cache", {"pc_preset": "system"}),
-    "quality": PageLink("whatif", {"wi_tab": "Distribution check", "wi_toy_rule": "Naive: accept every draft token"}),
+    "quality": PageLink("whatif", {"wi_tab": "Distribution check", "wi_toy_rule": "Naive: accept every draft token",
+                                   "wi_toy_n": QUALITY_TOY["n"], "wi_toy_seed": QUALITY_TOY["seed"],
+                                   "wi_toy_gamma": QUALITY_TOY["gamma"], "wi_toy_target": QUALITY_TOY["target_peak"],
+                                   "wi_toy_draft": QUALITY_TOY["draft_peak"], "wi_toy_ctx": QUALITY_TOY["context"]}),
 }
 """Pages that reproduce each mistake (the tokenizer mistake is reproduced on the mistakes page itself)."""
 

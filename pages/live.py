@@ -366,8 +366,9 @@ else:
     alpha = stats.acceptance_rate
     e_alpha = expected_tokens_per_pass(alpha, dec.gamma) if alpha is not None else None
     m = st.columns(4)
-    m[0].metric("Measured α̂ (accepted ÷ judged)", "—" if alpha is None else f"{alpha:.3f}",
-                help=f"{stats.accepted} accepted of {stats.judged} judged draft tokens "
+    # short labels: a 4-column row at 1280 px (a projector) cut the longer ones mid-word
+    m[0].metric("Measured α̂", "—" if alpha is None else f"{alpha:.3f}",
+                help=f"Accepted ÷ judged: {stats.accepted} accepted of {stats.judged} judged draft tokens "
                      f"({stats.drafted} drafted; accepted ÷ drafted = "
                      f"{'—' if stats.accepted_fraction is None else f'{stats.accepted_fraction:.3f}'}).")
     m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
@@ -376,10 +377,10 @@ else:
                 help="E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1). Rounds where the "
                      "draft proposed fewer than γ tokens (prompt lookup without a match, the draft head's "
                      "confidence gate, the end of the run) pull the measured value below E.")
-    m[2].metric("Measured c (draft step ÷ target pass)",
+    m[2].metric("Measured c",
                 "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
-                help="Draft time per draft token ÷ mean target verify pass. The first round that drafts is "
-                     "left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
+                help="Draft step ÷ target pass: draft time per draft token ÷ mean target verify pass. The "
+                     "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
                      "drawn round by round; many small draft operations slow down more than one big target "
                      "pass while the browser redraws on the same CPU, so c can read high. After Run "
                      "baseline: from the last timed speculative run, with nothing drawn.")

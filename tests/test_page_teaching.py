@@ -79,11 +79,12 @@ def test_presenter_mode_from_url_and_toggle():
     styles = [h.proto.body for h in at.get("html")]
     assert any("font-size: 1.3rem" in s for s in styles)
     assert at.session_state["present"] is True
-    assert at.button(key="present_toggle").label == "Presenter mode off"
+    assert at.button(key="present_toggle").label == "Leave presenter mode"
     at.button(key="present_toggle").click().run()
     assert at.session_state["present"] is False
     assert not any("font-size: 1.3rem" in h.proto.body for h in at.get("html"))
     assert at.query_params.get("present") in (None, [])
+    assert at.button(key="present_toggle").label == "Switch to presenter mode"
 
 
 def test_presenter_mode_with_tour_on_a_page():

@@ -205,3 +205,14 @@ def test_only_the_open_tab_runs_and_tab_comes_from_the_url():
     assert at.selectbox(key="wi_hw").value == "H100 SXM"      # unknown preset → default
     assert "Tokens per target pass E" not in [m.label for m in at.metric]
     assert "Speedup at batch 1" in [m.label for m in at.metric]
+
+
+def test_quality_mistake_link_reproduces_the_mistakes_numbers():
+    """The mistakes page's "Reproduce" link for the naive rule opens this page's check with the same toy
+    settings, so the page shows the same total variation distance (it showed 0.1690 at 10 000 rounds
+    against the mistakes page's 0.158 at 2 000)."""
+    from engine.teaching import MISTAKE_LINKS, quality_mistake
+
+    at = _app(**MISTAKE_LINKS["quality"].params)
+    assert not at.exception
+    assert _metrics(at)["Total variation distance"] == f"{quality_mistake().tvd_naive:.4f}"
