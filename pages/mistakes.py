@@ -11,7 +11,8 @@ from engine.teaching import (MISTAKE_LINKS, large_batch_mistake, long_answer_mis
 
 st.title("🚧 Common mistakes, live")
 st.markdown("Five mistakes people make with these speedups. Each shows its effect with the engine's "
-            "numbers; the button opens the page in the state that reproduces it.")
+            "numbers; a button opens the page in the state that reproduces it (the tokenizer mistake is "
+            "reproduced right here).")
 
 
 @st.cache_data(show_spinner=False)
@@ -56,8 +57,8 @@ else:
                   {"tokenizer": "draft (stand-in)", "ids": str(tm.draft_ids)},
                   {"tokenizer": "draft's ids read by the target", "ids": tm.draft_ids_read_by_target}],
                  hide_index=True, width="stretch")
-    if tm.engine_error:
-        st.error(f"The engine refuses the pair: {tm.engine_error}")
+    if tm.engine_error:  # the expected outcome, shown as such (a red error box read as the app failing)
+        st.info(f"✅ As it should, the engine refuses the pair: {tm.engine_error}")
     st.caption(f"Sentence: “{tm.text}”. The live page runs the same check "
                "(engine.models.check_tokenizers_compatible) before it accepts any draft model.")
 

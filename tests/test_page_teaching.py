@@ -166,6 +166,15 @@ def test_teaching_pages_render():
         assert len(at.dataframe) == tables
 
 
+def test_tokenizer_mistake_is_shown_as_the_expected_refusal():
+    """The engine refusing a draft with another tokenizer is the point of mistake 2: an info box, not a red
+    error that reads as the app failing on a projector."""
+    at = _main()
+    at.switch_page(str(ROOT / "pages" / "mistakes.py")).run()
+    assert any("As it should, the engine refuses the pair" in i.value for i in at.info)
+    assert not at.error
+
+
 def test_mistake_button_reproduces_the_timestamp_mistake():
     at = _main()
     at.switch_page(str(ROOT / "pages" / "mistakes.py")).run()
