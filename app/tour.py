@@ -21,22 +21,45 @@ PRESENT_KEY = "present"
 
 # A fixed style sheet (no user or model text): larger type for a projector.
 _PRESENTER_CSS = """<style>
-[data-testid="stMainBlockContainer"] { font-size: 1.3rem; max-width: 96rem; }
+[data-testid="stMainBlockContainer"] { font-size: 1.3rem; max-width: 96rem; padding-top: 4rem; }
 [data-testid="stMainBlockContainer"] p, [data-testid="stMainBlockContainer"] li,
 [data-testid="stMainBlockContainer"] label, [data-testid="stMainBlockContainer"] td,
 [data-testid="stMainBlockContainer"] th { font-size: 1.3rem !important; }
-[data-testid="stMainBlockContainer"] h1 { font-size: 3.2rem !important; }
+[data-testid="stMainBlockContainer"] h1 { font-size: 2.8rem !important; padding-top: 0.5rem; }
 [data-testid="stMainBlockContainer"] h2 { font-size: 2.4rem !important; }
 [data-testid="stMainBlockContainer"] h3 { font-size: 1.9rem !important; }
 [data-testid="stMetricValue"], [data-testid="stMetricValue"] p,
 [data-testid="stMetricValue"] div { font-size: 2.6rem !important; }
 [data-testid="stMainBlockContainer"] button p { font-size: 1.3rem !important; }
+[data-testid="stMainBlockContainer"] [data-testid="stCaptionContainer"] p { font-size: 1.1rem !important; }
+[data-testid="stMainBlockContainer"] input, [data-testid="stMainBlockContainer"] textarea,
+[data-testid="stMainBlockContainer"] [data-baseweb="select"] div { font-size: 1.15rem !important; }
+[data-testid="stMainBlockContainer"] [data-testid="stSliderThumbValue"],
+[data-testid="stMainBlockContainer"] [data-testid="stMetricDelta"] div { font-size: 1.15rem !important; }
 </style>"""
+PRESENTER_CHART_FONT = 17  # px: Plotly's base font on a projector (its default is 12)
+PRESENTER_FONT_SCALE = PRESENTER_CHART_FONT / 12  # for chart text given an explicit size
 
 
 @st.cache_data(show_spinner=False)
 def _stops():
     return tour_stops()
+
+
+def presenting() -> bool:
+    """Whether presenter mode is on in this session."""
+    return bool(st.session_state.get(PRESENT_KEY))
+
+
+def intro(markdown: str) -> None:
+    """A page's opening paragraph (fixed text: no user or model text). In presenter mode it folds into an
+    "About this page" expander, so the page's controls and visuals fit the projector's first screen;
+    the presenter says the words."""
+    if presenting():
+        with st.expander("About this page"):
+            st.markdown(markdown)
+    else:
+        st.markdown(markdown)
 
 
 def _flag(raw: str | None) -> bool:
@@ -126,9 +149,9 @@ def tour_banner() -> None:
     stops = _stops()
     stop = stops[i]
     with st.container(border=True, key="tour_banner"):
-        st.markdown(f"**Guided tour · stop {i + 1} of {len(stops)}: {stop.title}**")
-        st.markdown(stop.text)
-        c1, c2, c3, _ = st.columns([2, 2, 1.5, 2.5])  # wide enough for "◀ Previous" and its key hint
+        # the title and the stepping buttons share a row, so the stop's page starts higher on the screen
+        t, c1, c2, c3 = st.columns([3.4, 1.6, 1.5, 1.5], vertical_alignment="center")
+        t.markdown(f"**Guided tour · stop {i + 1} of {len(stops)}: {stop.title}**")
         if c1.button("◀ Previous", key="tour_prev", disabled=i == 0, width="stretch", shortcut="Shift+Left"):
             go_to_stop(i - 1)
         last = i == len(stops) - 1
@@ -142,3 +165,4 @@ def tour_banner() -> None:
             else:
                 go_to_stop(i + 1)
         c3.button("✕ Leave tour", key="tour_leave", width="stretch", on_click=leave_tour)
+        st.markdown(stop.text)

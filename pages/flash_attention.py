@@ -10,8 +10,10 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from app.charts import show_chart
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
+from app.tour import intro
 from engine.errors import SpeedupLabError
 from engine.teaching import flash_questions
 from engine.flash import (CURVE_N_MAX, DEFAULT_PRESET, HARDWARE_PRESETS, PAPER_EXAMPLE, STEP_BLOCK_MAX,
@@ -45,7 +47,7 @@ def _move(delta: int, n_steps: int) -> None:
 
 
 st.title("⚡ FlashAttention: exact attention in tiles")
-st.markdown(
+intro(
     "Standard attention builds the whole N × N score matrix in the GPU's main memory (HBM), reads it "
     "back for the softmax, writes the probabilities, and reads those again to mix the values. "
     "**FlashAttention** never builds that matrix. It brings a block of queries and a block of keys and "
@@ -153,7 +155,7 @@ with left:
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
     st.markdown("**Tiles** — orange: now, blue: done, light: still to come, grey: skipped (all masked). "
                 "Numbers give the visit order.")
-    st.plotly_chart(fig, width="stretch", key="tilemap")
+    show_chart(fig, key="tilemap")
 with right:
     sc = np.where(np.isinf(step.scores), np.nan, step.scores)
     fig = go.Figure(go.Heatmap(
@@ -164,7 +166,7 @@ with right:
     fig.update_xaxes(title="key column", dtick=1)
     fig.update_layout(height=320, margin=dict(l=10, r=10, t=50, b=10),
                       title=dict(text=f"Score tile S_ij = Q_i K_jᵀ / √d ({r1 - r0} × {c1_ - c0})", font_size=13))
-    st.plotly_chart(fig, width="stretch", key="scoretile")
+    show_chart(fig, key="scoretile")
 
 
 def _f(x: float) -> str:
@@ -224,7 +226,7 @@ with ch1:
     fig.update_yaxes(type="log", title="bytes read + written (HBM)", tickformat="~s")
     fig.update_layout(title="Main-memory traffic, one forward pass", height=380,
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
-    st.plotly_chart(fig, width="stretch", key="traffic")
+    show_chart(fig, key="traffic")
 with ch2:
     fig = go.Figure()
     fig.add_scatter(x=cv.ns, y=cv.standard_extra_bytes, name="standard: S and P (2N²)", mode="lines+markers")
@@ -233,7 +235,7 @@ with ch2:
     fig.update_yaxes(type="log", title="extra main memory (bytes)", tickformat="~s")
     fig.update_layout(title="Extra memory beyond Q, K, V, O", height=380,
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
-    st.plotly_chart(fig, width="stretch", key="extra")
+    show_chart(fig, key="extra")
 
 sn, fn = rep.standard_at_n, rep.flash_at_n
 st.markdown(f"**At N = {sn.n:,}** (per head): standard moves {format_bytes(sn.bytes)}, FlashAttention "
@@ -319,7 +321,7 @@ if meas:
         fig.update_yaxes(type="log", title="time (ms)")
         fig.update_layout(title="Time per call", height=360, legend=dict(orientation="h", y=-0.25),
                           margin=dict(t=50))
-        st.plotly_chart(fig, width="stretch", key="mtime")
+        show_chart(fig, key="mtime")
     with e2:
         fig = go.Figure()
         for series, name in ((naive, "naive"), (fused, "fused SDPA")):
@@ -331,7 +333,7 @@ if meas:
         fig.update_yaxes(type="log", title="peak extra memory (bytes)", tickformat="~s")
         fig.update_layout(title="Peak extra memory: measured vs model", height=360,
                           legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
-        st.plotly_chart(fig, width="stretch", key="mmem")
+        show_chart(fig, key="mmem")
     st.dataframe([{"N": m.n, "method": m.method, "time (ms)": f"{m.ms:.2f}",
                    "peak extra memory": format_bytes(m.peak_extra_bytes) if m.peak_extra_bytes is not None else "n/a",
                    "model": format_bytes(m.predicted_extra_bytes),

@@ -12,9 +12,11 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
+from app.charts import show_chart
 from app.registry import PAGES_DIR, available_pages
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
+from app.tour import intro
 from engine.errors import SpeedupLabError
 from engine.teaching import kv_questions
 from engine.kv_size import (HARDWARE_PRESETS, KV_DTYPES, MODEL_PRESETS, WEIGHT_DTYPES, ModelSpec,
@@ -89,7 +91,7 @@ def _on_hub() -> None:
 
 
 st.title("🧮 KV-cache size: MHA, GQA and MQA")
-st.markdown(
+intro(
     "During decode every layer keeps a **key** and a **value** vector for every earlier token, per "
     "KV head: the **KV cache**. Its size is `2 · layers · KV heads · head dim · tokens · bytes`, and "
     "each decode step reads all of it again, together with every weight. Grouped-query attention (GQA) "
@@ -209,7 +211,9 @@ if m.sliding_window and m.sliding_layers:
                "their share of the cache stops growing once the window is full.")
 k1, k2, k3, k4 = st.columns(4)
 k1.metric(f"KV per token ({rep.kv_dtype})", format_bytes(rep.per_token))
-k2.metric(f"KV per sequence ({rep.context:,} tokens)", format_bytes(rep.per_sequence))
+# the length in a pill under the value: a label with it was cut off in 4 columns at 1280 px (presenter)
+k2.metric("KV per sequence", format_bytes(rep.per_sequence), delta=f"{rep.context:,} tokens",
+          delta_color="off", delta_arrow="off")
 k3.metric(f"KV for the batch of {rep.batch}", format_bytes(rep.batch_bytes))
 k4.metric(f"Weights ({rep.weight_dtype})", format_bytes(rep.weights))
 
@@ -276,7 +280,7 @@ fig.add_annotation(x=math.log10(rep.batch), y=1, yref="paper", showarrow=False, 
 fig.update_layout(title=f"{m.name} on {rep.gpu}, {rep.context:,}-token context",
                   xaxis_title="batch (sequences)", yaxis_title="ms per decode step", xaxis_type="log",
                   yaxis_type="log", height=420, margin=dict(t=50, b=40))
-st.plotly_chart(fig, width="stretch")
+show_chart(fig)
 
 cb = rep.compute_bound[rep.gpu]
 one = rep.steps[rep.gpu]

@@ -11,9 +11,11 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
+from app.charts import show_chart
 from app.resources import get_model
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
+from app.tour import intro
 from engine.analytic import expected_tokens_per_pass
 from engine.errors import InputError, SpeedupLabError
 from engine.live_view import (
@@ -49,7 +51,7 @@ URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft"
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
 
 st.title("🔴 Live speculative decoding")
-st.markdown(
+intro(
     "A small **draft** proposes γ tokens; the **target** checks all of them in **one** forward pass and "
     "keeps the longest agreed prefix, plus one token of its own (a **correction** at the first rejected "
     "position, or a **bonus** token when every draft token was accepted). Under sampling a draft token x "
@@ -225,6 +227,18 @@ if S.get("lv_error"):
     st.error(S["lv_error"])
     st.stop()
 
+status = st.empty()
+progress = st.empty()
+round_box = st.container(border=True)
+with round_box:
+    round_title = st.empty()
+    round_md = st.empty()
+text_box = st.container()
+with text_box:
+    st.subheader("Generated text")
+    text_md = st.empty()
+    st.markdown(legend_markdown())
+# the rule's fine print sits under the round and its text, so a round is on the first screen
 greedy = S["lv_temp"] == 0
 if greedy:
     st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
@@ -240,18 +254,6 @@ if dec.proposer is not None and S["lv_draft"] == "head" and S["lv_conf"] > 0:
 if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
                "probability p(x) and a rejection resamples from p with x removed.")
-
-status = st.empty()
-progress = st.empty()
-round_box = st.container(border=True)
-with round_box:
-    round_title = st.empty()
-    round_md = st.empty()
-text_box = st.container()
-with text_box:
-    st.subheader("Generated text")
-    text_md = st.empty()
-    st.markdown(legend_markdown())
 
 
 def _draw_text(d: SpeculativeDecoder) -> None:
@@ -428,7 +430,7 @@ else:
                          xaxis_title="draft position", yaxis_title="accepted ÷ evaluated",
                          yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 10})
         fa.update_xaxes(tickmode="linear", dtick=1)
-        c1.plotly_chart(fa, width="stretch", key="lv_fig_pos")
+        show_chart(fa, key="lv_fig_pos", where=c1)
     else:
         c1.caption("No draft token judged yet.")
     timed_rounds = ab.spec_rounds if ab is not None else dec.rounds
@@ -438,7 +440,7 @@ else:
     ft.add_bar(x=rounds_x, y=[r.verify_ms for r in timed_rounds], name="verify ms (target pass)")
     ft.update_layout(title="Time per round" + (" (last timed run)" if ab is not None else ""), barmode="stack",
                      xaxis_title="round", yaxis_title="ms", height=300, margin={"t": 40, "b": 10})
-    c2.plotly_chart(ft, width="stretch", key="lv_fig_time")
+    show_chart(ft, key="lv_fig_time", where=c2)
 
 # ------------------------------------------------------------------------------------------ round inspector
 if dec.rounds:
@@ -470,13 +472,13 @@ if dec.rounds:
                               title=f"Position {j + 1}: verdict {d.verdict}")
             fig.update_yaxes(range=[0, 1.05])
             fig.update_xaxes(type="category")  # a token such as "2" is a label, not a number
-            st.plotly_chart(fig, width="stretch", key="lv_fig_pq")
+            show_chart(fig, key="lv_fig_pq")
         if rnd.residual_top:
             res = [t for t in rnd.residual_top if t.prob > 0]
             fr = go.Figure(go.Bar(x=chart_labels(res), y=[t.prob for t in res]))
             fr.update_layout(title="Residual norm(max(0, p − q)) the correction was drawn from (top 5)",
                              height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
-            st.plotly_chart(fr, width="stretch", key="lv_fig_res")
+            show_chart(fr, key="lv_fig_res")
         elif rnd.next_kind == "correction" and greedy:
             st.caption("Greedy: the correction is the target's argmax at the rejected position "
                        "(no residual distribution).")
@@ -485,7 +487,7 @@ if dec.rounds:
             fn = go.Figure(go.Bar(x=chart_labels(nxt), y=[t.prob for t in nxt]))
             fn.update_layout(title=f"Target p where its own ({rnd.next_kind}) token was drawn (top 5)",
                              height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
-            st.plotly_chart(fn, width="stretch", key="lv_fig_next")
+            show_chart(fn, key="lv_fig_next")
     with st.expander("All rounds"):
         st.dataframe(history_rows(dec.rounds), hide_index=True, width="stretch",
                      column_config={"draft ms": st.column_config.NumberColumn(format="%.1f"),

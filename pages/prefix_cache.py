@@ -7,9 +7,11 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.colors import qualitative
 
+from app.charts import show_chart
 from app.resources import get_model, get_tokenizer
 from app.teaching import check_yourself, safe_questions
 from app.state import sync_url, url_param
+from app.tour import intro
 from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
 from engine.prefix_cache import (
@@ -25,7 +27,7 @@ UNIQUE = PARTIAL + 2            # colour index of full blocks only one request u
 TS_CHOICES = ["start", "end"]
 
 st.title("🧱 Prefix caching")
-st.markdown(
+intro(
     "Requests often begin with the same tokens: a system prompt, a few-shot block, the earlier turns of a "
     "conversation. Their keys and values come out identical every time, so a serving engine can keep the "
     "KV cache of those tokens after a request ends and hand it to the next request that starts the same "
@@ -182,8 +184,8 @@ fig.update_yaxes(tickvals=list(range(len(shown))), ticktext=[f"Request {r.index 
                  autorange="reversed")
 fig.update_xaxes(title="block position in the prompt (each block = "
                        f"{sim.block_size} tokens; the last one may be partial)")
-fig.update_layout(height=90 + 42 * len(shown), margin=dict(l=10, r=10, t=10, b=40))
-st.plotly_chart(fig, width="stretch", key="pc_table")
+fig.update_layout(height=114 + 42 * len(shown), margin=dict(l=10, r=10, t=34, b=40))
+show_chart(fig, key="pc_table")
 st.caption("Each row is a request's block table. A bright colour marks a block (one hash) that several "
            "requests use: the same colour in two rows is the same cached block"
            + (" (colours repeat after 24 shared blocks)" if n_shared > len(PALETTE) else "") + "; pale "
@@ -228,12 +230,12 @@ for p in cur.pool:
 pfig = go.Figure([_heat(pz_cached, ptxt, phov, 0.45, "free/cached"), _heat(pz_used, ptxt, phov, 1.0, "in use")])
 pfig.update_yaxes(visible=False, autorange="reversed")
 pfig.update_xaxes(visible=False)
-pfig.update_layout(height=40 + 30 * rows, margin=dict(l=10, r=10, t=10, b=10))
+pfig.update_layout(height=64 + 30 * rows, margin=dict(l=10, r=10, t=34, b=10))
 n_state = {s: sum(p.state == s for p in cur.pool) for s in ("in use", "cached", "free")}
 st.markdown(f"**The pool after request {step}** — {sim.capacity} blocks: {n_state['in use']} in use (solid, "
             f"×n = reference count), {n_state['cached']} cached and evictable (faded), "
             f"{n_state['free']} free (blank).")
-st.plotly_chart(pfig, width="stretch", key="pc_pool")
+show_chart(pfig, key="pc_pool")
 
 st.dataframe([
     {"Request": r.index + 1, "Prompt tokens": r.prompt_tokens, "Blocks": len(r.blocks),
@@ -314,7 +316,7 @@ if measured is not None and measured["key"] == pair_key:
     ])
     cfig.update_layout(barmode="group", yaxis_title="time to first token (ms)", height=330,
                        margin=dict(l=10, r=10, t=30, b=10))
-    st.plotly_chart(cfig, width="stretch", key="pc_measure_chart")
+    show_chart(cfig, key="pc_measure_chart")
     ok = m.max_abs_logit_diff < 1e-4 and m.same_first_token
     (st.success if ok else st.warning)(
         f"Reusing the cache gives the same first token ({'yes' if m.same_first_token else 'NO'}) with logits "

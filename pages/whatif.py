@@ -13,8 +13,10 @@ import math
 import plotly.graph_objects as go
 import streamlit as st
 
+from app.charts import show_chart
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
+from app.tour import intro
 from engine.analytic import (GAMMA_MAX, HARDWARE_PRESETS, SIM_MAX_ROUNDS, analytic_view,
                              batch_speedup_curve, compare_with_measured, simulate_rounds,
                              try_it_exercises)
@@ -91,7 +93,7 @@ def _fmt_alpha(a: float | None) -> str:
 
 # ------------------------------------------------------------------ page
 st.title("📈 What-if: how much faster?")
-st.markdown(
+intro(
     "Speculative decoding's speedup follows from three numbers: the **acceptance rate α** (chance the "
     "target keeps a draft token), the **draft length γ**, and the **draft cost c** (one draft step as a "
     "fraction of a target pass). Move them and watch the expected gain; then check that the output "
@@ -110,9 +112,8 @@ tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_t
 
 # ------------------------------------------------------------------ analytic model
 def _section_model() -> None:
-    st.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step=0.01, key="wi_slope",
-              help="How much each extra token in the target's verify pass costs, as a fraction of a "
-                   "decode step. 0 = the simple model (free while memory-bound); 1 = fully compute-bound.")
+    # the slope's slider is drawn under the charts (its value is in the session already), so the metrics
+    # and the γ chart are on the first screen
     try:
         v = analytic_view(alpha, gamma, cost, st.session_state["wi_slope"])
     except SpeedupLabError as e:
@@ -128,12 +129,6 @@ def _section_model() -> None:
     m4.metric("Break-even α", _fmt_alpha(v.break_even),
               delta=f"{_fmt_alpha(v.break_even_realistic)} with verify cost", delta_color="off", delta_arrow="off",
               help="Below this acceptance rate even the best γ is slower than plain decoding.")
-    st.caption(
-        f"Formulas: Leviathan et al. 2023, Eq. 1 and Theorem 3.8. With the verify-cost model a pass over "
-        f"γ + 1 = {gamma + 1} tokens costs {v.verify_ratio:.2f} decode steps, so the speedup is "
-        f"E / (γc + {v.verify_ratio:.2f}) = {v.speedup_realistic:.2f}× instead of {v.speedup:.2f}×: the "
-        f"simple formula assumes checking γ tokens is free, which is why it overestimates.")
-
     left, right = st.columns(2)
     fig = go.Figure()
     for a, ys in v.curves.items():
@@ -145,10 +140,11 @@ def _section_model() -> None:
                     mode="markers", name="best γ", marker={"symbol": "star", "size": 12, "color": "black"})
     fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
                     name="yours, with verify cost", line={"dash": "dash", "width": 3})
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+    # the label sits bottom left: at γ = 1 the curves are above 1× unless α is low (at the right they cross)
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain", annotation_position="bottom left")
     fig.update_layout(title="Speedup against γ (★ best γ)", xaxis_title="draft length γ",
                       yaxis_title="speedup ×", height=CHART_H, margin={"t": 40, "b": 10})
-    left.plotly_chart(fig, width="stretch", key="wi_fig_gamma")
+    show_chart(fig, key="wi_fig_gamma", where=left)
 
     zmax = max(max(row) for row in v.heat)
     split = 1.0 / zmax  # colour 1× (break-even) pale yellow: red below, green above
@@ -161,14 +157,23 @@ def _section_model() -> None:
                      name="you", showlegend=False)
     heat.update_layout(title=f"Speedup over (α, γ) at c = {cost:.2f}", xaxis_title="γ", yaxis_title="α",
                        height=CHART_H, margin={"t": 40, "b": 10})
-    right.plotly_chart(heat, width="stretch", key="wi_fig_heat")
+    show_chart(heat, key="wi_fig_heat", where=right)
+
+    st.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step=0.01, key="wi_slope",
+              help="How much each extra token in the target's verify pass costs, as a fraction of a "
+                   "decode step. 0 = the simple model (free while memory-bound); 1 = fully compute-bound.")
+    st.caption(
+        f"Formulas: Leviathan et al. 2023, Eq. 1 and Theorem 3.8. With the verify-cost model a pass over "
+        f"γ + 1 = {gamma + 1} tokens costs {v.verify_ratio:.2f} decode steps, so the speedup is "
+        f"E / (γc + {v.verify_ratio:.2f}) = {v.speedup_realistic:.2f}× instead of {v.speedup:.2f}×: the "
+        f"simple formula assumes checking γ tokens is free, which is why it overestimates.")
 
     fe = go.Figure()
     fe.add_scatter(x=v.alpha_grid, y=v.tokens_vs_alpha, mode="lines", name=f"γ = {gamma}")
     fe.add_scatter(x=[alpha], y=[v.tokens_per_pass], mode="markers", marker={"size": 12}, name="you")
     fe.update_layout(title=f"Tokens per target pass against α (γ = {gamma})", xaxis_title="α",
                      yaxis_title="tokens per pass", height=CHART_H - 40, margin={"t": 40, "b": 10})
-    st.plotly_chart(fe, width="stretch", key="wi_fig_tokens")
+    show_chart(fe, key="wi_fig_tokens")
 
 # ------------------------------------------------------------------ step simulator
 def _section_simulator() -> None:
@@ -204,7 +209,7 @@ def _section_simulator() -> None:
         fr.add_hline(y=sim.expected, line_dash="dash", annotation_text=f"E = {sim.expected:.2f}")
         fr.update_layout(title="Running average of tokens per pass", xaxis_title="round",
                          yaxis_title="tokens per pass", height=CHART_H, margin={"t": 40, "b": 10})
-        left.plotly_chart(fr, width="stretch", key="wi_fig_running")
+        show_chart(fr, key="wi_fig_running", where=left)
         ks = list(range(1, gamma + 2))
         fh = go.Figure()
         fh.add_bar(x=ks, y=[c / sim.n for c in sim.counts], name="simulated")
@@ -212,7 +217,7 @@ def _section_simulator() -> None:
         fh.update_layout(title="Tokens per pass: simulated vs exact", xaxis_title="tokens in the round",
                          yaxis_title="fraction of rounds", barmode="group", height=CHART_H,
                          margin={"t": 40, "b": 10})
-        right.plotly_chart(fh, width="stretch", key="wi_fig_hist")
+        show_chart(fh, key="wi_fig_hist", where=right)
 
     st.subheader("Try it")
     e1, e2, e3 = st.columns(3)
@@ -270,7 +275,7 @@ def _section_batch() -> None:
         fb.update_layout(title=f"Speedup against batch size (α = {alpha:.2f}, γ = {gamma}, c = {cost:.2f})",
                          xaxis={"title": "batch size B", "type": "log"}, yaxis_title="speedup ×",
                          height=CHART_H, margin={"t": 40, "b": 10})
-        st.plotly_chart(fb, width="stretch", key="wi_fig_batch")
+        show_chart(fb, key="wi_fig_batch")
         st.caption("Roofline per pass: max(weight bytes / bandwidth, 2·params·B·tokens / peak FLOP/s); "
                    "ignores KV-cache reads and attention, so real systems cross over earlier. The draft "
                    "step is charged c × a plain decode step at the same batch.")
@@ -314,7 +319,7 @@ def _section_toy() -> None:
         ft.add_bar(x=tr.vocab, y=tr.q, name="draft q", opacity=0.45)
         ft.update_layout(title=f"First token after “{tr.context}”", barmode="group", yaxis_title="probability",
                          height=CHART_H, margin={"t": 40, "b": 10})
-        st.plotly_chart(ft, width="stretch", key="wi_fig_toy")
+        show_chart(ft, key="wi_fig_toy")
         st.dataframe({"word": tr.vocab, "target p": [round(x, 3) for x in tr.p],
                       "speculative output": [round(x, 3) for x in tr.first_freq],
                       "draft q": [round(x, 3) for x in tr.q]}, hide_index=True)
@@ -349,7 +354,7 @@ def _section_measured() -> None:
                 fm.update_layout(title="Measured target pass time by tokens in the pass",
                                  xaxis_title="tokens fed to the target", yaxis_title="ms",
                                  height=CHART_H - 60, margin={"t": 40, "b": 10})
-                st.plotly_chart(fm, width="stretch", key="wi_fig_measured")
+                show_chart(fm, key="wi_fig_measured")
             else:
                 st.caption("The run has no verify-time curve; only the simple prediction is shown.")
             use = {"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),

@@ -183,3 +183,25 @@ def test_mistake_button_reproduces_the_timestamp_mistake():
     assert not at.exception
     assert at.title[0].value.startswith("🧱 Prefix caching")
     assert at.session_state["pc_preset"] == "timestamp" and at.session_state["pc_ts"] == "start"
+
+
+def test_presenter_mode_folds_the_intro_and_enlarges_chart_text():
+    # the page's opening paragraph folds into "About this page" and its charts get projector-sized
+    # text (every element an explicit size: Streamlit's theme ignores layout.font.size)
+    at = _main(present="1", tour="1")
+    at.switch_page("../pages/whatif.py").run()  # the stop's page: what-if, analytic tab
+    assert not at.exception
+    about = [e for e in at.expander if e.label == "About this page"]
+    assert len(about) == 1 and "acceptance rate α" in about[0].markdown[0].value
+    import json
+    from app.tour import PRESENTER_CHART_FONT
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert spec["layout"]["xaxis"]["tickfont"]["size"] == PRESENTER_CHART_FONT
+    assert spec["layout"]["legend"]["font"]["size"] == PRESENTER_CHART_FONT
+    # without presenter mode: the paragraph is on the page and the chart is drawn as built
+    at = _main(tour="1")
+    at.switch_page("../pages/whatif.py").run()
+    assert not [e for e in at.expander if e.label == "About this page"]
+    assert any("acceptance rate α" in m.value for m in at.markdown)
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert "tickfont" not in spec["layout"].get("xaxis", {})

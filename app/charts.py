@@ -1,0 +1,75 @@
+"""Draw the pages' Plotly charts: ``show_chart(fig, key=...)`` instead of ``st.plotly_chart``.
+
+In presenter mode (``?present=1``) every chart's text is enlarged for a projector: text a page gave an
+explicit size is scaled by ``PRESENTER_FONT_SCALE``, the rest is set to ``PRESENTER_CHART_FONT`` px.
+Elsewhere the figure is drawn as the page built it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.tour import PRESENTER_CHART_FONT, PRESENTER_FONT_SCALE, presenting
+
+_FONT_KEYS = {"font", "tickfont", "textfont", "insidetextfont", "outsidetextfont", "hoverlabel_font"}
+
+
+def _scale_sizes(node: Any, scale: float, under_font: bool = False) -> Any:
+    """Scale every ``size`` inside a font object of a figure's dict (recursively)."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if under_font and k == "size" and isinstance(v, (int, float)):
+                out[k] = round(v * scale, 1)
+            elif under_font and k == "size" and isinstance(v, list):  # per-point sizes
+                out[k] = [round(x * scale, 1) if isinstance(x, (int, float)) else x for x in v]
+            else:
+                out[k] = _scale_sizes(v, scale, k in _FONT_KEYS)
+        return out
+    if isinstance(node, list):
+        return [_scale_sizes(x, scale, under_font) for x in node]
+    return node
+
+
+def presenter_figure(fig: go.Figure, base_px: float = PRESENTER_CHART_FONT,
+                     scale: float = PRESENTER_FONT_SCALE) -> go.Figure:
+    """A copy of ``fig`` with projector-sized text: explicit sizes × ``scale``, the rest ``base_px`` (px).
+
+    Streamlit's chart theme sets each element's font size itself and ignores ``layout.font.size``, so
+    every text element gets an explicit size: axis ticks and titles, the chart title, the legend,
+    annotations, hover labels, trace text and colour bars. The input figure is not changed (a page may
+    draw a cached figure more than once).
+    """
+    out = go.Figure(_scale_sizes(fig.to_plotly_json(), scale))
+
+    def fill(font, px: float = base_px) -> None:
+        if font.size is None:
+            font.size = px
+
+    lay = out.layout
+    _ = lay.xaxis, lay.yaxis  # make sure the main axes exist, so the loops below reach them
+    for ax in [*out.select_xaxes(), *out.select_yaxes()]:
+        fill(ax.tickfont)
+        fill(ax.title.font)
+    fill(lay.title.font, base_px + 2)
+    fill(lay.legend.font)
+    fill(lay.hoverlabel.font)
+    for a in lay.annotations:
+        fill(a.font)
+    for tr in out.data:
+        if "textfont" in tr:
+            fill(tr.textfont)
+        if "colorbar" in tr:
+            fill(tr.colorbar.tickfont)
+            fill(tr.colorbar.title.font)
+    return out
+
+
+def show_chart(fig: go.Figure, key: str | None = None, where: Any = None) -> None:
+    """Draw ``fig`` at full width in ``where`` (a column or container; the page by default)."""
+    if presenting():
+        fig = presenter_figure(fig)
+    (where if where is not None else st).plotly_chart(fig, width="stretch", key=key)

@@ -1,0 +1,34 @@
+"""app.charts.presenter_figure: projector-sized chart text, every element given an explicit size
+(Streamlit's chart theme ignores layout.font.size), the page's figure left as it was."""
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.charts import presenter_figure
+
+
+def test_explicit_sizes_are_scaled_and_the_rest_filled():
+    fig = make_subplots(rows=1, cols=2)
+    fig.add_trace(go.Bar(x=["a"], y=[2], text=["2"], textfont={"size": 10}), 1, 1)
+    fig.add_trace(go.Heatmap(z=[[1.0]], colorbar={"title": "×"}), 1, 2)
+    fig.update_layout(title={"text": "t", "font": {"size": 13}})
+    fig.add_annotation(x="a", y=2, text="no size")
+    fig.add_annotation(x="a", y=1, text="sized", font={"size": 12})
+    out = presenter_figure(fig, base_px=18, scale=1.5)
+    # explicit: × 1.5 (13 → 19.5, 10 → 15, 12 → 18)
+    assert out.layout.title.font.size == 19.5
+    assert out.data[0].textfont.size == 15
+    assert [a.font.size for a in out.layout.annotations] == [18, 18]
+    # unset: the base size, on both subplots' axes, the colour bar and the legend
+    for ax in ("xaxis", "xaxis2", "yaxis", "yaxis2"):
+        assert out.layout[ax].tickfont.size == 18 and out.layout[ax].title.font.size == 18, ax
+    assert out.data[1].colorbar.tickfont.size == 18 and out.data[1].colorbar.title.font.size == 18
+    assert out.layout.legend.font.size == 18
+    # the input is unchanged (a cached figure drawn twice must not grow twice)
+    assert fig.layout.title.font.size == 13 and fig.data[0].textfont.size == 10
+    assert fig.layout.xaxis.tickfont.size is None
+
+
+def test_per_point_sizes_are_scaled():
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[1, 2], mode="text", text=["a", "b"], textfont={"size": [10, 20]}))
+    assert list(presenter_figure(fig, scale=2.0).data[0].textfont.size) == [20, 40]
