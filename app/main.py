@@ -28,5 +28,5 @@ pages = [
     for p in available_pages()
 ]
 nav = st.navigation(pages)
-tour_banner()
+tour_banner(nav.url_path)
 nav.run()

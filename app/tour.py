@@ -18,27 +18,62 @@ from engine.teaching import PageLink, tour_stops
 
 TOUR_KEY = "tour_stop"
 PRESENT_KEY = "present"
+_LINK_CHECKED = "tour_link_checked"
 
 # A fixed style sheet (no user or model text): larger type for a projector.
 _PRESENTER_CSS = """<style>
-[data-testid="stMainBlockContainer"] { font-size: 1.3rem; max-width: 96rem; padding-top: 4rem; }
+[data-testid="stMain"] { --sl-text: 1.3rem; --sl-small: 1.15rem; --sl-metric: 2.6rem; }
+/* with the sidebar open the page is ~300 px narrower: smaller type, so labels are not cut off */
+[data-testid="stAppViewContainer"]:has([data-testid="stSidebar"][data-collapsed="false"]) [data-testid="stMain"] {
+  --sl-text: 1.1rem; --sl-small: 1rem; --sl-metric: 2rem; }
+[data-testid="stMainBlockContainer"] { font-size: var(--sl-text); max-width: 96rem; padding-top: 4rem; }
 [data-testid="stMainBlockContainer"] p, [data-testid="stMainBlockContainer"] li,
 [data-testid="stMainBlockContainer"] label, [data-testid="stMainBlockContainer"] td,
-[data-testid="stMainBlockContainer"] th { font-size: 1.3rem !important; }
+[data-testid="stMainBlockContainer"] th { font-size: var(--sl-text) !important; }
 [data-testid="stMainBlockContainer"] h1 { font-size: 2.8rem !important; padding-top: 0.5rem; }
 [data-testid="stMainBlockContainer"] h2 { font-size: 2.4rem !important; }
 [data-testid="stMainBlockContainer"] h3 { font-size: 1.9rem !important; }
 [data-testid="stMetricValue"], [data-testid="stMetricValue"] p,
-[data-testid="stMetricValue"] div { font-size: 2.6rem !important; }
-[data-testid="stMainBlockContainer"] button p { font-size: 1.3rem !important; }
-[data-testid="stMainBlockContainer"] [data-testid="stCaptionContainer"] p { font-size: 1.1rem !important; }
+[data-testid="stMetricValue"] div { font-size: var(--sl-metric) !important; }
+[data-testid="stMainBlockContainer"] button p { font-size: var(--sl-text) !important; }
+[data-testid="stMainBlockContainer"] [data-testid="stCaptionContainer"] p { font-size: var(--sl-small) !important; }
 [data-testid="stMainBlockContainer"] input, [data-testid="stMainBlockContainer"] textarea,
-[data-testid="stMainBlockContainer"] [data-baseweb="select"] div { font-size: 1.15rem !important; }
+[data-testid="stMainBlockContainer"] [data-baseweb="select"] div { font-size: var(--sl-small) !important; }
 [data-testid="stMainBlockContainer"] [data-testid="stSliderThumbValue"],
-[data-testid="stMainBlockContainer"] [data-testid="stMetricDelta"] div { font-size: 1.15rem !important; }
+[data-testid="stMainBlockContainer"] [data-testid="stMetricDelta"] div { font-size: var(--sl-small) !important; }
 </style>"""
 PRESENTER_CHART_FONT = 17  # px: Plotly's base font on a projector (its default is 12)
 PRESENTER_FONT_SCALE = PRESENTER_CHART_FONT / 12  # for chart text given an explicit size
+
+# A fixed script (no user or model text; the stop number is an int), drawn with the tour banner:
+# * Shift+→ / Shift+← step the tour even while a slider, radio or checkbox has the focus. Streamlit
+#   ignores button shortcuts then, and the widget itself took the keys: a stop's demo (move α, switch
+#   the radio) was undone by the key meant to leave it. Text fields keep their own Shift+arrows.
+# * A new stop opens at the top of the page, with the banner in view, even when the previous stop was
+#   on the same page scrolled down.
+_TOUR_SCRIPT = """<script>
+(() => {
+  const w = window;
+  if (!w.__speedupLabTourKeys) {
+    w.__speedupLabTourKeys = true;
+    document.addEventListener("keydown", (e) => {
+      if (!e.shiftKey || e.altKey || e.ctrlKey || e.metaKey) return;
+      if (e.key !== "ArrowRight" && e.key !== "ArrowLeft") return;
+      const a = document.activeElement;
+      const kind = a && a.tagName === "INPUT" ? a.type : "";
+      if (!["range", "radio", "checkbox"].includes(kind) && !(a && a.getAttribute("role") === "slider")) return;
+      const b = document.querySelector(e.key === "ArrowRight" ? ".st-key-tour_next button" : ".st-key-tour_prev button");
+      if (!b || b.disabled) return;
+      e.preventDefault(); e.stopPropagation(); a.blur(); b.click();
+    }, true);
+  }
+  if (w.__speedupLabTourStop !== STOP) {
+    w.__speedupLabTourStop = STOP;
+    const main = document.querySelector('[data-testid="stMain"]');
+    if (main) main.scrollTo(0, 0);
+  }
+})();
+</script>"""
 
 
 @st.cache_data(show_spinner=False)
@@ -105,7 +140,22 @@ def go_to_stop(i: int) -> None:
     stops = _stops()
     i = min(max(i, 0), len(stops) - 1)
     st.session_state[TOUR_KEY] = i
+    st.session_state[_LINK_CHECKED] = True
     goto(stops[i].link, stops[i].clear)
+
+
+def _open_linked_stop(page_url_path: str) -> None:
+    """A link with ``tour=i`` opened on another page than stop i's, or with none of the stop's settings
+    (a hand-made ``/?tour=2`` or ``/whatif?tour=1``), opens the stop as the tour would: its page, its
+    settings. A link copied at a stop (its page and settings, perhaps changed) is left as it is. Checked
+    once per session, on the first run with a tour."""
+    i = st.session_state.get(TOUR_KEY)
+    if i is None or st.session_state.get(_LINK_CHECKED):
+        return
+    st.session_state[_LINK_CHECKED] = True
+    link = _stops()[i].link
+    if page_url_path != link.url_path or not any(k in st.query_params for k in link.params):
+        go_to_stop(i)
 
 
 def leave_tour() -> None:
@@ -137,20 +187,22 @@ def _toggle_presenter() -> None:
         del st.query_params[PRESENT_KEY]
 
 
-def tour_banner() -> None:
+def tour_banner(page_url_path: str) -> None:
     """Presenter styling and, while the tour is on, its banner: where we are, what to look at, and
-    Previous / Next / Leave. Call from app/main.py after ``st.navigation`` and before ``.run()``."""
+    Previous / Next / Leave. Call from app/main.py after ``st.navigation`` and before ``.run()``, with
+    the page's ``url_path`` ("" for the home page)."""
     _keep_modes_in_url()
     if st.session_state.get(PRESENT_KEY):
         st.html(_PRESENTER_CSS)
     i = st.session_state.get(TOUR_KEY)
     if i is None:
         return
+    _open_linked_stop(page_url_path)
     stops = _stops()
     stop = stops[i]
     with st.container(border=True, key="tour_banner"):
         # the title and the stepping buttons share a row, so the stop's page starts higher on the screen
-        t, c1, c2, c3 = st.columns([3.4, 1.6, 1.5, 1.5], vertical_alignment="center")
+        t, c1, c2, c3 = st.columns([2.8, 1.8, 1.6, 1.6], vertical_alignment="center")
         t.markdown(f"**Guided tour · stop {i + 1} of {len(stops)}: {stop.title}**")
         if c1.button("◀ Previous", key="tour_prev", disabled=i == 0, width="stretch", shortcut="Shift+Left"):
             go_to_stop(i - 1)
@@ -166,3 +218,4 @@ def tour_banner() -> None:
                 go_to_stop(i + 1)
         c3.button("✕ Leave tour", key="tour_leave", width="stretch", on_click=leave_tour)
         st.markdown(stop.text)
+        st.html(_TOUR_SCRIPT.replace("STOP", str(int(i))), unsafe_allow_javascript=True)

@@ -160,8 +160,10 @@ def verdict_frame(rnd: Round) -> str:
                          + chip(rnd.next_text, STYLE["correction"]) + " :orange[(correction)]")
         else:
             parts.append(chip(d.text, STYLE["discarded"], strike=True))
-    if rnd.next_kind == "bonus":
-        parts.append("＋ " + chip(rnd.next_text, STYLE["bonus"]) + " :blue[(bonus)]")
+    if rnd.ended_in_draft:
+        parts.append(":gray[(the accepted end-of-sequence token ended the output)]")
+    elif rnd.next_kind == "bonus":
+        parts.append("+ " + chip(rnd.next_text, STYLE["bonus"]) + " :blue[(bonus)]")
     elif rnd.next_kind == "plain":
         parts.append(chip(rnd.next_text, STYLE["plain"]) + " :gray[(plain step)]")
     return "**Verify:** " + " ".join(parts)
@@ -180,6 +182,8 @@ def round_summary(rnd: Round) -> str:
     what = {"correction": "the target corrected the first rejected token",
             "bonus": "all accepted, the target added a bonus token",
             "plain": "no draft: a plain target step"}[rnd.next_kind]
+    if rnd.ended_in_draft:
+        what = "an accepted end-of-sequence draft token ended the output"
     if rnd.tokens_verified == 0:
         return (f"Round {rnd.index + 1}: {n} drafted, {len(rnd.emitted_ids)} emitted — no target pass: the "
                 f"prompt's prefill pass already gave p for this token.")

@@ -25,7 +25,7 @@ from engine.errors import InputError
 from engine.models import LoadedModel
 from engine.proposers import CachedLM, Proposer
 from engine.sampling import MAX_GAMMA, SamplingConfig, sample, verify_greedy, verify_sampling, warp_probs
-from engine.trace import DraftPosition, Round, RunStats, TopToken, run_stats
+from engine.trace import AFTER_END, DraftPosition, Round, RunStats, TopToken, run_stats
 
 MAX_NEW_TOKENS = 4096
 
@@ -248,12 +248,17 @@ class SpeculativeDecoder:
         if self.proposer is not None:
             self.proposer.rollback(self.seq)
 
+        # draft tokens the output keeps: an accepted end-of-sequence token inside the draft ends the output
+        # there, and the draft tokens after it (accepted or not) are past the end, not part of α̂
+        n_kept = min(verdict.n_accepted, len(emitted))
         positions = []
         top_p = text.top_rows(p)
         # a one-hot q has one token with q > 0: no need to search V for it
         top_q = [[TopToken(x, text(x), 1.0)] for x in draft] if point_mass else text.top_rows(q[:k])
         for i, x in enumerate(draft):
-            if i < verdict.n_accepted:
+            if n_kept < verdict.n_accepted and i >= n_kept:
+                verdict_s = AFTER_END
+            elif i < verdict.n_accepted:
                 verdict_s = "accepted"
             elif i == verdict.n_accepted:
                 verdict_s = "rejected"
@@ -268,7 +273,7 @@ class SpeculativeDecoder:
         kind = verdict.next_kind if k > 0 else "plain"
         rnd = Round(
             index=len(self.rounds), context_len=context_len, drafted=positions,
-            n_accepted=verdict.n_accepted, next_token_id=verdict.next_token,
+            n_accepted=n_kept, next_token_id=verdict.next_token,
             next_text=text(verdict.next_token), next_kind=kind,
             next_top_p=top_p[verdict.n_accepted],
             residual_top=text.top(verdict.residual) if verdict.residual is not None else None,

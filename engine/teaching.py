@@ -21,7 +21,7 @@ from engine.flash import (HARDWARE_PRESETS as FLASH_HW, block_sizes, flash_traff
                           standard_attention, standard_traffic, tiled_attention)
 from engine.flash import format_bytes as flash_bytes  # decimal GB/MB, as the FlashAttention page and paper
 from engine.kv_size import (HardwareSpec, ModelSpec, decode_step, format_bytes, kv_bytes, kv_bytes_per_sequence,
-                            model_preset)
+                            kv_report, model_preset)
 from engine.prefix_cache import (estimate_ttft_ms, join_requests, preset_requests, reusable_tokens,
                                  simulate_texts)
 
@@ -496,14 +496,16 @@ def tour_stops() -> list[TourStop]:
     st_, fl = standard_traffic(16384, 64, 2), flash_traffic(16384, 64, br, bc, bytes_per_element=2)
     llama = model_preset("Llama-3.1-8B")
     kv_seq = kv_bytes_per_sequence(llama, 32768)
-    kv_mha = kv_bytes_per_sequence(dataclasses.replace(llama, num_kv_heads=llama.num_heads), 32768)
+    kv_mha_batch = kv_bytes(dataclasses.replace(llama, num_kv_heads=llama.num_heads), 32768, batch=8)
+    kv_step = kv_report(llama, 32768, batch=8).steps["H100 SXM"]  # the page's roofline table, H100 row
     cross = "beyond the chart" if lb.crossover_batch is None else f"from a batch of about {lb.crossover_batch:,.0f}"
     return [
         TourStop("A live round", PageLink("live", {"lv_preset": "code", "lv_draft": "ngram", "lv_gamma": 4,
                                                    "lv_temp": 0.0}),
-                 "Press **Step** a few times. The prompt asks to edit quoted code, so prompt lookup (no draft "
-                 "model at all) finds the next tokens in the prompt: watch several green, accepted tokens "
-                 "arrive from a single target pass, and the target's own token close each round.",
+                 "Press **Step one round** (or N) a few times. The prompt asks to edit quoted code. The first "
+                 "rounds draft nothing; once the answer starts copying the code, prompt lookup (no draft model "
+                 "at all) finds the next tokens in the prompt: watch several green, accepted tokens arrive from "
+                 "a single target pass, and the target's own token close each round.",
                  clear=("lv_prompt",)),
         TourStop("When does it pay?", PageLink("whatif", {"wi_alpha": 0.6, "wi_gamma": 8, "wi_cost": 0.3,
                                                           "wi_tab": "Analytic model"}),
@@ -514,7 +516,8 @@ def tour_stops() -> list[TourStop]:
                                                              "wi_tab": "When it does not help",
                                                              "wi_hw": "H100 SXM", "wi_params_b": 7.0,
                                                              "wi_max_batch": 1024}),
-                 f"Back to α = 0.8, γ = 4, c = 0.05, now for a {lb.params_b:g} B model on an {lb.hardware}: {lb.speedup_at_1:.2f}× at batch 1, "
+                 f"Now α = 0.8, γ = 4, c = 0.05, for a {lb.params_b:g} B model on an {lb.hardware}: "
+                 f"{lb.speedup_at_1:.2f}× at batch 1, "
                  f"but a slowdown {cross}. A large batch already fills the GPU's compute, so checking γ + 1 "
                  "tokens per sequence is no longer free."),
         TourStop("Prefix caching", PageLink("prefix-cache", {"pc_preset": "timestamp", "pc_ts": "start",
@@ -528,9 +531,11 @@ def tour_stops() -> list[TourStop]:
                  f"standard attention moves {flash_bytes(st_.bytes)} per head, FlashAttention "
                  f"{flash_bytes(fl.bytes)} ({st_.bytes / fl.bytes:.1f}× less), for the same output."),
         TourStop("KV-cache size", PageLink("kv-cache", {"preset": "Llama-3.1-8B", "context": 32768, "batch": 8}),
-                 f"Llama-3.1-8B shares each KV head among 4 query heads (GQA): {format_bytes(kv_seq)} per "
-                 f"32k-token sequence instead of {format_bytes(kv_mha)} with one KV head per query head. Look at "
-                 "the roofline table: this much KV traffic is what every decode step reads."),
+                 f"Llama-3.1-8B shares each KV head among {llama.num_heads // llama.num_kv_heads} query heads "
+                 f"(GQA): {format_bytes(kv_seq)} per 32k-token sequence, {format_bytes(kv_bytes(llama, 32768, batch=8))} "
+                 f"for the batch of 8, against {format_bytes(kv_mha_batch)} with one KV head per query head (MHA; "
+                 f"the MHA/MQA table). Further down, the roofline table: {format_bytes(kv_step.kv_bytes)} of the "
+                 f"{format_bytes(kv_step.bytes_read)} an H100 decode step reads is KV cache."),
     ]
 
 

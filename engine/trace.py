@@ -10,6 +10,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 
+AFTER_END = "after the end"
+"""Verdict of draft positions after an accepted end-of-sequence draft token (the output ended there)."""
+
+
 @dataclass
 class TopToken:
     """One entry of a top-5 list: token id, its text, its probability."""
@@ -30,7 +34,9 @@ class DraftPosition:
         accept_prob: min(1, p/q) under sampling; 1 or 0 under greedy (argmax match); None if the
             position was never evaluated (after an earlier rejection).
         u: the uniform draw compared with accept_prob (sampling only).
-        verdict: "accepted", "rejected" or "discarded" (drafted after the first rejection).
+        verdict: "accepted", "rejected", "discarded" (drafted after the first rejection) or
+            ``AFTER_END`` (after an accepted end-of-sequence draft token, which ended the output: not
+            part of the output, nor of α̂).
         top_p, top_q: the 5 most likely tokens under p and q at this position (for a one-hot q, as
             in prompt lookup, top_q is that one token).
     """
@@ -54,7 +60,8 @@ class Round:
         index: 0-based round number.
         context_len: tokens in the sequence before the round (prompt + generated).
         drafted: the draft positions (may be empty: prompt lookup found nothing, or baseline mode).
-        n_accepted: draft tokens kept.
+        n_accepted: draft tokens kept in the output (when an accepted end-of-sequence draft token ended
+            the output, the tokens after it are not counted: see ``ended_in_draft``).
         next_token_id, next_text: the target's own token (correction, bonus, or plain step).
         next_kind: "correction", "bonus" or "plain" (no draft tokens were proposed).
         next_top_p: top-5 of p at the position of the target's own token.
@@ -88,6 +95,12 @@ class Round:
     @property
     def n_drafted(self) -> int:
         return len(self.drafted)
+
+    @property
+    def ended_in_draft(self) -> bool:
+        """Whether an accepted end-of-sequence draft token ended the output, so that the target's own
+        token (``next_token_id``) and the draft tokens after it were not emitted."""
+        return self.stop_reason == "eos" and 0 < self.n_accepted == len(self.emitted_ids)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -158,7 +171,7 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
     kept: dict[int, int] = {}
     for r in rounds:
         for i, d in enumerate(r.drafted):
-            if d.verdict == "discarded":
+            if d.verdict in ("discarded", AFTER_END):
                 break
             evaluated[i] = evaluated.get(i, 0) + 1
             kept[i] = kept.get(i, 0) + (d.verdict == "accepted")

@@ -119,10 +119,10 @@ url_param("step", 1, int, lo=1, hi=1024)
 if ss["step"] > n_steps:
     ss["step"] = n_steps
 if n_steps > 1:
-    b1, b2, b3 = st.columns([1, 6, 1])
-    b1.button("◀ Previous", on_click=_move, args=(-1, n_steps), key="prev", width="stretch")
+    b1, b2, b3 = st.columns([1.4, 5.2, 1.4])
+    b1.button("◀ Previous tile", on_click=_move, args=(-1, n_steps), key="prev", width="stretch")
     b2.slider("Tile step", 1, n_steps, key="step", label_visibility="collapsed")
-    b3.button("Next ▶", on_click=_move, args=(1, n_steps), key="next", width="stretch")
+    b3.button("Next tile ▶", on_click=_move, args=(1, n_steps), key="next", width="stretch")
     k = ss["step"] - 1
 else:
     k = 0

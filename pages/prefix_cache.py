@@ -109,9 +109,9 @@ def _step(delta: int) -> None:
 
 
 st.subheader("Requests through the block pool")
-c1, c2, c3, c4 = st.columns([1, 1, 1, 5])
-c1.button("◀ Previous", on_click=_step, args=(-1,), disabled=st.session_state["pc_step"] <= 1)
-c2.button("Next ▶", on_click=_step, args=(1,), disabled=st.session_state["pc_step"] >= n_req)
+c1, c2, c3, c4 = st.columns([1.5, 1.4, 0.7, 4.4])
+c1.button("◀ Previous request", on_click=_step, args=(-1,), disabled=st.session_state["pc_step"] <= 1)
+c2.button("Next request ▶", on_click=_step, args=(1,), disabled=st.session_state["pc_step"] >= n_req)
 c3.button("All", on_click=_step, args=(n_req,), disabled=st.session_state["pc_step"] >= n_req)
 if n_req > 1:
     # pc_step is the page's value; the slider gets it written in before it is drawn. A slider keyed on

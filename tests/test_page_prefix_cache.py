@@ -51,14 +51,14 @@ def test_step_buttons(tok):
     at = _run()
     n = len(preset_requests("system"))
     assert at.slider(key="pc_step_slider").value == n
-    at.button[0].click()            # ◀ Previous
+    at.button[0].click()            # ◀ Previous request
     at = _run(at)
     assert at.slider(key="pc_step_slider").value == n - 1
     assert len(at.dataframe[0].value) == n - 1
     at.slider(key="pc_step_slider").set_value(1)
     at = _run(at)
     assert _metric(at, "Hit rate (requests shown)") == "0.0%"   # the first request can only miss
-    at.button[1].click()            # Next ▶
+    at.button[1].click()            # Next request ▶
     at = _run(at)
     assert at.slider(key="pc_step_slider").value == 2
     at.button[2].click()            # All

@@ -77,12 +77,12 @@ def test_presenter_mode_from_url_and_toggle():
     at = _main(present="1")
     assert not at.exception
     styles = [h.proto.body for h in at.get("html")]
-    assert any("font-size: 1.3rem" in s for s in styles)
+    assert any("--sl-text: 1.3rem" in s for s in styles)
     assert at.session_state["present"] is True
     assert at.button(key="present_toggle").label == "Leave presenter mode"
     at.button(key="present_toggle").click().run()
     assert at.session_state["present"] is False
-    assert not any("font-size: 1.3rem" in h.proto.body for h in at.get("html"))
+    assert not any("--sl-text: 1.3rem" in h.proto.body for h in at.get("html"))
     assert at.query_params.get("present") in (None, [])
     assert at.button(key="present_toggle").label == "Switch to presenter mode"
 
@@ -91,7 +91,7 @@ def test_presenter_mode_with_tour_on_a_page():
     # the documented presenter URL: a page, its state, a tour stop, large fonts
     at = _main(present="1", tour="4")
     assert "stop 5 of 6" in _banner(at)
-    assert any("font-size: 1.3rem" in h.proto.body for h in at.get("html"))
+    assert any("--sl-text: 1.3rem" in h.proto.body for h in at.get("html"))
 
 
 def _answer(at, page_key: str, qkey: str, right: bool):
@@ -205,3 +205,29 @@ def test_presenter_mode_folds_the_intro_and_enlarges_chart_text():
     assert any("acceptance rate α" in m.value for m in at.markdown)
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert "tickfont" not in spec["layout"].get("xaxis", {})
+
+
+def test_hand_made_tour_link_opens_the_stop_with_its_settings():
+    # /?tour=2: stop 3's text must not sit over the home page; it opens the stop's page and settings
+    at = _main(tour="2")
+    assert not at.exception
+    assert "stop 3 of 6" in _banner(at)
+    assert at.title[0].value.startswith("📈 What-if")
+    assert at.session_state["wi_alpha"] == 0.8 and at.session_state["wi_tab"] == "When it does not help"
+
+
+def test_copied_tour_link_keeps_its_own_settings():
+    # a link copied at stop 2 after moving α keeps α (the page and a stop setting are in it)
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.query_params["tour"] = "1"
+    at.query_params["wi_alpha"] = "0.7"
+    at.switch_page("../pages/whatif.py").run()
+    assert not at.exception
+    assert "stop 2 of 6" in _banner(at)
+    assert at.session_state["wi_alpha"] == 0.7
+
+
+def test_tour_script_is_fixed_text_with_the_stop_number():
+    at = _main(tour="3")
+    scripts = [h.proto.body for h in at.get("html") if "__speedupLabTourStop" in h.proto.body]
+    assert len(scripts) == 1 and "__speedupLabTourStop !== 3" in scripts[0]

@@ -12,6 +12,8 @@ from engine.models import load_model
 from engine.proposers import (DraftModelProposer, EarlyExitProposer, PromptLookupProposer, make_proposer)
 from engine.sampling import SamplingConfig, warp_probs
 from engine.speculative import SpeculativeDecoder, encode_prompt, generate
+from engine.live_view import round_summary, verdict_frame
+from engine.trace import AFTER_END, token_origins
 from tests.test_sampling import g_test_pvalue
 from tests.tiny_models import WORDS, bigram_loaded, save_tiny_llama, toy_cycle_table
 
@@ -121,6 +123,30 @@ def test_eos_inside_accepted_block_stops():
     assert res.rounds[-1].stop_reason == "eos"
     greedy = generate(lm, prop, [1, 2], gamma=4, max_new_tokens=50)
     assert greedy.token_ids == [0] and greedy.stats.rounds == 1
+
+
+def test_draft_tokens_after_an_accepted_eos_are_not_counted():
+    # after token 2 the target is sure of EOS (0), and after EOS of 3 then 4: a draft of the same
+    # table proposes [0, 3, 4], all the target's argmax. The output ends at EOS, so only that one draft
+    # token counts: α̂ = 1 of 1 judged (it was 3 of 3, with 3 "accepted" tokens that were never emitted)
+    v = 6
+    t = toy_cycle_table(v, 50.0)
+    t[2] = torch.tensor([0.9, 0.02, 0.02, 0.02, 0.02, 0.02], dtype=torch.float64)
+    t[0] = torch.tensor([0.02, 0.02, 0.02, 0.9, 0.02, 0.02], dtype=torch.float64)
+    lm = bigram_loaded(t)
+    res = generate(lm, DraftModelProposer(bigram_loaded(t), lm), [1, 2], gamma=3, max_new_tokens=50)
+    assert res.token_ids == [0]
+    (rnd,) = res.rounds
+    assert [d.token_id for d in rnd.drafted] == [0, 3, 4]
+    assert [d.verdict for d in rnd.drafted] == ["accepted", AFTER_END, AFTER_END]
+    assert rnd.n_accepted == 1 and rnd.emitted_ids == [0] and rnd.ended_in_draft
+    assert token_origins(res.rounds) == [(0, "accepted")]
+    st = res.stats
+    assert (st.accepted, st.judged, st.acceptance_rate, st.acceptance_by_position) == (1, 1, 1.0, [1.0])
+    assert "ended the output" in round_summary(rnd) and "bonus" not in verdict_frame(rnd)
+    # the usual case is unchanged: the target's own token ends a round that did not hit EOS
+    res = generate(lm, DraftModelProposer(bigram_loaded(t), lm), [3], gamma=2, max_new_tokens=3)
+    assert not any(r.ended_in_draft for r in res.rounds)
 
 
 def test_seeded_runs_reproducible(tiny):

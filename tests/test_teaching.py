@@ -149,6 +149,18 @@ def test_flash_tour_stop_uses_the_pages_units():
     assert "GiB" not in stop.text and "MiB" not in stop.text
 
 
+def test_kv_tour_stop_quotes_numbers_the_page_shows():
+    """Stop 6 quoted "16 GiB with one KV head per query head", a number its page never shows. Now every
+    number is one the page shows at the stop's settings (Llama-3.1-8B, 32,768 tokens, batch 8):
+    KV per token 2 · 32 layers · 8 KV heads · 128 · 2 bytes = 128 KiB; × 32,768 = 4 GiB per sequence;
+    × 8 = 32 GiB for the batch; MHA (32 KV heads) 4× = 128 GiB; an H100 decode step reads the weights
+    (8.03e9 · 2 B = 14.96 GiB) + 32 GiB of KV = 46.96 GiB → "47 GiB"."""
+    (stop,) = [s for s in tour_stops() if s.link.url_path == "kv-cache"]
+    for part in ("4 query heads", "4 GiB per 32k-token sequence", "32 GiB for the batch of 8", "against 128 GiB",
+                 "32 GiB of the 47 GiB an H100 decode step reads"):
+        assert part in stop.text, part
+
+
 def test_trade_offs_and_wild():
     rows = trade_offs()
     assert len(rows) == 6 and {r.page for r in rows} <= set(REG)

@@ -18,13 +18,14 @@ def _open(page, url):
 
 def test_flash_page_renders_and_steps(page, app_url):
     _open(page, app_url + "/flash-attention")
+    page.get_by_text("Exact up to fp32 rounding").first.wait_for(timeout=60_000)  # the page's end (busy CPU)
     body = page.inner_text("body")
     # N = 10, Br = 4, Bc = 3 → 3 × 4 = 12 tiles; A100 fp16 d = 64 → Bc = 384; model 9.13 GB vs 1.64 GB.
     assert "12" in body and "tiles to visit" in body
     assert "Step 1 of 12" in body
     assert "98,304 elements" in body and "9.13 GB" in body and "1.64 GB" in body and "40.3 GB" in body
     assert "Exact up to fp32 rounding" in body
-    page.get_by_role("button", name="Next ▶").click()
+    page.get_by_role("button", name="Next tile ▶").click()
     wait_idle(page)
     page.get_by_text("Step 2 of 12").first.wait_for()
     assert not page.locator('[data-testid="stException"]').count()

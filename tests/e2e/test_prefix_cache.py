@@ -83,7 +83,7 @@ def test_request_slider_follows_the_page_after_a_pool_error(page, app_url):
     n = len(sim.requests)
     _wait_text(page, f"{sim.hit_tokens:,} of {sim.prompt_tokens:,}", timeout_ms=60_000)   # all n requests shown
     assert _slider_value(page) == n
-    page.get_by_role("button", name="◀ Previous").click()
+    page.get_by_role("button", name="◀ Previous request").click()
     wait_idle(page)
     _wait_text(page, f"{sim.totals(n - 1).hit_tokens:,} of {sim.totals(n - 1).prompt_tokens:,}")
     assert _slider_value(page) == n - 1

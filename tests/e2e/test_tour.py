@@ -71,6 +71,40 @@ def test_presenter_url_opens_page_state_and_stop(page, app_url):
     assert "present=1" in page.url
 
 
+def test_tour_keys_with_a_focused_widget_and_a_new_stop_at_the_top(page, app_url):
+    """Shift+→ steps the tour even while the radio the stop asked you to switch has the focus (Streamlit
+    skips button shortcuts then, and the radio took the key and undid the demo); a stop on the same
+    page as the last one opens at the top, with the banner in view."""
+    stops = tour_stops()
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(app_url + "/" + stops[3].link.url(present=1, tour=3))  # prefix caching, timestamp first
+    wait_idle(page)
+    _banner(page).get_by_text("stop 4 of 6").wait_for()
+    page.get_by_text("at the end (the fix)").click()
+    wait_idle(page)
+    page.wait_for_function("() => location.search.includes('pc_ts=end')", timeout=30_000)
+    page.get_by_role("radio", name="at the end (the fix)").focus()
+    page.keyboard.press("Shift+ArrowRight")
+    _banner(page).get_by_text("stop 5 of 6").wait_for(timeout=60_000)
+    assert "/flash-attention" in page.url
+    # stop 2 → 3 are both on the what-if page: scroll down at stop 2, then Next
+    page.goto(app_url + "/" + stops[1].link.url(present=1, tour=1))
+    wait_idle(page)
+    _banner(page).get_by_text("stop 2 of 6").wait_for()
+    page.get_by_role("slider", name="Acceptance rate α").wait_for()
+    page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTo(0, 600)")
+    page.wait_for_timeout(300)
+    assert page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTop") > 0
+    page.get_by_role("slider", name="Acceptance rate α").focus()
+    page.keyboard.press("Shift+ArrowRight")  # the slider has the focus: the tour moves, α stays
+    _banner(page).get_by_text("stop 3 of 6").wait_for(timeout=60_000)
+    wait_idle(page)
+    page.wait_for_function("() => document.querySelector('[data-testid=\"stMain\"]').scrollTop === 0",
+                           timeout=10_000)
+    assert "wi_alpha=0.8" in page.url  # stop 3's α, not stop 2's 0.6 moved by the key
+    screenshot(page, "tour_stop3_after_keys")
+
+
 def test_export_toolbars_and_a_question(page, app_url):
     page.goto(app_url + "/whatif?wi_alpha=0.6&wi_gamma=4&wi_cost=0.3")
     wait_idle(page)
