@@ -605,11 +605,15 @@ class MeasuredComparison:
     """Predicted vs measured speedup for a run measured on the live page.
 
     Attributes:
-        alpha, gamma, c: the run's measured acceptance rate, draft length, draft cost ratio.
+        alpha, gamma, c: the run's measured acceptance rate, draft length, draft cost ratio. c is one
+            draft step over a 1-token target pass t(1) when the run timed one (``c_basis`` says
+            which), the c of the what-if sliders; otherwise over the run's mean target pass.
+        c_basis: "1-token target pass" or "mean target pass of the run".
         predicted_simple: E / (γc + 1) (Theorem 3.8).
-        predicted_curve: E / (γc + t(γ+1)/t(1)) with the measured verify-cost curve (None if the
-            curve is missing).
-        verify_ratio: t(γ+1)/t(1) from the measured curve (None if missing).
+        predicted_curve: E / (γc + t(γ+1)/t(1)) with the measured verify-cost curve (None without a
+            timed 1-token pass, or when the curve is unusable: ``curve_note`` says why).
+        verify_ratio: t(γ+1)/t(1) from the measured curve (None when ``predicted_curve`` is).
+        curve_note: why there is no verify-cost prediction (None when there is one).
         verify_slope: the slope s of t(n) = t(1)·(1 + s·(n − 1)) through that ratio, (ratio − 1) / γ,
             clamped to [0, 1] (None if missing): with it, the analytic model's "with verify cost"
             speedup at this α, γ, c equals ``predicted_curve``.
@@ -630,15 +634,24 @@ class MeasuredComparison:
     curve_ms: list[float]
     best_gamma_curve: int | None
     verify_slope: float | None = None
+    c_basis: str = "mean target pass of the run"
+    curve_note: str | None = None
 
 
 def compare_with_measured(run: object) -> MeasuredComparison:
     """Predict the speedup from a live-page run's measured α, c and verify-cost curve.
 
-    ``run`` has attributes ``acceptance_rate`` (α), ``draft_cost_ratio`` (c: draft step time over a
-    target decode step), ``verify_ms_by_tokens`` ({tokens fed to the target in one pass: ms}),
-    ``measured_speedup`` (float or None) and ``gamma``. Predictions: :func:`speedup` with the simple
-    cost (Leviathan et al. 2023, Theorem 3.8) and with t(γ+1)/t(1) from :func:`verify_cost_ratio`.
+    ``run`` has attributes ``acceptance_rate`` (α), ``draft_cost_ratio`` (c: draft step time over the
+    run's mean target pass), ``verify_ms_by_tokens`` ({tokens fed to the target in one pass: ms}),
+    ``measured_speedup`` (float or None), ``gamma`` and optionally ``draft_ms_per_token`` (ms).
+    Predictions: :func:`speedup` with the simple cost (Leviathan et al. 2023, Theorem 3.8) and with
+    t(γ+1)/t(1) from :func:`verify_cost_ratio`.
+
+    The verify-cost prediction needs a timed 1-token pass t(1) (a plain decode step: the live page's
+    baseline times them), since t(1) extrapolated from longer passes is noise (two passes, one of them
+    a warm-up, once gave t(3)/t(1) = 0.07); and t(γ+1) ≥ t(1). With t(1) and ``draft_ms_per_token``
+    known, c is re-based on t(1) (``draft_ms_per_token / t(1)``), so that c means what the sliders' c
+    means and γc + t(γ+1)/t(1) counts a round's time in decode steps.
 
     Raises:
         InputError: missing or out-of-range fields (c > 1 raises: a draft slower than the target
@@ -652,24 +665,39 @@ def compare_with_measured(run: object) -> MeasuredComparison:
         raise InputError("The stored live-page run lacks acceptance_rate, draft_cost_ratio or gamma: "
                          "run the live page first.") from None
     a, g = _check_alpha(alpha), _check_gamma(gamma)
-    if not (0.0 <= c <= 1.0):
-        raise InputError(f"The measured draft cost ratio is {c:.3g}, outside [0, 1]: a draft step as slow "
-                         "as the target cannot pay off, so the model does not apply.")
     curve = getattr(run, "verify_ms_by_tokens", None) or None
     measured = getattr(run, "measured_speedup", None)
     measured = float(measured) if measured is not None and math.isfinite(float(measured)) else None
+    draft_ms = getattr(run, "draft_ms_per_token", None)
     ns: list[int] = []
     ms: list[float] = []
-    ratio = pred_curve = None
-    best_c = None
+    ratio = pred_curve = best_c = None
+    basis, note = "mean target pass of the run", None
     if curve:
         nsa, msa = _clean_curve(curve)
         ns, ms = [int(x) for x in nsa], [float(x) for x in msa]
-        ratio = verify_cost_ratio(g + 1, measured_ms=curve)
+        if 1 not in ns:
+            note = ("No 1-token target pass was timed, so t(γ+1)/t(1) is unknown: press Run baseline on the "
+                    "live page (it times plain decode steps).")
+        else:
+            t1 = ms[ns.index(1)]
+            if draft_ms is not None and math.isfinite(float(draft_ms)) and float(draft_ms) >= 0:
+                c, basis = float(draft_ms) / t1, "1-token target pass"
+            r = verify_cost_ratio(g + 1, measured_ms=curve)
+            if r < 1.0:
+                note = (f"The timed pass over γ + 1 = {g + 1} tokens was faster than a 1-token pass "
+                        f"(t(γ+1)/t(1) = {r:.2f}): timing noise or too few rounds, so no verify-cost prediction.")
+            else:
+                ratio = r
+    if not (0.0 <= c <= 1.0):
+        raise InputError(f"The measured draft cost ratio is {c:.3g}, outside [0, 1]: a draft step as slow "
+                         "as the target cannot pay off, so the model does not apply.")
+    if ratio is not None:
         pred_curve = speedup(a, g, c, ratio)
         best_c, _ = best_gamma(a, c, measured_ms=curve)
     return MeasuredComparison(alpha=a, gamma=g, c=c, tokens_per_pass=expected_tokens_per_pass(a, g),
                               predicted_simple=speedup(a, g, c), predicted_curve=pred_curve,
                               verify_ratio=ratio, measured=measured, curve_ns=ns, curve_ms=ms,
                               best_gamma_curve=best_c,
-                              verify_slope=None if ratio is None else min(max((ratio - 1.0) / g, 0.0), 1.0))
+                              verify_slope=None if ratio is None else min(max((ratio - 1.0) / g, 0.0), 1.0),
+                              c_basis=basis, curve_note=note)

@@ -363,15 +363,24 @@ def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) ->
                      base_stats=last["base"][1], spec_rounds=last["spec"][2])
 
 
-def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None) -> SimpleNamespace | None:
+def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
+                 base_stats: RunStats | None = None) -> SimpleNamespace | None:
     """The record the what-if page reads from ``st.session_state["measured_run"]``, or None while the
-    run has no measured α or c yet (nothing judged, or no draft time)."""
+    run has no measured α or c yet (nothing judged, or no draft time).
+
+    ``base_stats`` (the baseline's, after Run baseline) supplies t(1), the plain decode step's median
+    time, as the curve's 1-token point: what-if needs it for the verify-cost prediction and to express
+    c per decode step (``engine.analytic.compare_with_measured``)."""
     if stats.acceptance_rate is None or stats.draft_cost_ratio is None:
         return None
     sp = measured_speedup if measured_speedup is not None and math.isfinite(measured_speedup) else None
+    curve = {int(k): float(v) for k, v in stats.verify_ms_by_tokens.items()}
+    if base_stats is not None and 1 in base_stats.verify_ms_by_tokens:
+        curve[1] = float(base_stats.verify_ms_by_tokens[1])
     return SimpleNamespace(acceptance_rate=float(stats.acceptance_rate),
                            draft_cost_ratio=float(stats.draft_cost_ratio),
-                           verify_ms_by_tokens={int(k): float(v) for k, v in stats.verify_ms_by_tokens.items()},
+                           draft_ms_per_token=stats.draft_ms_per_token,
+                           verify_ms_by_tokens=dict(sorted(curve.items())),
                            measured_speedup=sp, gamma=int(gamma))
 
 

@@ -51,6 +51,10 @@ URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft"
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
 
 st.title("🔴 Live speculative decoding")
+# A fixed style rule: hide Streamlit's own Stop in the running indicator. It halts the script wherever it
+# is, mid-draw, and left the page stale (the progress bar, no statistics, a round count one behind);
+# the page's Stop button ends a run between rounds and redraws everything.
+st.html("<style>[data-testid='stStatusWidget'] button { display: none; }</style>")
 intro(
     "A small **draft** proposes γ tokens; the **target** checks all of them in **one** forward pass and "
     "keeps the longest agreed prefix, plus one token of its own (a **correction** at the first rejected "
@@ -356,7 +360,8 @@ ab = S.get("lv_base")  # SpeedupAB after Run baseline
 cmp = ab.comparison(dec.new_ids) if ab is not None else None
 # timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
 timing = ab.spec_stats if ab is not None else stats
-rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None) if dec.proposer is not None else None
+rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None,
+                   ab.base_stats if ab is not None else None) if dec.proposer is not None else None
 if rec is not None:
     S["measured_run"] = rec
 

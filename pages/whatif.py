@@ -340,7 +340,7 @@ def _section_measured() -> None:
             st.error(str(e))
         else:
             st.markdown(f"Measured on the live page: α = **{mc.alpha:.3f}**, γ = **{mc.gamma}**, "
-                        f"c = **{mc.c:.3f}** (draft step / target step).")
+                        f"c = **{mc.c:.3f}** (draft step ÷ {mc.c_basis}).")
             r1, r2, r3 = st.columns(3)
             r1.metric("Predicted (simple formula)", f"{mc.predicted_simple:.2f}×")
             r2.metric("Predicted (measured verify cost)",
@@ -357,6 +357,8 @@ def _section_measured() -> None:
                 show_chart(fm, key="wi_fig_measured")
             else:
                 st.caption("The run has no verify-time curve; only the simple prediction is shown.")
+            if mc.curve_note:
+                st.caption(mc.curve_note)
             use = {"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),
                    "cost": round(mc.c, 2), "steps": 0}
             if mc.verify_slope is not None:  # so the analytic model's "with verify cost" agrees

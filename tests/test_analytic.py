@@ -168,6 +168,31 @@ def test_compare_with_measured():
                                                     verify_ms_by_tokens={}, measured_speedup=None))
 
 
+def test_compare_with_measured_needs_a_timed_one_token_pass_and_rebases_c_on_it():
+    ns = types.SimpleNamespace
+    # a user's two stepped rounds: a warm-up pass over 2 tokens (380 ms) and one over 3 (55 ms). t(1)
+    # extrapolated from them was 705 ms, so t(3)/t(1) = 0.07 and a "2.75×" prediction: now none
+    m = compare_with_measured(ns(acceptance_rate=2 / 3, draft_cost_ratio=0.347, gamma=2,
+                                 verify_ms_by_tokens={2: 380.0, 3: 55.0}, measured_speedup=None))
+    assert m.predicted_curve is None and m.verify_ratio is None and m.verify_slope is None
+    assert "Run baseline" in m.curve_note and m.c == pytest.approx(0.347)
+    assert m.c_basis == "mean target pass of the run"
+    # a pass over γ + 1 tokens timed faster than a 1-token pass: noise, no prediction
+    m = compare_with_measured(ns(acceptance_rate=0.5, draft_cost_ratio=0.1, gamma=2,
+                                 verify_ms_by_tokens={1: 60.0, 3: 55.0}, measured_speedup=None))
+    assert m.predicted_curve is None and "faster than a 1-token pass" in m.curve_note
+    # with t(1) = 40 ms and a draft step of 4.6 ms, c = 4.6 / 40 = 0.115 (not 4.6 / t̄ = 0.0913);
+    # α = 0.6, γ = 2: E = 1 + 0.6 + 0.36 = 1.96; simple 1.96 / (2·0.115 + 1) = 1.96 / 1.23 = 1.5935;
+    # t(3)/t(1) = 50.4 / 40 = 1.26: 1.96 / (0.23 + 1.26) = 1.96 / 1.49 = 1.3154
+    m = compare_with_measured(ns(acceptance_rate=0.6, draft_cost_ratio=4.6 / 50.4, gamma=2, draft_ms_per_token=4.6,
+                                 verify_ms_by_tokens={1: 40.0, 3: 50.4}, measured_speedup=1.3))
+    assert m.c == pytest.approx(0.115) and m.c_basis == "1-token target pass" and m.curve_note is None
+    assert m.predicted_simple == pytest.approx(1.96 / 1.23)
+    assert m.verify_ratio == pytest.approx(1.26) and m.predicted_curve == pytest.approx(1.96 / 1.49)
+    # the sliders set from it reproduce it: slope (1.26 − 1) / 2 = 0.13
+    assert analytic_view(0.6, 2, m.c, m.verify_slope).speedup_realistic == pytest.approx(m.predicted_curve)
+
+
 @pytest.mark.parametrize("bad", [(-0.1, 4, 0.05), (1.1, 4, 0.05), (float("nan"), 4, 0.05),
                                  (0.5, 0, 0.05), (0.5, 65, 0.05), (0.5, 2.5, 0.05), (0.5, 4, -0.1),
                                  (0.5, 4, 1.5), ("x", 4, 0.1)])

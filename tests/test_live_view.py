@@ -258,6 +258,19 @@ def test_measured_run_record():
     assert rec.measured_speedup == 1.5 and rec.gamma == 4
     assert measured_run(s, 4, float("nan")).measured_speedup is None
     assert measured_run(_stats(2, 10.0, (0, 0)), 4, None) is None  # nothing judged yet
+    assert rec.draft_ms_per_token == pytest.approx(1.0)
+
+
+def test_measured_run_takes_t1_from_the_baseline():
+    from engine.trace import run_stats
+
+    spec = _stats(4, 100.0)
+    base = run_stats([Round(index=i, context_len=5 + i, drafted=[], n_accepted=0, next_token_id=1, next_text="x",
+                            next_kind="plain", next_top_p=[], residual_top=None, emitted_ids=[1], draft_ms=0.0,
+                            verify_ms=ms, tokens_verified=1) for i, ms in enumerate([7.0, 8.0, 30.0])],
+                     prefill_ms=0.0, total_ms=45.0)
+    rec = measured_run(spec, gamma=4, measured_speedup=1.2, base_stats=base)
+    assert rec.verify_ms_by_tokens[1] == 8.0  # the baseline's median decode step
 
 
 def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):

@@ -45,6 +45,11 @@ def test_live_run_can_be_stopped(page, app_url):
     wait_idle(page, timeout_ms=180_000)
     page.get_by_role("button", name=re.compile(r"^Run to the end")).click()
     page.get_by_text("press Stop to stop").first.wait_for(timeout=60_000)
+    # Streamlit's own Stop (in the running indicator) halted the script mid-draw and left a stale page;
+    # the page hides it, so "Stop" is the page's button, which ends the run between rounds
+    status = page.locator('[data-testid="stStatusWidget"]')
+    status.wait_for(state="attached", timeout=20_000)
+    assert status.locator("button").count() == 1 and status.locator("button").first.is_hidden()
     page.locator(".st-key-lv_stop button").first.click()
     wait_idle(page)
     body = page.inner_text("body")
