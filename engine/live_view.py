@@ -296,10 +296,12 @@ class SpeedupAB:
         order: "spec" / "base" for each run, in the order they ran (A B B A …).
         spec_ms_per_token, base_ms_per_token: each run's total time (prefill included) ÷ its new tokens,
             in ms, in run order.
-        spec_ids, base_ids: the tokens of the last run of each (every run of a kind gives the same
+        spec_ids, base_ids: the tokens of each kind's median run (every run of a kind gives the same
             tokens: the decoders are seeded).
-        spec_stats, base_stats: ``RunStats`` of the last run of each (for c and the verify costs).
-        spec_rounds: the rounds of the last speculative run (their draft and verify times).
+        spec_stats, base_stats: ``RunStats`` of each kind's median run, the run whose ms per token is
+            the median (the middle one for an odd number of runs; the faster middle one for an even
+            number), so that its tokens/s, prefill and total time agree with the medians shown.
+        spec_rounds: the rounds of the median speculative run (their draft and verify times).
     """
 
     order: list[str]
@@ -314,6 +316,12 @@ class SpeedupAB:
     @property
     def reps(self) -> int:
         return min(len(self.spec_ms_per_token), len(self.base_ms_per_token))
+
+    @property
+    def spread(self) -> float:
+        """The larger, over the two kinds, of slowest ÷ fastest run (ms per token): 1 on a quiet machine;
+        well above 1 means the machine was busy and the medians are unsure."""
+        return max(max(v) / min(v) for v in (self.spec_ms_per_token, self.base_ms_per_token))
 
     @property
     def speedup(self) -> float:
@@ -349,7 +357,7 @@ def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) ->
         raise ValueError(f"reps must be ≥ 1, got {reps}")
     order = [k for i in range(reps) for k in (("spec", "base") if i % 2 == 0 else ("base", "spec"))]
     ms = {"spec": [], "base": []}
-    last = {}
+    runs = {"spec": [], "base": []}
     for i, kind in enumerate(order):
         if on_progress is not None:
             on_progress(i, len(order), kind)
@@ -357,10 +365,16 @@ def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) ->
         dec.run()
         st = dec.stats()
         ms[kind].append(st.total_ms / max(st.new_tokens, 1))
-        last[kind] = (list(dec.new_ids), st, list(getattr(dec, "rounds", [])))
+        runs[kind].append((list(dec.new_ids), st, list(getattr(dec, "rounds", []))))
+
+    def median_run(kind: str):
+        by_time = sorted(range(len(ms[kind])), key=ms[kind].__getitem__)
+        return runs[kind][by_time[(len(by_time) - 1) // 2]]
+
+    spec, base = median_run("spec"), median_run("base")
     return SpeedupAB(order=order, spec_ms_per_token=ms["spec"], base_ms_per_token=ms["base"],
-                     spec_ids=last["spec"][0], base_ids=last["base"][0], spec_stats=last["spec"][1],
-                     base_stats=last["base"][1], spec_rounds=last["spec"][2])
+                     spec_ids=spec[0], base_ids=base[0], spec_stats=spec[1], base_stats=base[1],
+                     spec_rounds=spec[2])
 
 
 def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,

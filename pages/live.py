@@ -46,7 +46,9 @@ DRAFT_KINDS = {
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
-AB_REPS = 2  # Run baseline times this many speculative and plain runs each, alternating (engine.live_view)
+AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.live_view):
+# an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
+SPREAD_WARN = 1.5  # runs of one kind further apart than this (slowest ÷ fastest): say the machine was busy
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
 
@@ -390,7 +392,7 @@ else:
                      "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
                      "drawn round by round; many small draft operations slow down more than one big target "
                      "pass while the browser redraws on the same CPU, so c can read high. After Run "
-                     "baseline: from the last timed speculative run, with nothing drawn.")
+                     "baseline: from the timed speculative run at the median, with nothing drawn.")
     spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
     m[3].metric("Speculative tokens/s", "—" if spec_tps is None else f"{spec_tps:.1f}",
                 help="After Run baseline: the median of the timed speculative runs. Before: this run, "
@@ -402,7 +404,7 @@ else:
                       f"of {AB_REPS} timed runs.")
     m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",
                  help="Median baseline time per token ÷ median speculative time per token, prefill "
-                      f"included, over {AB_REPS} runs of each, alternating (A B B A) with nothing drawn "
+                      f"included, over {AB_REPS} runs of each, alternating (A B B A A B) with nothing drawn "
                       "meanwhile. Measured in the app's process: it can still read a little lower than "
                       "`python -m engine generate --baseline` when the browser shares a small machine's cores. "
                       + ("" if ab is None else "Each run, ms per token: speculative "
@@ -423,7 +425,11 @@ else:
                               "differ, but both follow the target's distribution p.")
     m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
                  help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
-                      "after Run baseline the last timed one.")
+                      "after Run baseline the timed run at the median (its tokens/s is the one shown).")
+    if ab is not None and ab.spread > SPREAD_WARN:
+        st.warning(f"The timed runs of one kind differed by up to {ab.spread:.1f}× (ms per token, in the "
+                   "speedup's help): the machine was busy, so the speedup is unsure. Run the baseline again "
+                   "with nothing else running.")
 
     c1, c2 = st.columns(2)
     if stats.acceptance_by_position:
@@ -443,7 +449,7 @@ else:
     ft = go.Figure()
     ft.add_bar(x=rounds_x, y=[r.draft_ms for r in timed_rounds], name="draft ms")
     ft.add_bar(x=rounds_x, y=[r.verify_ms for r in timed_rounds], name="verify ms (target pass)")
-    ft.update_layout(title="Time per round" + (" (last timed run)" if ab is not None else ""), barmode="stack",
+    ft.update_layout(title="Time per round" + (" (median timed run)" if ab is not None else ""), barmode="stack",
                      xaxis_title="round", yaxis_title="ms", height=300, margin={"t": 40, "b": 10})
     show_chart(ft, key="lv_fig_time", where=c2)
 

@@ -203,6 +203,9 @@ def test_measure_speedup_ab_alternates_and_takes_medians():
     assert progress == [(i, 6, k) for i, k in enumerate(ab.order)]
     assert ab.spec_ms_per_token == [40.0, 50.0, 90.0] and ab.base_ms_per_token == [100.0, 120.0, 80.0]
     assert ab.reps == 3 and ab.speedup == pytest.approx(2.0)
+    # the stats kept are the median runs': spec 500 ms (of 400, 500, 900), base 1000 ms (of 1000, 1200, 800)
+    assert (ab.spec_stats.total_ms, ab.base_stats.total_ms) == (500.0, 1000.0)
+    assert ab.spread == pytest.approx(90 / 40)  # slowest ÷ fastest, the larger of the two kinds
     c = ab.comparison()
     assert c.speedup == pytest.approx(2.0) and c.identical and c.first_difference is None
     assert c.spec_tokens_per_s == pytest.approx(20.0) and c.base_tokens_per_s == pytest.approx(10.0)
