@@ -261,6 +261,9 @@ class AnalyticView:
         verify_ratio: that t(γ+1)/t(1).
         best_gamma, best_speedup: argmax γ (simple model) and its speedup.
         best_gamma_realistic, best_speedup_realistic: the same with the verify-cost model.
+        beyond_gamma_max, beyond_gamma_max_realistic: (γ, speedup) of the best γ up to 64 when it is
+            longer than the sliders' GAMMA_MAX (the best above is then GAMMA_MAX, a limit, not the
+            optimum); None otherwise.
         break_even: break-even α of the simple model (None = never pays).
         break_even_realistic: break-even α with the verify-cost model.
         gammas: [16] γ = 1..16. curves: {α: [16] speedups} for the chart's α values (simple model).
@@ -291,6 +294,8 @@ class AnalyticView:
     heat: list[list[float]]
     alpha_grid: list[float]
     tokens_vs_alpha: list[float]
+    beyond_gamma_max: tuple[int, float] | None = None
+    beyond_gamma_max_realistic: tuple[int, float] | None = None
 
 
 CHART_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -316,6 +321,7 @@ def analytic_view(alpha: float, gamma: int, c: float, slope: float = 0.0) -> Ana
     ratio = verify_cost_ratio(g + 1, s)
     bg, bs = best_gamma(a, cc)
     bgr, bsr = best_gamma(a, cc, s)
+    far, far_r = best_gamma(a, cc, gamma_max=64), best_gamma(a, cc, s, gamma_max=64)
     gammas = np.arange(1, GAMMA_MAX + 1)
     chart_alphas = np.array(sorted(set(CHART_ALPHAS) | {round(a, 4)}))
     simple = _speedup_grid(chart_alphas, gammas, cc, 0.0)
@@ -329,6 +335,8 @@ def analytic_view(alpha: float, gamma: int, c: float, slope: float = 0.0) -> Ana
         tokens_per_pass=expected_tokens_per_pass(a, g),
         speedup=speedup(a, g, cc), speedup_realistic=speedup(a, g, cc, ratio), verify_ratio=ratio,
         best_gamma=bg, best_speedup=bs, best_gamma_realistic=bgr, best_speedup_realistic=bsr,
+        beyond_gamma_max=far if far[0] > GAMMA_MAX else None,
+        beyond_gamma_max_realistic=far_r if far_r[0] > GAMMA_MAX else None,
         break_even=break_even_alpha(cc), break_even_realistic=break_even_alpha(cc, s),
         gammas=gammas.tolist(),
         curves={float(x): simple[i].tolist() for i, x in enumerate(chart_alphas)},

@@ -14,6 +14,7 @@ from app.state import sync_url, url_param
 from app.tour import intro
 from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
+from engine.live_view import escape_markdown, visible
 from engine.prefix_cache import (
     MAX_BLOCK_SIZE, MAX_CONCURRENCY, PRESETS, common_prefix_len, estimate_ttft_ms, join_requests,
     measure_prefix_reuse, preset_requests, reusable_tokens, simulate_texts,
@@ -203,7 +204,9 @@ evs.append(f"Request {cur.index + 1}: {cur.prompt_tokens} prompt tokens in {len(
            f"(hit rate {cur.hit_rate:.1%}).")
 if cur.evictions:
     evs.append(f"Evicted {len(cur.evictions)} cached block(s) to make room: " + "; ".join(
-        f"slot {e.slot} (depth {e.depth}, “{e.text[:30]}”)" for e in cur.evictions[:8])
+        # the block's user text: newlines shown as ↵ (one made a paragraph break inside the quote),
+        # Markdown escaped
+        f"slot {e.slot} (depth {e.depth}, “{escape_markdown(visible(e.text[:30]))}”)" for e in cur.evictions[:8])
         + (" …" if len(cur.evictions) > 8 else ""))
 else:
     evs.append("No eviction in this step.")

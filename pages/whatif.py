@@ -123,9 +123,15 @@ def _section_model() -> None:
     m1.metric("Tokens per target pass E", f"{v.tokens_per_pass:.2f}", help="(1 − α^(γ+1)) / (1 − α)")
     m2.metric("Speedup E / (γc + 1)", f"{v.speedup:.2f}×",
               delta=f"{v.speedup_realistic:.2f}× with verify cost", delta_color="off", delta_arrow="off")
-    m3.metric("Best γ at this α, c", f"{v.best_gamma}  ({v.best_speedup:.2f}×)",
-              delta=f"γ = {v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) with verify cost",
-              delta_color="off", delta_arrow="off")
+    ge, ge_r = ("≥ " if v.beyond_gamma_max else ""), ("≥ " if v.beyond_gamma_max_realistic else "")
+    far = [f"{what} γ = {g_} ({s_:.2f}×)" for what, b in (("simple model", v.beyond_gamma_max),
+                                                          ("with verify cost", v.beyond_gamma_max_realistic))
+           if b for g_, s_ in [b]]
+    m3.metric("Best γ at this α, c", f"{ge}{v.best_gamma}  ({v.best_speedup:.2f}×)",
+              delta=f"γ = {ge_r}{v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) with verify cost",
+              delta_color="off", delta_arrow="off",
+              help=None if not far else f"≥ {GAMMA_MAX}: the sliders stop at γ = {GAMMA_MAX}; the best up to "
+                                        f"64 is longer: {'; '.join(far)}.")
     m4.metric("Break-even α", _fmt_alpha(v.break_even),
               delta=f"{_fmt_alpha(v.break_even_realistic)} with verify cost", delta_color="off", delta_arrow="off",
               help="Below this acceptance rate even the best γ is slower than plain decoding.")

@@ -199,3 +199,13 @@ def test_compare_with_measured_needs_a_timed_one_token_pass_and_rebases_c_on_it(
 def test_bad_input_raises(bad):
     with pytest.raises(InputError):
         speedup(*bad)
+
+
+def test_best_gamma_beyond_the_sliders_is_flagged():
+    # α = 0.9, c = 0.02: by hand, γ = 19: E = (1 − 0.9²⁰)/0.1 = 8.78423, / (1 + 0.38) = 6.3654; γ = 20:
+    # (1 − 0.9²¹)/0.1 = 8.90581, / 1.40 = 6.3613; γ = 16 (the sliders' limit): 6.3123
+    v = analytic_view(0.9, 8, 0.02)
+    assert v.best_gamma == 16 and v.best_speedup == pytest.approx(6.3123, abs=1e-4)
+    g, s = v.beyond_gamma_max
+    assert g == 19 and s == pytest.approx((1 - 0.9 ** 20) / 0.1 / 1.38)
+    assert analytic_view(0.6, 8, 0.3).beyond_gamma_max is None

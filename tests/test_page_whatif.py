@@ -189,6 +189,12 @@ def test_measured_numbers_section():
     assert not at.exception
 
 
+def test_best_gamma_at_the_slider_limit_says_so():
+    at = _app(wi_alpha=0.9, wi_gamma=8, wi_cost=0.02)
+    best = next(m for m in at.metric if m.label == "Best γ at this α, c")
+    assert best.value == "≥ 16  (6.31×)" and "γ = 19 (6.37×)" in best.help
+
+
 def test_url_state_is_read_and_bad_values_fall_back():
     at = _app(wi_alpha=0.6, wi_gamma=99, wi_cost="abc", wi_hw="Nope")
     assert at.slider(key="wi_alpha").value == 0.6
