@@ -91,6 +91,10 @@ def _fmt_alpha(a: float | None) -> str:
     return "never pays" if a is None else f"{a:.1%}"
 
 
+# the γ chart's reference curves (engine.analytic.CHART_ALPHAS), light to dark, and the user's α
+ALPHA_COLORS = {0.5: "#c6dbef", 0.6: "#9ecae1", 0.7: "#6baed6", 0.8: "#3182bd", 0.9: "#08519c"}
+YOURS_COLOR = "#2ca02c"  # green: apart from the blues, the black stars and the orange dashed line
+
 # ------------------------------------------------------------------ page
 st.title("📈 What-if: how much faster?")
 intro(
@@ -103,7 +107,9 @@ c1, c2, c3 = st.columns(3)
 c1.slider("Acceptance rate α", 0.0, 1.0, step=0.01, key="wi_alpha",
           help="Probability that one draft token is accepted; equals Σ min(p, q).")
 c2.slider("Draft length γ", 1, GAMMA_MAX, step=1, key="wi_gamma", help="Draft tokens per round.")
-c3.slider("Draft cost c (fraction of a target pass)", 0.0, 1.0, step=0.01, key="wi_cost")
+c3.slider("Draft cost c (fraction of a target pass)", 0.0, 1.0, step=0.01, key="wi_cost",
+          help="Time of one draft step as a fraction of one target decode step (a 1-token pass). A small "
+               "draft model is often 0.05–0.2; prompt lookup costs almost nothing.")
 alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"], st.session_state["wi_cost"]
 
 # Only the open tab's content runs (tabs bound to the URL as ?wi_tab=...), so a rerun builds at most
@@ -139,13 +145,16 @@ def _section_model() -> None:
     fig = go.Figure()
     for a, ys in v.curves.items():
         is_cur = abs(a - alpha) < 1e-9
+        # fixed colours: the reference α's keep theirs and yours is always the thick dark line (with the
+        # default colour cycle every curve changed colour as α moved past one of them)
         fig.add_scatter(x=v.gammas, y=ys, mode="lines", name=f"α = {a:.2f}" + (" (yours)" if is_cur else ""),
-                        line={"width": 4 if is_cur else 1.5})
+                        line={"width": 4 if is_cur else 1.5,
+                              "color": YOURS_COLOR if is_cur else ALPHA_COLORS.get(round(a, 2), "#999999")})
     stars = [max(range(len(ys)), key=lambda i: ys[i]) for ys in v.curves.values()]
     fig.add_scatter(x=[v.gammas[i] for i in stars], y=[ys[i] for i, ys in zip(stars, v.curves.values())],
                     mode="markers", name="best γ", marker={"symbol": "star", "size": 12, "color": "black"})
     fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
-                    name="yours, with verify cost", line={"dash": "dash", "width": 3})
+                    name="yours, with verify cost", line={"dash": "dash", "width": 3, "color": "#e6550d"})
     # the label sits bottom left: at γ = 1 the curves are above 1× unless α is low (at the right they cross)
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain", annotation_position="bottom left")
     fig.update_layout(title="Speedup against γ (★ best γ)", xaxis_title="draft length γ",

@@ -222,3 +222,18 @@ def test_quality_mistake_link_reproduces_the_mistakes_numbers():
     at = _app(**MISTAKE_LINKS["quality"].params)
     assert not at.exception
     assert _metrics(at)["Total variation distance"] == f"{quality_mistake().tvd_naive:.4f}"
+
+
+def test_gamma_chart_colours_do_not_move_with_alpha():
+    """Each reference α keeps its colour and yours is always the same thick line, whatever α is (with
+    the default colour cycle, moving α past 0.6 recoloured every curve)."""
+    def colours(alpha):
+        at = _app(wi_alpha=alpha, wi_gamma=4, wi_cost=0.1)
+        fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                   if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Speedup against γ"))
+        return {t["name"]: t["line"]["color"] for t in fig["data"] if t.get("mode") == "lines"}
+
+    low, high = colours(0.55), colours(0.85)
+    for name in ("α = 0.50", "α = 0.60", "α = 0.90", "yours, with verify cost"):
+        assert low[name] == high[name], name
+    assert low["α = 0.55 (yours)"] == high["α = 0.85 (yours)"]
