@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -92,6 +92,31 @@ def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
     """
     a, g = _check_alpha(alpha), _check_gamma(gamma)
     return float(sum(a ** k for k in range(g + 1)))
+
+
+def expected_tokens_per_round(alpha: float, draft_lengths: Sequence[int]) -> float:
+    """Expected tokens per target pass over rounds that drafted ``draft_lengths`` tokens each.
+
+    The mean over rounds of Σ_{k=0..n_r} α^k, Eq. (1) of Leviathan et al. 2023 at each round's own
+    draft length n_r (a round that drafted nothing yields 1 token). With every n_r = γ it equals
+    :func:`expected_tokens_per_pass`. Prompt lookup without a match, a confidence gate or the end of a run
+    draft fewer than γ tokens, so this, not E at γ, is what a run's measured tokens per pass should match.
+
+    Args:
+        alpha: acceptance rate α in [0, 1].
+        draft_lengths: tokens drafted in each round (each ≥ 0), at least one round.
+
+    Returns:
+        Tokens per target pass (≥ 1).
+
+    Raises:
+        InputError: α outside [0, 1], no rounds, or a negative length.
+    """
+    a = _check_alpha(alpha)
+    lengths = [int(n) for n in draft_lengths]
+    if not lengths or any(n < 0 for n in lengths):
+        raise InputError("Draft lengths must be a non-empty list of whole numbers ≥ 0.")
+    return float(sum(sum(a ** k for k in range(n + 1)) for n in lengths) / len(lengths))
 
 
 def verify_cost_ratio(n_tokens: int, slope: float = 0.0,

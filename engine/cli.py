@@ -179,12 +179,15 @@ def run_generate(args: argparse.Namespace) -> int:
           + (f"confidence gate = {proposer.confidence_threshold:g}   "
              if getattr(proposer, "confidence_threshold", 0) else "") + f"T = {args.temperature}")
     if s.acceptance_rate is not None:
-        from engine.analytic import expected_tokens_per_pass
+        from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
 
         e = expected_tokens_per_pass(s.acceptance_rate, args.gamma)
+        e_rounds = expected_tokens_per_round(s.acceptance_rate, [r.n_drafted for r in res.rounds])
         print(f"acceptance rate α̂ = {s.acceptance_rate:.3f} ({s.accepted} of {s.judged} judged; "
               f"{s.accepted} of {s.drafted} drafted = {s.accepted_fraction:.3f})")
-        print(f"tokens per target pass = {s.tokens_per_target_pass:.2f}  (formula at α̂: {e:.2f})")
+        print(f"tokens per target pass = {s.tokens_per_target_pass:.2f}  (formula at α̂ and each round's draft "
+              f"length: {e_rounds:.2f}; with γ = {args.gamma} drafted every round: {e:.2f}; "
+              f"{s.drafted / max(s.rounds, 1):.2f} drafted per round)")
         print("acceptance by draft position: " + ", ".join(f"{a:.2f}" for a in s.acceptance_by_position))
         if s.draft_cost_ratio is not None:
             print(f"draft cost c = {s.draft_cost_ratio:.3f} of a target pass")

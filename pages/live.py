@@ -16,7 +16,7 @@ from app.resources import get_model
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
-from engine.analytic import expected_tokens_per_pass
+from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
 from engine.errors import InputError, SpeedupLabError
 from engine.live_view import (
     chart_labels, default_draft_kind, default_preset, focus_position, generated_markdown,
@@ -380,12 +380,15 @@ else:
                 help=f"Accepted ÷ judged: {stats.accepted} accepted of {stats.judged} judged draft tokens "
                      f"({stats.drafted} drafted; accepted ÷ drafted = "
                      f"{'—' if stats.accepted_fraction is None else f'{stats.accepted_fraction:.3f}'}).")
+    e_rounds = expected_tokens_per_round(alpha, [r.n_drafted for r in dec.rounds]) if alpha is not None else None
     m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
-                delta=None if e_alpha is None else f"formula at α̂, γ={dec.gamma}: {e_alpha:.2f}",
+                delta=None if e_rounds is None else f"formula at α̂: {e_rounds:.2f}",
                 delta_color="off", delta_arrow="off",
-                help="E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1). Rounds where the "
-                     "draft proposed fewer than γ tokens (prompt lookup without a match, the draft head's "
-                     "confidence gate, the end of the run) pull the measured value below E.")
+                help="E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each round's own "
+                     "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "
+                     "without a match, the draft head's confidence gate, the end of the run) yield fewer. "
+                     + ("" if e_alpha is None else f"With γ = {dec.gamma} drafted every round it would be "
+                                                   f"{e_alpha:.2f}."))
     m[2].metric("Measured c",
                 "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
                 help="Draft step ÷ target pass: draft time per draft token ÷ mean target verify pass. The "

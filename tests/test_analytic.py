@@ -10,6 +10,7 @@ import pytest
 
 from engine.analytic import (HARDWARE_PRESETS, analytic_view, batch_speedup_curve, best_gamma,
                              break_even_alpha, compare_with_measured, expected_tokens_per_pass,
+                             expected_tokens_per_round,
                              roofline_step_s, simulate_rounds, speedup, tokens_per_pass_distribution,
                              try_it_exercises, verify_cost_ratio)
 from engine.errors import InputError
@@ -209,3 +210,14 @@ def test_best_gamma_beyond_the_sliders_is_flagged():
     g, s = v.beyond_gamma_max
     assert g == 19 and s == pytest.approx((1 - 0.9 ** 20) / 0.1 / 1.38)
     assert analytic_view(0.6, 8, 0.3).beyond_gamma_max is None
+
+
+def test_expected_tokens_per_round_at_each_rounds_draft_length():
+    # α = 0.5, rounds drafting 0, 2, 4: 1, 1 + .5 + .25 = 1.75, 1.9375 → mean 4.6875 / 3 = 1.5625
+    assert expected_tokens_per_round(0.5, [0, 2, 4]) == pytest.approx(1.5625)
+    # every round at γ: Eq. 1 itself
+    assert expected_tokens_per_round(0.8, [4, 4, 4]) == pytest.approx(expected_tokens_per_pass(0.8, 4))
+    with pytest.raises(InputError):
+        expected_tokens_per_round(0.5, [])
+    with pytest.raises(InputError):
+        expected_tokens_per_round(0.5, [2, -1])

@@ -37,6 +37,9 @@ def test_generate_text_marks_origins(tiny_dir, capsys):
     out = capsys.readouterr().out
     assert "acceptance rate α̂ = 1.000" in out  # early exit at all layers is the target itself
     assert "«" in out  # a bonus token is marked
+    # α̂ = 1, two rounds of 2 draft tokens: Eq. 1 gives 1 + 1 + 1 = 3 per round, as measured (6 tokens)
+    assert ("tokens per target pass = 3.00  (formula at α̂ and each round's draft length: 3.00; with γ = 2 "
+            "drafted every round: 3.00; 2.00 drafted per round)") in out
 
 
 @pytest.mark.parametrize("args,msg", [

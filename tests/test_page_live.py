@@ -87,6 +87,11 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert _metric(at, "Speculative tokens/s") == f"{1000 / statistics.median(ab.spec_ms_per_token):.1f}"
     s, t = dec.stats(), ab.spec_stats
     assert (t.rounds, t.accepted, t.drafted) == (s.rounds, s.accepted, s.drafted)
+    # tokens per pass is compared with Eq. 1 at each round's own draft length (not at γ every round)
+    from engine.analytic import expected_tokens_per_round
+    tp = next(m for m in at.metric if m.label == "Tokens per target pass")
+    e_rounds = expected_tokens_per_round(s.acceptance_rate, [r.n_drafted for r in dec.rounds])
+    assert tp.delta == f"formula at α̂: {e_rounds:.2f}" and f"With γ = {dec.gamma} drafted every round" in tp.help
     run = at.session_state["measured_run"]
     assert run.acceptance_rate == pytest.approx(s.acceptance_rate)
     # timings from the undrawn run
