@@ -93,6 +93,20 @@ def _on_preset() -> None:
         st.session_state["lv_prompt"] = preset_text(st.session_state["lv_preset"])
 
 
+def _on_target_change() -> None:
+    """A new target keeps the user's draft unless it is the shipped draft head, which reads the embedded
+    target's features only: then the draft follows the target's default (prompt lookup), as the CLI's
+    default does, and the page says so."""
+    spec = st.session_state["lv_target"].strip() or EMBEDDED
+    kind = default_draft_kind(default_draft_spec(spec))
+    if st.session_state["lv_draft"] == "head" and kind != "head":
+        st.session_state["lv_draft"] = kind
+        st.session_state["lv_gamma"] = default_gamma(default_draft_spec(spec))
+        st.session_state["lv_draft_note"] = (f"Draft switched to {DRAFT_KINDS[kind]}, γ = "
+                                             f"{st.session_state['lv_gamma']}: the shipped draft head was trained "
+                                             "on the embedded target's features only.")
+
+
 def _on_prompt_edit() -> None:
     p = st.session_state["lv_preset"]
     if p != CUSTOM and st.session_state["lv_prompt"] != preset_text(p):
@@ -101,8 +115,10 @@ def _on_prompt_edit() -> None:
 
 with st.sidebar:
     st.header("Settings")
-    st.text_input("Target model", key="lv_target",
+    st.text_input("Target model", key="lv_target", on_change=_on_target_change,
                   help="`embedded` (SmolLM2-135M-Instruct), a Hugging Face id in the local cache, or a folder.")
+    if note := st.session_state.pop("lv_draft_note", None):
+        st.info(note)
 
 target = None
 try:

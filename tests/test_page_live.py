@@ -272,3 +272,17 @@ def test_embedded_head_confidence_gate_from_the_url():
     assert sum(len(r.drafted) for r in dec.rounds) < dec.gamma * (len(dec.rounds) - 1)
     assert _metric(at, "Greedy outputs identical?") == "yes"
     assert "Confidence gate 0.9" in "\n".join(c.value for c in at.caption)
+
+
+def test_typing_another_target_switches_the_head_draft(tiny):
+    """The shipped head reads the embedded target's features only: typing another target used to keep it
+    and show an error; now the draft follows the new target's default (prompt lookup, γ 4), as in the
+    CLI, and the page says so."""
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.run()
+    assert at.session_state["lv_draft"] == "head"
+    at.text_input(key="lv_target").set_value(tiny).run()
+    assert not at.exception, at.exception
+    assert at.session_state["lv_draft"] == "ngram" and at.session_state["lv_gamma"] == 4
+    assert any("Draft switched to" in i.value for i in at.info)
+    assert not at.error
