@@ -7,7 +7,8 @@ Usage on a page::
     sync_url(["gamma", ...])                           # after the widgets: write current values back
 
 Values from the URL are parsed and clamped; anything unparsable falls back to the default, so a
-hand-edited link never breaks a page.
+hand-edited link never breaks a page. Each value replaced that way is named once, in a toast drawn by
+``sync_url`` ("wi_alpha=1.5 → 1"), so the page does not silently show something else than the link said.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def _parse(raw: str, default: Any, cast: Callable[[str], Any]) -> Any:
     return value
 
 
+_NOTES = "_url_param_notes"
+
+
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
               hi: Any = None, choices: Iterable[Any] | None = None) -> Any:
     """Seed ``st.session_state[key]`` from the URL (first run of a session) and return the value.
@@ -47,8 +51,9 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
         del st.session_state[key]
     if key not in st.session_state:
         value = default
-        if key in st.query_params:
-            value = _parse(st.query_params[key], default, cast)
+        raw = st.query_params.get(key) if key in st.query_params else None
+        if raw is not None:
+            value = _parse(raw, default, cast)
         if choices is not None and value not in list(choices):
             value = default
         if lo is not None and value is not None and value < lo:
@@ -56,6 +61,8 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
         if hi is not None and value is not None and value > hi:
             value = hi
         st.session_state[key] = value
+        if raw is not None and _fmt(value) != raw and _parse(raw, None, cast) != value:
+            st.session_state.setdefault(_NOTES, []).append(f"{key}={raw[:40]} → {_fmt(value)}")
     return st.session_state[key]
 
 
@@ -68,7 +75,12 @@ def _fmt(v: Any) -> str:
 
 
 def sync_url(keys: Iterable[str]) -> None:
-    """Write the current session-state values of ``keys`` into the URL query parameters."""
+    """Write the current session-state values of ``keys`` into the URL query parameters (and name, once,
+    the link values ``url_param`` had to replace)."""
+    notes = st.session_state.pop(_NOTES, None)
+    if notes:
+        st.toast("Some values in the link were unreadable or out of range and were replaced: "
+                 + ", ".join(notes) + ".", icon="ℹ️")
     for k in keys:
         if k in st.session_state and st.session_state[k] is not None:
             s = _fmt(st.session_state[k])

@@ -44,3 +44,31 @@ def test_a_value_another_page_left_in_the_session_is_checked_too():
     at = AppTest.from_function(_app)
     at.session_state["k"] = "b"
     assert [m.value for m in at.run().markdown][2] == "'b'"
+
+
+def _app_with_sync():
+    import streamlit as st
+
+    from app.state import sync_url, url_param
+
+    url_param("x", 0.5, float, lo=0.0, hi=1.0)
+    url_param("n", 4, int, lo=1, hi=16)
+    url_param("k", "a", str, choices=["a", "b"])
+    sync_url(["x", "n", "k"])
+
+
+def test_replaced_link_values_are_named_once_in_a_toast():
+    at = AppTest.from_function(_app_with_sync)
+    for k, v in {"x": "1.5", "n": "abc", "k": "b"}.items():
+        at.query_params[k] = v
+    at.run()
+    assert len(at.toast) == 1
+    msg = at.toast[0].value
+    assert "x=1.5 → 1" in msg and "n=abc → 4" in msg and "k=" not in msg  # k=b was valid
+    at.run()
+    assert len(at.toast) == 0  # once per session
+    # a valid link (even written differently: 0.60 for 0.6) says nothing
+    at = AppTest.from_function(_app_with_sync)
+    at.query_params["x"] = "0.60"
+    at.run()
+    assert len(at.toast) == 0
