@@ -524,17 +524,20 @@ def tour_stops() -> list[TourStop]:
                                                              "pc_block": 16}),
                  "A timestamp line opens every prompt, so no two requests share their first block and nothing "
                  "is reused. Switch the radio to **at the end** and watch the shared system prompt turn into "
-                 "solid cache hits.", clear=("pc_text", "pc_step")),
+                 "solid cache hits in [the block table](#requests-through-the-block-pool).",
+                 clear=("pc_text", "pc_step")),
         TourStop("FlashAttention", PageLink("flash-attention", {"n": 10, "d": 4, "br": 4, "bc": 3, "step": 5,
                                                                 "nmax": 16384, "td": 64, "bpe": 2}),
-                 f"Step through the tiles and watch the running maximum m and sum ℓ rescale. Below, at N = 16,384 "
+                 f"Step through the tiles and watch the running maximum m and sum ℓ rescale. "
+                 f"[Below](#2-memory-traffic-and-memory-use), at N = 16,384 "
                  f"standard attention moves {flash_bytes(st_.bytes)} per head, FlashAttention "
                  f"{flash_bytes(fl.bytes)} ({st_.bytes / fl.bytes:.1f}× less), for the same output."),
         TourStop("KV-cache size", PageLink("kv-cache", {"preset": "Llama-3.1-8B", "context": 32768, "batch": 8}),
                  f"Llama-3.1-8B shares each KV head among {llama.num_heads // llama.num_kv_heads} query heads "
                  f"(GQA): {format_bytes(kv_seq)} per 32k-token sequence, {format_bytes(kv_bytes(llama, 32768, batch=8))} "
                  f"for the batch of 8, against {format_bytes(kv_mha_batch)} with one KV head per query head (MHA; "
-                 f"the MHA/MQA table). Further down, the roofline table: {format_bytes(kv_step.kv_bytes)} of the "
+                 f"the MHA/MQA table). Further down, [the roofline table](#a-decode-step-on-the-roofline): "
+                 f"{format_bytes(kv_step.kv_bytes)} of the "
                  f"{format_bytes(kv_step.bytes_read)} an H100 decode step reads is KV cache."),
     ]
 

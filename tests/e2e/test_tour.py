@@ -42,6 +42,9 @@ def test_walk_the_whole_tour(page, app_url):
                 wait_idle(page, timeout_ms=120_000)
             page.get_by_text("Round 3").first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)  # charts finish drawing
+        # the stop's in-page links ("the roofline table") name headers that exist on its page
+        for anchor in re.findall(r"\]\(#([\w-]+)\)", stop.text):
+            assert page.locator(f'[id="{anchor}"]').count() == 1, (stop.title, anchor)
         screenshot(page, f"tour_{i + 1}_{stop.link.url_path}")
         if i < len(stops) - 1:
             _banner(page).get_by_role("button", name="Next ▶").click()
