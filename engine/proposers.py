@@ -367,7 +367,8 @@ class PromptLookupProposer(Proposer):
     1.09× → 1.18×).
 
     ``match`` picks among several earlier occurrences: "latest" (default; the most recent text is the
-    likeliest to be copied next) or "first" (the earliest one with a continuation: the rule of
+    likeliest to be copied next; a match that runs into the end of the text continues as an overlapping
+    copy, so text that repeats with a short period is proposed k tokens at a time) or "first" (the earliest one with a continuation: the rule of
     transformers' ``PromptLookupCandidateGenerator``; with ``max_ngram=2, min_ngram=1`` this proposer
     then proposes exactly what transformers' prompt lookup does, which the benchmark uses for a
     like-for-like comparison).
@@ -423,6 +424,14 @@ class PromptLookupProposer(Proposer):
             for start in starts:  # excluding the suffix itself
                 if seq[start:start + n] == suffix:
                     cont = seq[start + n:start + n + k]
+                    if cont and self.match == "latest" and len(cont) < k:
+                        # the match runs into the end of the text: the text repeats with period
+                        # d = n_seq − n − start, so keep copying (an overlapping copy, as in LZ77) up to k
+                        # tokens; without it "a b a b" proposed only d tokens a round, never growing to γ
+                        src = start + n
+                        while len(cont) < k:
+                            i = src + len(cont)
+                            cont.append(seq[i] if i < n_seq else cont[i - n_seq])
                     if cont:
                         for i, t in enumerate(cont):
                             if t in self.stop_ids:

@@ -353,19 +353,20 @@ def test_adaptive_prompt_lookup_schedule_and_exactness(tiny):
     lookup = PromptLookupProposer(32, 3, 1, adaptive=True)
     cfg = SamplingConfig()
     seq = [1, 2, 3, 4, 5, 1, 2, 3]
-    prop = lookup.propose(seq, 8, cfg, torch.Generator())
+    prop = lookup.propose(seq, 5, cfg, torch.Generator())
     assert prop.tokens == [4, 5, 1, 2, 3]  # the continuation of the earlier "1 2 3"
-    lookup.rollback(seq + [4, 5, 1, 2, 3, 9])  # all 5 accepted (+ bonus 9): the cap 8 grows by 2
-    assert lookup.k_next == 10
-    seq = seq + [4, 5, 1, 2, 3, 9]
-    lookup.propose(seq[:8], 8, cfg, torch.Generator())  # proposes 4 5 1 2 3 again (cap min(8, 10))
-    lookup.rollback(seq[:8] + [4, 7])  # first accepted, second rejected: the cap 8 shrinks by 1
+    lookup.rollback(seq + [4, 5, 1, 2, 3, 9])  # all 5 accepted (+ bonus 9): the cap 5 grows by 2
     assert lookup.k_next == 7
+    seq = seq + [4, 5, 1, 2, 3, 9]
+    # cap min(8, 7): 4 5 1 2 3, then the copy runs on over the text it repeats (period 5): 4 5
+    assert lookup.propose(seq[:8], 8, cfg, torch.Generator()).tokens == [4, 5, 1, 2, 3, 4, 5]
+    lookup.rollback(seq[:8] + [4, 7])  # first accepted, second rejected: the cap 7 shrinks by 1
+    assert lookup.k_next == 6
     lookup.propose(seq[:8], 8, cfg, torch.Generator())
     lookup.rollback(seq[:8] + [6])  # rejected at once
-    assert lookup.k_next == 6
+    assert lookup.k_next == 5
     # capped proposals: only k_next tokens are proposed
-    assert len(lookup.propose([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], 8, cfg, torch.Generator()).tokens) == 6
+    assert len(lookup.propose([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], 8, cfg, torch.Generator()).tokens) == 5
     target = tiny["target"]
     for ids in PROMPTS:
         ref = hf_greedy(target, ids, 24)
@@ -373,6 +374,19 @@ def test_adaptive_prompt_lookup_schedule_and_exactness(tiny):
             got = generate(target, PromptLookupProposer(32, 3, 1, adaptive=True), ids, gamma=gamma,
                            max_new_tokens=24).token_ids
             assert got == ref
+
+
+def test_prompt_lookup_continues_a_repeating_text_as_an_overlapping_copy():
+    """The latest match of the suffix may run into the end of the text: the text then repeats with period
+    d, and the copy goes on (LZ77-style) up to k tokens. It proposed only d tokens a round before, so on
+    repeating output the adaptive length never grew to γ. transformers' rule ("first") is unchanged."""
+    latest = PromptLookupProposer(100)
+    assert latest.lookup([1, 2, 3, 4, 3, 4, 3, 4], 6) == [3, 4, 3, 4, 3, 4]  # period 2
+    assert latest.lookup([5, 5, 5, 5], 4) == [5, 5, 5, 5]  # period 1
+    assert latest.lookup([9, 1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]  # period 3
+    assert latest.lookup([1, 2, 3, 9, 1, 2], 4) == [3, 9, 1, 2]  # room enough: a plain copy
+    assert PromptLookupProposer(100, stop_ids=[4]).lookup([1, 2, 3, 4, 3, 4, 3, 4], 6) == [3]  # stops still cut
+    assert PromptLookupProposer(100, match="first").lookup([1, 2, 3, 4, 3, 4, 3, 4], 6) == [3, 4]
 
 
 def test_prompt_lookup_first_match_equals_transformers_candidates():
