@@ -1,14 +1,20 @@
-"""Draw the pages' Plotly charts: ``show_chart(fig, key=...)`` instead of ``st.plotly_chart``.
+"""Draw the pages' Plotly charts and tables: ``show_chart(fig, key=...)`` instead of ``st.plotly_chart``,
+``show_table(rows)`` instead of ``st.dataframe``.
 
 In presenter mode (``?present=1``) every chart's text is enlarged for a projector: text a page gave an
 explicit size is scaled by ``PRESENTER_FONT_SCALE``, the rest is set to ``PRESENTER_CHART_FONT`` px.
 Elsewhere the figure is drawn as the page built it.
+
+Tables are interactive grids (``st.dataframe``: sort, search, CSV export), except in presenter mode:
+a grid is drawn on a canvas that the presenter style sheet cannot enlarge (it stayed at 13 px beside
+20 px text), so there the same rows become a static HTML table (``st.table``) in the large type.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -73,3 +79,31 @@ def show_chart(fig: go.Figure, key: str | None = None, where: Any = None) -> Non
     if presenting():
         fig = presenter_figure(fig)
     (where if where is not None else st).plotly_chart(fig, width="stretch", key=key)
+
+
+def _cell(fmt: str | None):
+    def f(v: Any) -> str:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return "" if v is None else str(v)
+        if fmt:
+            return fmt % v
+        return f"{v:,}" if isinstance(v, int) else f"{v:,.6g}"
+    return f
+
+
+def show_table(data: Any, formats: dict[str, str] | None = None, where: Any = None) -> None:
+    """Draw rows (a list of dicts or a dict of columns) without the index, full width.
+
+    Args:
+        formats: printf formats of numeric columns, e.g. {"q(x)": "%.4f"}; other numbers are shown as
+            they are (up to 6 significant digits).
+    """
+    formats = formats or {}
+    place = where if where is not None else st
+    if presenting():
+        df = pd.DataFrame(data)
+        styler = df.style.hide(axis="index").format({c: _cell(formats.get(c)) for c in df.columns})
+        place.table(styler)
+    else:
+        cfg = {c: st.column_config.NumberColumn(format=f) for c, f in formats.items()} or None
+        place.dataframe(data, hide_index=True, width="stretch", column_config=cfg)

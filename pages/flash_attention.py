@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import show_chart
+from app.charts import show_chart, show_table
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
@@ -190,7 +190,7 @@ for t in range(r1 - r0):
     })
 st.markdown("**Running statistics of the rows in this Q block** (ℓ is measured against the current m; the "
             "output shown is the running Õ / ℓ):")
-st.dataframe(rows, hide_index=True, width="stretch")
+show_table(rows)
 st.caption("When a tile brings a larger score, m rises and everything summed so far is multiplied by "
            "e^(m_old − m_new) < 1 before the tile's own terms are added; that rescaling is what makes the "
            "tile-by-tile result exact.")
@@ -242,14 +242,13 @@ st.markdown(f"**At N = {sn.n:,}** (per head): standard moves {format_bytes(sn.by
             f"{format_bytes(fn.bytes)} — **{sn.bytes / fn.bytes:.1f}× less** "
             f"({fn.tiles:,} tiles of {fn.block_q} × {fn.block_k}).")
 tensors = ["Q", "K", "V", "S", "P", "O", "m, ℓ"]
-st.dataframe(
+show_table(
     [{"tensor": t,
       "standard reads": f"{sn.reads.get(t, 0):,}", "standard writes": f"{sn.writes.get(t, 0):,}",
       "flash reads": f"{fn.reads.get(t, 0):,}", "flash writes": f"{fn.writes.get(t, 0):,}"} for t in tensors]
     + [{"tensor": "total (elements)", "standard reads": f"{sn.read_elements:,}",
         "standard writes": f"{sn.write_elements:,}", "flash reads": f"{fn.read_elements:,}",
-        "flash writes": f"{fn.write_elements:,}"}],
-    hide_index=True, width="stretch")
+        "flash writes": f"{fn.write_elements:,}"}])
 
 pc = rep.paper
 st.subheader("The paper's example: GPT-2 medium on an A100")
@@ -334,10 +333,10 @@ if meas:
         fig.update_layout(title="Peak extra memory: measured vs model", height=360,
                           legend=dict(orientation="h", y=-0.25), margin=dict(t=50))
         show_chart(fig, key="mmem")
-    st.dataframe([{"N": m.n, "method": m.method, "time (ms)": f"{m.ms:.2f}",
+    show_table([{"N": m.n, "method": m.method, "time (ms)": f"{m.ms:.2f}",
                    "peak extra memory": format_bytes(m.peak_extra_bytes) if m.peak_extra_bytes is not None else "n/a",
                    "model": format_bytes(m.predicted_extra_bytes),
-                   "max |naive − fused|": f"{m.max_abs_diff:.1e}"} for m in ms], hide_index=True, width="stretch")
+                "max |naive − fused|": f"{m.max_abs_diff:.1e}"} for m in ms])
     st.caption("The model for naive is S and P (2·heads·N²·4 bytes) plus the output; for the fused kernel the "
                "output only. Below about 1 MB the reading is unreliable (the kernel updates its resident-size "
                "counters lazily, and the allocator may reuse memory it already holds), so small N reads low. On a CPU the time gap comes from cache traffic rather than HBM, so it is "

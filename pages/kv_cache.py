@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
-from app.charts import show_chart
+from app.charts import show_chart, show_table
 from app.registry import PAGES_DIR, available_pages
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
@@ -218,12 +218,11 @@ k3.metric(f"KV for the batch of {rep.batch}", format_bytes(rep.batch_bytes))
 k4.metric(f"Weights ({rep.weight_dtype})", format_bytes(rep.weights))
 
 st.subheader("The same model with MHA and with MQA")
-st.dataframe(
+show_table(
     [{"attention": f"{label}: {kind}", "KV heads": str(heads) if heads else "latent",
       "KV per token": format_bytes(pt), "KV for the batch": format_bytes(bb),
       "vs this configuration": f"{bb / rep.batch_bytes:.2f}×" if rep.batch_bytes else "–"}
-     for label, kind, heads, pt, bb in rep.compare],
-    hide_index=True, width="stretch")
+     for label, kind, heads, pt, bb in rep.compare])
 
 # ---------------------------------------------------------------------------------------------- fit
 st.subheader(f"What fits on {rep.gpu}")
@@ -265,7 +264,7 @@ for n, st_ in rep.steps.items():
         "compute-bound from batch": "never" if cb is None else f"{cb:,}",
         "… if cache empty": "never" if cb0 is None else f"{cb0:,}",
     })
-st.dataframe(rows, hide_index=True, width="stretch")
+show_table(rows)
 
 fig = go.Figure()
 fig.add_scatter(x=rep.curve["batch"], y=rep.curve["memory_ms"], name="bytes ÷ bandwidth", mode="lines")

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app.charts import show_chart
+from app.charts import show_chart, show_table
 from app.resources import get_model
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
@@ -485,9 +485,7 @@ if dec.rounds:
         st.markdown(verdict_frame(rnd))
         st.caption(round_summary(rnd))
         if rnd.drafted:
-            st.dataframe(round_rows(rnd, greedy=dec.sampling.greedy), hide_index=True, width="stretch",
-                         column_config={"q(x)": st.column_config.NumberColumn(format="%.4f"),
-                                        "p(x)": st.column_config.NumberColumn(format="%.4f")})
+            show_table(round_rows(rnd, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
             labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
             j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
                              format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")

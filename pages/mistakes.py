@@ -3,6 +3,7 @@ one-click button that opens the page showing it. Numbers come from ``engine.teac
 
 import streamlit as st
 
+from app.charts import show_table
 from app.resources import get_tokenizer
 from app.teaching import go_button
 from engine.errors import SpeedupLabError
@@ -53,10 +54,9 @@ try:
 except SpeedupLabError as e:
     st.error(str(e))
 else:
-    st.dataframe([{"tokenizer": "target (SmolLM2)", "ids": str(tm.target_ids)},
-                  {"tokenizer": "draft (stand-in)", "ids": str(tm.draft_ids)},
-                  {"tokenizer": "draft's ids read by the target", "ids": tm.draft_ids_read_by_target}],
-                 hide_index=True, width="stretch")
+    show_table([{"tokenizer": "target (SmolLM2)", "ids": str(tm.target_ids)},
+                {"tokenizer": "draft (stand-in)", "ids": str(tm.draft_ids)},
+                {"tokenizer": "draft's ids read by the target", "ids": tm.draft_ids_read_by_target}])
     if tm.engine_error:  # the expected outcome, shown as such (a red error box read as the app failing)
         st.info(f"✅ As it should, the engine refuses the pair: {tm.engine_error}")
     st.caption(f"Sentence: “{tm.text}” The live page runs the same check "

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.colors import qualitative
 
-from app.charts import show_chart
+from app.charts import show_chart, show_table
 from app.resources import get_model, get_tokenizer
 from app.teaching import check_yourself, safe_questions
 from app.state import sync_url, url_param
@@ -240,13 +240,13 @@ st.markdown(f"**The pool after request {step}** — {sim.capacity} blocks: {n_st
             f"{n_state['free']} free (blank).")
 show_chart(pfig, key="pc_pool")
 
-st.dataframe([
+show_table([
     {"Request": r.index + 1, "Prompt tokens": r.prompt_tokens, "Blocks": len(r.blocks),
      "Hit blocks": r.hit_blocks, "Hit tokens": r.hit_tokens, "Computed tokens": r.computed_tokens,
      "Hit rate": f"{r.hit_rate:.1%}", "Est. TTFT, no cache (ms)": round(r.ttft_no_cache_ms, 2),
      "Est. TTFT, cached (ms)": round(r.ttft_cached_ms, 2), "Saved (ms)": round(r.saved_ms, 2),
      "Evictions": len(r.evictions)}
-    for r in shown], hide_index=True, width="stretch")
+    for r in shown])
 st.caption(f"Hits are whole cached blocks from the start of the prompt, never the last prompt token (its "
            f"logits give the first output token). TTFT estimate = computed tokens × {ms_per_token:.3f} ms; "
            "prefix caching does nothing for decode, so it pays most for long prompts and short answers. "

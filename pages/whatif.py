@@ -13,7 +13,7 @@ import math
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import show_chart
+from app.charts import show_chart, show_table
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
@@ -335,9 +335,8 @@ def _section_toy() -> None:
         ft.update_layout(title=f"First token after “{tr.context}”", barmode="group", yaxis_title="probability",
                          height=CHART_H, margin={"t": 40, "b": 10})
         show_chart(ft, key="wi_fig_toy")
-        st.dataframe({"word": tr.vocab, "target p": [round(x, 3) for x in tr.p],
-                      "speculative output": [round(x, 3) for x in tr.first_freq],
-                      "draft q": [round(x, 3) for x in tr.q]}, hide_index=True)
+        show_table({"word": tr.vocab, "target p": tr.p, "speculative output": tr.first_freq, "draft q": tr.q},
+                   formats={"target p": "%.3f", "speculative output": "%.3f", "draft q": "%.3f"})
         if st.session_state["wi_toy_rule"] == RULES[1]:
             st.warning("The naive rule keeps every draft token, so the output follows the draft's q, not "
                        "the target's p: the χ² test rejects it.")

@@ -32,3 +32,23 @@ def test_explicit_sizes_are_scaled_and_the_rest_filled():
 def test_per_point_sizes_are_scaled():
     fig = go.Figure(go.Scatter(x=[1, 2], y=[1, 2], mode="text", text=["a", "b"], textfont={"size": [10, 20]}))
     assert list(presenter_figure(fig, scale=2.0).data[0].textfont.size) == [20, 40]
+
+
+def test_tables_are_grids_and_in_presenter_mode_large_html_tables():
+    from streamlit.testing.v1 import AppTest
+
+    def page():
+        import streamlit as st
+
+        from app.charts import show_table
+
+        st.session_state.setdefault("present", False)
+        show_table([{"token": "a", "q(x)": 0.123456, "n": 12345}], formats={"q(x)": "%.4f"})
+
+    at = AppTest.from_function(page).run()
+    assert len(at.dataframe) == 1 and not at.table  # the interactive grid (sort, CSV export)
+    at.session_state["present"] = True
+    at.run()
+    assert len(at.table) == 1 and not at.dataframe  # HTML, which the presenter type enlarges
+    shown = str(at.table[0].proto)  # the Styler's display values travel with the table
+    assert "0.1235" in shown and "12,345" in shown
