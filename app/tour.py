@@ -23,9 +23,9 @@ _LINK_CHECKED = "tour_link_checked"
 # A fixed style sheet (no user or model text): larger type for a projector.
 _PRESENTER_CSS = """<style>
 [data-testid="stMain"] { --sl-text: 1.3rem; --sl-small: 1.15rem; --sl-metric: 2.6rem; }
-/* with the sidebar open the page is ~300 px narrower: smaller type, so labels are not cut off */
+/* with the sidebar open the page is ~300 px narrower: the usual type, so labels are not cut off */
 [data-testid="stAppViewContainer"]:has([data-testid="stSidebar"][data-collapsed="false"]) [data-testid="stMain"] {
-  --sl-text: 1.1rem; --sl-small: 1rem; --sl-metric: 2rem; }
+  --sl-text: 1rem; --sl-small: 0.9rem; --sl-metric: 2rem; }
 [data-testid="stMainBlockContainer"] { font-size: var(--sl-text); max-width: 96rem; padding-top: 4rem; }
 [data-testid="stMainBlockContainer"] p, [data-testid="stMainBlockContainer"] li,
 [data-testid="stMainBlockContainer"] label, [data-testid="stMainBlockContainer"] td,

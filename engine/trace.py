@@ -62,7 +62,8 @@ class Round:
         drafted: the draft positions (may be empty: prompt lookup found nothing, or baseline mode).
         n_accepted: draft tokens kept in the output (when an accepted end-of-sequence draft token ended
             the output, the tokens after it are not counted: see ``ended_in_draft``).
-        next_token_id, next_text: the target's own token (correction, bonus, or plain step).
+        next_token_id, next_text: the target's own token (correction, bonus, or plain step); not
+            emitted when ``ended_in_draft``.
         next_kind: "correction", "bonus" or "plain" (no draft tokens were proposed).
         next_top_p: top-5 of p at the position of the target's own token.
         residual_top: for a correction under sampling, the top-5 of norm(max(0, p − q)).
@@ -105,6 +106,7 @@ class Round:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["n_drafted"] = self.n_drafted
+        d["ended_in_draft"] = self.ended_in_draft  # then next_token_id was drawn but not emitted
         return d
 
 

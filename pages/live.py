@@ -229,6 +229,15 @@ if target is None:
 
 # ------------------------------------------------------------------------------------------ buttons
 dec: SpeculativeDecoder | None = S.get("lv_dec")
+# A click during Run to the end (Stop, or any widget) starts this run at once while the old one is still
+# inside a round (Streamlit's fast reruns): the generation counter tells the old loop to stop before its
+# next round, and waiting for the decoder's lock lets the round in flight finish before anything is
+# drawn. Without the wait the page showed one round fewer than the decoder held.
+S["lv_gen"] = S.get("lv_gen", 0) + 1
+GEN = S["lv_gen"]
+if dec is not None:
+    with dec.lock:
+        pass
 ready = dec is not None
 b1, b2, b3, b4, b5 = st.columns(5)
 step = b1.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
@@ -324,7 +333,7 @@ if step and not dec.finished:
 if (run_all or run_base) and not dec.finished:
     bar = progress.progress(0.0, text="Running…")
     last_draw = 0.0
-    while not dec.finished:
+    while not dec.finished and S.get("lv_gen") == GEN:  # a newer run (a click) ends this loop
         rnd = _safe_step(dec)
         # "instant" redraws at most every INSTANT_REDRAW_S: each redraw costs the server and the browser CPU
         # time while the next round computes, which slowed the measured run (Chromium shares the cores)
@@ -333,7 +342,7 @@ if (run_all or run_base) and not dec.finished:
             _draw_text(dec)
             done = len(dec.new_ids) / dec.max_new_tokens
             bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
-                                              f"{len(dec.rounds)} rounds — press Stop to stop")
+                                              f"{_n_rounds(len(dec.rounds))} — press Stop to stop")
             last_draw = time.perf_counter()
         if round_pause:
             time.sleep(round_pause)

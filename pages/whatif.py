@@ -117,6 +117,10 @@ alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"],
 tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_tab", bind="query-params")
 
 # ------------------------------------------------------------------ analytic model
+def _set_slope() -> None:
+    st.session_state["wi_slope"] = st.session_state["wi_slope_w"]
+
+
 def _section_model() -> None:
     # the slope's slider is drawn under the charts (its value is in the session already), so the metrics
     # and the γ chart are on the first screen
@@ -174,7 +178,12 @@ def _section_model() -> None:
                        height=CHART_H, margin={"t": 40, "b": 10})
     show_chart(heat, key="wi_fig_heat", where=right)
 
-    st.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step=0.01, key="wi_slope",
+    # the slider has a key of its own, written from the page's value wi_slope before it is drawn: set from
+    # the measured-numbers tab while this tab was not drawn, the slider itself showed 0.00 in the browser
+    # and the next click wrote 0 back (its widget state had been dropped with the unrendered tab)
+    st.session_state["wi_slope_w"] = st.session_state["wi_slope"]
+    st.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step=0.01, key="wi_slope_w",
+              on_change=_set_slope,
               help="How much each extra token in the target's verify pass costs, as a fraction of a "
                    "decode step. 0 = the simple model (free while memory-bound); 1 = fully compute-bound.")
     st.caption(
@@ -366,7 +375,7 @@ def _section_measured() -> None:
                 fm = go.Figure()
                 fm.add_scatter(x=mc.curve_ns, y=mc.curve_ms, mode="lines+markers", name="measured")
                 fm.update_layout(title="Measured target pass time by tokens in the pass",
-                                 xaxis_title="tokens fed to the target", yaxis_title="ms",
+                                 xaxis_title="tokens fed to the target", yaxis_title="ms", xaxis_dtick=1,
                                  height=CHART_H - 60, margin={"t": 40, "b": 10})
                 show_chart(fm, key="wi_fig_measured")
             else:
@@ -379,9 +388,11 @@ def _section_measured() -> None:
                 use["slope"] = round(mc.verify_slope, 2)
             st.button("Use these α, γ, c (and the measured verify slope) in the sliders", key="wi_btn_use_measured",
                       on_click=_set, kwargs=use,
-                      help=None if mc.verify_slope is None else
-                      f"Also sets the analytic model's verify-cost slope to s = {mc.verify_slope:.2f}: "
-                      f"t(γ+1)/t(1) = {mc.verify_ratio:.2f} = 1 + s·γ.")
+                      help=("The sliders move in steps of 0.01, so α and c are rounded to them and the "
+                            "analytic tab can differ from the prediction above in the last digit."
+                            + ("" if mc.verify_slope is None else
+                               f" Also sets the analytic model's verify-cost slope to s = {mc.verify_slope:.2f}: "
+                               f"t(γ+1)/t(1) = {mc.verify_ratio:.2f} = 1 + s·γ.")))
 
 for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),
                        (tab_batch, _section_batch), (tab_toy, _section_toy),

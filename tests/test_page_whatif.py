@@ -60,7 +60,8 @@ def test_analytic_sliders_and_extremes():
     assert _metrics(at)["Tokens per target pass E"] == "1.60"   # 1 + 0.6
     at.slider(key="wi_cost").set_value(1.0).run()
     assert _metrics(at)["Break-even α"] == "never pays"
-    at.slider(key="wi_slope").set_value(0.5).run()
+    at.slider(key="wi_slope_w").set_value(0.5).run()
+    assert at.session_state["wi_slope"] == 0.5  # the page's value (and the link's) follows the slider
     # γ = 1, α = 0.6, c = 1, s = 0.5: 1.6 / (1 + 1 + 0.5) = 0.64
     assert "0.64×" in _metrics(at)["Speedup E / (γc + 1)"] or "0.64×" in str(at.metric[1].delta)
     for a, c in ((1.0, 0.0), (0.0, 0.0), (1.0, 1.0), (0.0, 1.0)):
@@ -180,7 +181,7 @@ def test_measured_numbers_section():
     # "with verify cost" equals the 1.71× above
     assert at.session_state["wi_slope"] == pytest.approx(0.1)
     at = _tab(at, "Analytic model")
-    assert at.slider(key="wi_slope").value == pytest.approx(0.1)
+    assert at.slider(key="wi_slope_w").value == pytest.approx(0.1)
     assert "1.71× with verify cost" in [m.delta for m in at.metric if m.label.startswith("Speedup E")][0]
     at = _tab(at, "My measured numbers")
     at.session_state["measured_run"] = types.SimpleNamespace(acceptance_rate=None)

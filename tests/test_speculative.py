@@ -140,6 +140,7 @@ def test_draft_tokens_after_an_accepted_eos_are_not_counted():
     assert [d.token_id for d in rnd.drafted] == [0, 3, 4]
     assert [d.verdict for d in rnd.drafted] == ["accepted", AFTER_END, AFTER_END]
     assert rnd.n_accepted == 1 and rnd.emitted_ids == [0] and rnd.ended_in_draft
+    assert rnd.to_dict()["ended_in_draft"] is True  # the JSON says the target's own token was not emitted
     assert token_origins(res.rounds) == [(0, "accepted")]
     st = res.stats
     assert (st.accepted, st.judged, st.acceptance_rate, st.acceptance_by_position) == (1, 1, 1.0, [1.0])
