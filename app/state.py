@@ -35,7 +35,7 @@ _NOTES = "_url_param_notes"
 
 
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
-              hi: Any = None, choices: Iterable[Any] | None = None) -> Any:
+              hi: Any = None, choices: Iterable[Any] | None = None, step: float | None = None) -> Any:
     """Seed ``st.session_state[key]`` from the URL (first run of a session) and return the value.
 
     Args:
@@ -43,6 +43,8 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
         default: used when the URL has no (valid) value.
         cast: parser for the raw string (int, float, str, bool).
         lo, hi: clamp numeric values into [lo, hi].
+        step: the slider's step: a value between steps is rounded to the nearest one (a link's α = 0.805
+            was used as such while its slider showed 0.81).
         choices: allowed values; anything else falls back to ``default``. Also checked against a value
             already in the session (pages share one session state: a key another page set, with a value
             this page does not offer, is seeded again rather than shown as something it is not).
@@ -56,6 +58,9 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
             value = _parse(raw, default, cast)
         if choices is not None and value not in list(choices):
             value = default
+        if step and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # half up, as the slider shows it (0.805 → 0.81; Python's round() would give 0.8)
+            value = round(math.floor(value / step + 0.5 + 1e-9) * step, 10)
         if lo is not None and value is not None and value < lo:
             value = lo
         if hi is not None and value is not None and value > hi:

@@ -117,7 +117,7 @@ url_param("context", 8192, int, lo=0, hi=1_048_576)
 url_param("batch", 1, int, lo=1, hi=1024)
 url_param("kv_dtype", "bf16", str, choices=KV_DTYPES)
 url_param("w_dtype", "bf16", str, choices=WEIGHT_DTYPES)
-url_param("usable", 0.9, float, lo=0.5, hi=1.0)
+url_param("usable", 0.9, float, lo=0.5, hi=1.0, step=0.01)
 
 st.selectbox("Model preset (values from its config.json)", PRESETS, key="preset", on_change=_on_preset)
 if st.session_state["preset"] == CUSTOM:

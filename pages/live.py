@@ -75,10 +75,10 @@ url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
 url_param("lv_gamma", default_gamma(_default_spec), int, lo=1, hi=GAMMA_MAX)
-url_param("lv_conf", 0.0, float, lo=0.0, hi=CONF_MAX)  # off: α̂ and γ keep the analytic model's meaning
-url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0)
+url_param("lv_conf", 0.0, float, lo=0.0, hi=CONF_MAX, step=0.05)  # off: α̂ and γ keep the analytic model's meaning
+url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
 url_param("lv_topk", 0, int, lo=0, hi=1000)
-url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0)
+url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0, step=0.01)
 url_param("lv_seed", 0, int, lo=0, hi=999_999)
 url_param("lv_max_new", 64, int, lo=1, hi=MAX_NEW_UI)
 url_param("lv_speed", "fast", str, choices=list(SPEEDS))

@@ -35,10 +35,10 @@ MAX_BATCHES = [8, 64, 256, 1024, 4096, 16384, 65536]
 TOY_NS = [1000, 2000, 5000, 10000]  # 20 000 (the engine's cap) can take > 2 s on a busy 2-core CPU
 
 # ------------------------------------------------------------------ state (URL ↔ session)
-url_param("wi_alpha", 0.80, float, lo=0.0, hi=1.0)
+url_param("wi_alpha", 0.80, float, lo=0.0, hi=1.0, step=0.01)
 url_param("wi_gamma", 4, int, lo=1, hi=GAMMA_MAX)
-url_param("wi_cost", 0.05, float, lo=0.0, hi=1.0)
-url_param("wi_slope", 0.05, float, lo=0.0, hi=1.0)
+url_param("wi_cost", 0.05, float, lo=0.0, hi=1.0, step=0.01)
+url_param("wi_slope", 0.05, float, lo=0.0, hi=1.0, step=0.01)
 url_param("wi_steps", 0, int, lo=0, hi=SIM_MAX_ROUNDS)
 url_param("wi_seed", 0, int, lo=0, hi=10**6)
 url_param("wi_hw", "H100 SXM", str, choices=[*HARDWARE_PRESETS, CUSTOM_HW])

@@ -72,3 +72,27 @@ def test_replaced_link_values_are_named_once_in_a_toast():
     at.query_params["x"] = "0.60"
     at.run()
     assert len(at.toast) == 0
+
+
+def _app_with_step():
+    import streamlit as st
+
+    from app.state import sync_url, url_param
+
+    st.write(repr(url_param("a", 0.8, float, lo=0.0, hi=1.0, step=0.01)))
+    st.write(repr(url_param("t", 0.0, float, lo=0.0, hi=2.0, step=0.05)))
+    sync_url(["a", "t"])
+
+
+def test_a_value_between_slider_steps_is_rounded_to_the_step_shown():
+    # α = 0.805 was used as such while its slider showed 0.81; T = 0.33 on a 0.05 grid → 0.35
+    at = AppTest.from_function(_app_with_step)
+    at.query_params["a"] = "0.805"
+    at.query_params["t"] = "0.33"
+    at.run()
+    assert [m.value for m in at.markdown] == ["0.81", "0.35"]
+    assert "a=0.805 → 0.81" in at.toast[0].value
+    at = AppTest.from_function(_app_with_step)
+    at.query_params["a"] = "0.6"
+    at.run()
+    assert at.markdown[0].value == "0.6" and not at.toast
