@@ -258,12 +258,12 @@ if S.get("lv_error"):
     st.error(S["lv_error"])
     st.stop()
 
-status = st.empty()
 progress = st.empty()
 round_box = st.container(border=True)
 with round_box:
     round_title = st.empty()
     round_md = st.empty()
+status = st.empty()  # under the round, so the round box stays on a projector's first screen
 text_box = st.container()
 with text_box:
     st.subheader("Generated text")
