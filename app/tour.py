@@ -86,12 +86,12 @@ def presenting() -> bool:
     return bool(st.session_state.get(PRESENT_KEY))
 
 
-def intro(markdown: str) -> None:
-    """A page's opening paragraph (fixed text: no user or model text). In presenter mode it folds into an
-    "About this page" expander, so the page's controls and visuals fit the projector's first screen;
-    the presenter says the words."""
+def intro(markdown: str, label: str = "About this page") -> None:
+    """A page's (or a tab's) opening paragraph (fixed text: no user or model text). In presenter mode it
+    folds into an expander named ``label``, so the controls and visuals fit the projector's first
+    screen; the presenter says the words."""
     if presenting():
-        with st.expander("About this page"):
+        with st.expander(label):
             st.markdown(markdown)
     else:
         st.markdown(markdown)

@@ -201,9 +201,9 @@ def _section_model() -> None:
 
 # ------------------------------------------------------------------ step simulator
 def _section_simulator() -> None:
-    st.markdown("Each **Step** runs one round: the γ draft tokens are accepted independently with "
-                "probability α until the first rejection; the target then adds its own token (the "
-                "correction, or a bonus token when all γ were accepted).")
+    intro("Each **Step** runs one round: the γ draft tokens are accepted independently with "
+          "probability α until the first rejection; the target then adds its own token (the "
+          "correction, or a bonus token when all γ were accepted).", label="About this tab")
     b1, b2, b3, b4, b5 = st.columns([1, 1, 1, 1, 2])
     b1.button("Step", on_click=_step, args=(1,), key="wi_btn_step", type="primary")
     b2.button("Step ×10", on_click=_step, args=(10,), key="wi_btn_step10")
@@ -257,10 +257,11 @@ def _section_simulator() -> None:
 
 # ------------------------------------------------------------------ batch roofline
 def _section_batch() -> None:
-    st.markdown(
+    intro(
         "Speculation trades spare compute for fewer memory-bound passes. With a batch of B sequences a "
         "verify pass processes B·(γ + 1) tokens; once that work exceeds what the memory time hides "
-        "(roofline), every extra draft token costs real time and the gain shrinks into a loss.")
+        "(roofline), every extra draft token costs real time and the gain shrinks into a loss.",
+        label="About this tab")
     h1, h2, h3 = st.columns(3)
     h1.selectbox("Hardware", [*HARDWARE_PRESETS, CUSTOM_HW], key="wi_hw", on_change=_on_hw)
     h1.number_input("Target parameters (billions)", 0.1, 1000.0, step=1.0, key="wi_params_b")

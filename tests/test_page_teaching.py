@@ -193,6 +193,10 @@ def test_presenter_mode_folds_the_intro_and_enlarges_chart_text():
     assert not at.exception
     about = [e for e in at.expander if e.label == "About this page"]
     assert len(about) == 1 and "acceptance rate α" in about[0].markdown[0].value
+    at.button(key="tour_next").click().run()  # stop 3: the batch tab's paragraph folds too
+    tab = [e for e in at.expander if e.label == "About this tab"]
+    assert len(tab) == 1 and "spare compute" in tab[0].markdown[0].value
+    at.button(key="tour_prev").click().run()
     import json
     from app.tour import PRESENTER_CHART_FONT
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
