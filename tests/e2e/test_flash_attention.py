@@ -19,6 +19,12 @@ def _open(page, url):
 def test_flash_page_renders_and_steps(page, app_url):
     _open(page, app_url + "/flash-attention")
     page.get_by_text("Exact up to fp32 rounding").first.wait_for(timeout=60_000)  # the page's end (busy CPU)
+    try:  # section 2 (it was missing from the body once in a full CI run: wait for it, then say what was there)
+        page.get_by_text("98,304 elements").first.wait_for(timeout=60_000)
+    except Exception:  # noqa: BLE001 - report the section's text instead of a bare timeout
+        body = page.inner_text("body")
+        at = body.find("2 · Memory traffic")
+        raise AssertionError(f"section 2 without '98,304 elements': {body[at:at + 600]!r}") from None
     body = page.inner_text("body")
     # N = 10, Br = 4, Bc = 3 → 3 × 4 = 12 tiles; A100 fp16 d = 64 → Bc = 384; model 9.13 GB vs 1.64 GB.
     assert "12" in body and "tiles to visit" in body
