@@ -53,7 +53,7 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
         del st.session_state[key]
     if key not in st.session_state:
         value = default
-        raw = st.query_params.get(key) if key in st.query_params else None
+        raw = st.query_params.get(key)
         if raw is not None:
             value = _parse(raw, default, cast)
         if choices is not None and value not in list(choices):

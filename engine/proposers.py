@@ -368,10 +368,10 @@ class PromptLookupProposer(Proposer):
 
     ``match`` picks among several earlier occurrences: "latest" (default; the most recent text is the
     likeliest to be copied next; a match that runs into the end of the text continues as an overlapping
-    copy, so text that repeats with a short period is proposed k tokens at a time) or "first" (the earliest one with a continuation: the rule of
-    transformers' ``PromptLookupCandidateGenerator``; with ``max_ngram=2, min_ngram=1`` this proposer
-    then proposes exactly what transformers' prompt lookup does, which the benchmark uses for a
-    like-for-like comparison).
+    copy, so text that repeats with a short period is proposed k tokens at a time) or "first" (the
+    earliest one with a continuation: the rule of transformers' ``PromptLookupCandidateGenerator``;
+    with ``max_ngram=2, min_ngram=1`` this proposer then proposes exactly what transformers' prompt
+    lookup does, which the benchmark uses for a like-for-like comparison).
 
     ``stop_ids`` (the target's EOS ids; ``make_proposer`` passes them): a copied continuation is cut
     before its first stop token, as transformers does. Copying across an end of turn (chat prompts hold

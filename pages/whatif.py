@@ -134,9 +134,9 @@ def _section_model() -> None:
     m2.metric("Speedup E / (γc + 1)", f"{v.speedup:.2f}×",
               delta=f"{v.speedup_realistic:.2f}× with verify cost", delta_color="off", delta_arrow="off")
     ge, ge_r = ("≥ " if v.beyond_gamma_max else ""), ("≥ " if v.beyond_gamma_max_realistic else "")
-    far = [f"{what} γ = {g_} ({s_:.2f}×)" for what, b in (("simple model", v.beyond_gamma_max),
-                                                          ("with verify cost", v.beyond_gamma_max_realistic))
-           if b for g_, s_ in [b]]
+    far = [f"{what} γ = {b[0]} ({b[1]:.2f}×)" for what, b in (("simple model", v.beyond_gamma_max),
+                                                              ("with verify cost", v.beyond_gamma_max_realistic))
+           if b]
     m3.metric("Best γ at this α, c", f"{ge}{v.best_gamma}  ({v.best_speedup:.2f}×)",
               delta=f"γ = {ge_r}{v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) with verify cost",
               delta_color="off", delta_arrow="off",
@@ -149,7 +149,7 @@ def _section_model() -> None:
     fig = go.Figure()
     for a, ys in v.curves.items():
         is_cur = abs(a - alpha) < 1e-9
-        # fixed colours: the reference α's keep theirs and yours is always the thick dark line (with the
+        # fixed colours: the reference α's keep theirs and yours is always the thick green line (with the
         # default colour cycle every curve changed colour as α moved past one of them)
         fig.add_scatter(x=v.gammas, y=ys, mode="lines", name=f"α = {a:.2f}" + (" (yours)" if is_cur else ""),
                         line={"width": 4 if is_cur else 1.5,
