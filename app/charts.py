@@ -12,6 +12,7 @@ a grid is drawn on a canvas that the presenter style sheet cannot enlarge (it st
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
@@ -72,6 +73,22 @@ def presenter_figure(fig: go.Figure, base_px: float = PRESENTER_CHART_FONT,
             fill(tr.colorbar.tickfont)
             fill(tr.colorbar.title.font)
     return out
+
+
+def log_ticks(lo: float, hi: float) -> dict[str, list]:
+    """Tick values and labels at 1, 2, 5 × 10^k between lo and hi, for a log axis
+    (``fig.update_xaxes(type="log", **log_ticks(1, 1024))``). Plotly's own log ticks label only the
+    decades at full size and print the 2s and 5s between them in a small font, too small on a projector.
+
+    Raises:
+        ValueError: unless 0 < lo ≤ hi.
+    """
+    if not 0 < lo <= hi:
+        raise ValueError(f"log ticks need 0 < lo ≤ hi, got {lo}, {hi}")
+    vals = [m * 10.0 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+            for m in (1, 2, 5)]
+    vals = [v for v in vals if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
+    return {"tickvals": vals, "ticktext": [f"{v:,.0f}" if v >= 1 else f"{v:g}" for v in vals]}
 
 
 def show_chart(fig: go.Figure, key: str | None = None, where: Any = None) -> None:

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
-from app.charts import show_chart, show_table
+from app.charts import log_ticks, show_chart, show_table
 from app.registry import PAGES_DIR, available_pages
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
@@ -279,6 +279,9 @@ fig.add_annotation(x=math.log10(rep.batch), y=1, yref="paper", showarrow=False, 
 fig.update_layout(title=f"{m.name} on {rep.gpu}, {rep.context:,}-token context",
                   xaxis_title="batch (sequences)", yaxis_title="ms per decode step", xaxis_type="log",
                   yaxis_type="log", height=420, margin=dict(t=50, b=40))
+ys = rep.curve["memory_ms"] + rep.curve["compute_ms"]
+fig.update_xaxes(**log_ticks(1, max(rep.curve["batch"])))
+fig.update_yaxes(**log_ticks(min(ys), max(ys)))
 show_chart(fig)
 
 cb = rep.compute_bound[rep.gpu]

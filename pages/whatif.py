@@ -13,7 +13,7 @@ import math
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import show_chart, show_table
+from app.charts import log_ticks, show_chart, show_table
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
@@ -278,6 +278,7 @@ def _section_batch() -> None:
     except SpeedupLabError as e:
         st.error(str(e))
     else:
+        st.subheader("Where speculation stops paying")  # the tour's stop 3 links here
         k1, k2, k3 = st.columns(3)
         k1.metric("Speedup at batch 1", f"{bc.speedup_at_1:.2f}×")
         k2.metric("Verify pass compute-bound from batch", f"{bc.ridge_batch_verify:,.0f}",
@@ -298,7 +299,7 @@ def _section_batch() -> None:
             fb.add_annotation(x=math.log10(bc.crossover_batch), y=1, yref="paper", showarrow=False,
                               xanchor="left", yanchor="top", text=f" slowdown past B ≈ {bc.crossover_batch:,.0f}")
         fb.update_layout(title=f"Speedup against batch size (α = {alpha:.2f}, γ = {gamma}, c = {cost:.2f})",
-                         xaxis={"title": "batch size B", "type": "log"}, yaxis_title="speedup ×",
+                         xaxis={"title": "batch size B", "type": "log", **log_ticks(1, st.session_state["wi_max_batch"])}, yaxis_title="speedup ×",
                          height=CHART_H, margin={"t": 40, "b": 10})
         show_chart(fb, key="wi_fig_batch")
         st.caption("Roofline per pass: max(weight bytes / bandwidth, 2·params·B·tokens / peak FLOP/s); "

@@ -2,6 +2,7 @@
 (Streamlit's chart theme ignores layout.font.size), the page's figure left as it was."""
 
 import plotly.graph_objects as go
+import pytest
 from plotly.subplots import make_subplots
 
 from app.charts import presenter_figure
@@ -52,3 +53,17 @@ def test_tables_are_grids_and_in_presenter_mode_large_html_tables():
     assert len(at.table) == 1 and not at.dataframe  # HTML, which the presenter type enlarges
     shown = str(at.table[0].proto)  # the Styler's display values travel with the table
     assert "0.1235" in shown and "12,345" in shown
+
+
+def test_log_ticks_one_two_five():
+    from app.charts import log_ticks
+
+    # 1..1024: 1, 2, 5 in each decade up to 1000 (2000 > 1024 is left out)
+    t = log_ticks(1, 1024)
+    assert t["tickvals"] == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    assert t["ticktext"][-1] == "1,000"
+    # 0.03..0.4 ms: 0.05, 0.1, 0.2 (0.02 < lo and 0.5 > hi are left out)
+    t = log_ticks(0.03, 0.4)
+    assert t["ticktext"] == ["0.05", "0.1", "0.2"]
+    with pytest.raises(ValueError):
+        log_ticks(0, 10)
