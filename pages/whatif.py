@@ -162,7 +162,9 @@ def _section_model() -> None:
     # the label sits bottom left: at γ = 1 the curves are above 1× unless α is low (at the right they cross)
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain", annotation_position="bottom left")
     fig.update_layout(title="Speedup against γ (★ best γ)", xaxis_title="draft length γ",
-                      yaxis_title="speedup ×", height=CHART_H, margin={"t": 40, "b": 10})
+                      yaxis_title="speedup ×", height=CHART_H + 60, margin={"t": 40, "b": 10},
+                      # below the plot, not beside it: a side legend took a quarter of the half-width chart
+                      legend={"orientation": "h", "y": -0.3, "x": 0, "yanchor": "top"})
     show_chart(fig, key="wi_fig_gamma", where=left)
 
     zmax = max(max(row) for row in v.heat)
@@ -175,7 +177,7 @@ def _section_model() -> None:
     heat.add_scatter(x=[gamma], y=[alpha], mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
                      name="you", showlegend=False)
     heat.update_layout(title=f"Speedup over (α, γ) at c = {cost:.2f}", xaxis_title="γ", yaxis_title="α",
-                       height=CHART_H, margin={"t": 40, "b": 10})
+                       height=CHART_H + 60, margin={"t": 40, "b": 10})
     show_chart(heat, key="wi_fig_heat", where=right)
 
     # the slider has a key of its own, written from the page's value wi_slope before it is drawn: set from
