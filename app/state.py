@@ -9,6 +9,15 @@ Usage on a page::
 Values from the URL are parsed and clamped; anything unparsable falls back to the default, so a
 hand-edited link never breaks a page. Each value replaced that way is named once, in a toast drawn by
 ``sync_url`` ("wi_alpha=1.5 → 1"), so the page does not silently show something else than the link said.
+
+Three more rules make the URL behave like a page's address:
+- A value survives runs in which its widget is not drawn (a What-if tab that is not open, another
+  page): ``url_param`` re-asserts it every run, so Streamlit does not drop it with the widget.
+- ``sync_url`` writes all changed values in one update. Streamlit adds one browser-history entry per
+  update; written one key at a time, opening a page added ~20 and Back seemed to do nothing.
+- A value in the URL that differs from what ``sync_url`` last wrote came from outside (Back/Forward, an
+  edited link, a link to the page): it replaces the session's value. So Back undoes the last change.
+  A key missing from the URL (the page opened from the sidebar) keeps the session's value.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ def _parse(raw: str, default: Any, cast: Callable[[str], Any]) -> Any:
 
 
 _NOTES = "_url_param_notes"
+_WRITTEN = "_url_param_written"  # {key: the string sync_url last put in the URL}
 
 
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
@@ -51,9 +61,15 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
     """
     if key in st.session_state and choices is not None and st.session_state[key] not in list(choices):
         del st.session_state[key]
-    if key not in st.session_state:
+    raw = st.query_params.get(key)
+    written = st.session_state.get(_WRITTEN, {})
+    if key in st.session_state and raw is not None and key in written and raw != written[key]:
+        del st.session_state[key]  # changed outside the page (Back/Forward, an edited link): follow the URL
+    if key in st.session_state:
+        # re-assert: a widget not drawn in a run (a closed tab) would otherwise lose its value
+        st.session_state[key] = st.session_state[key]
+    else:
         value = default
-        raw = st.query_params.get(key)
         if raw is not None:
             value = _parse(raw, default, cast)
         if choices is not None and value not in list(choices):
@@ -86,8 +102,13 @@ def sync_url(keys: Iterable[str]) -> None:
     if notes:
         st.toast("Some values in the link were unreadable or out of range and were replaced: "
                  + ", ".join(notes) + ".", icon="ℹ️")
+    written = st.session_state.setdefault(_WRITTEN, {})
+    changed = {}
     for k in keys:
         if k in st.session_state and st.session_state[k] is not None:
             s = _fmt(st.session_state[k])
+            written[k] = s
             if st.query_params.get(k) != s:
-                st.query_params[k] = s
+                changed[k] = s
+    if changed:
+        st.query_params.update(changed)  # one update: one browser-history entry

@@ -96,3 +96,43 @@ def test_a_value_between_slider_steps_is_rounded_to_the_step_shown():
     at.query_params["a"] = "0.6"
     at.run()
     assert at.markdown[0].value == "0.6" and not at.toast
+
+
+def _app_with_hidden_widget():
+    import streamlit as st
+
+    from app.state import sync_url, url_param
+
+    url_param("x", 0.5, float, lo=0.0, hi=1.0)
+    if st.session_state.get("show", True):  # like a What-if tab that is not open in this run
+        st.slider("x", 0.0, 1.0, key="x")
+    sync_url(["x"])
+
+
+def test_a_value_survives_runs_where_its_widget_is_not_drawn():
+    """Streamlit drops a widget's value when a run does not draw it (What-if's closed tabs reset, and the
+    link lost the value); url_param re-asserts it every run."""
+    at = AppTest.from_function(_app_with_hidden_widget).run()
+    at.slider(key="x").set_value(0.3).run()
+    at.session_state["show"] = False
+    at.run()
+    assert at.session_state["x"] == 0.3 and at.query_params["x"] == "0.3"
+    at.session_state["show"] = True
+    at.run()
+    assert at.slider(key="x").value == 0.3
+
+
+def test_a_url_changed_from_outside_wins_and_a_missing_key_keeps_the_value():
+    """Back/Forward or an edited link changes the URL behind the page: the page follows it (Back undoes the
+    last change). A key missing from the URL (the page opened from the sidebar) keeps the session's value."""
+    at = AppTest.from_function(_app_with_hidden_widget).run()
+    at.slider(key="x").set_value(0.3).run()
+    assert at.query_params["x"] == "0.3"
+    at.query_params["x"] = "0.5"  # Back: the URL before the change
+    at.run()
+    assert at.slider(key="x").value == 0.5
+    del at.query_params["x"]  # opened again from the sidebar: no query string
+    at.slider(key="x").set_value(0.7).run()
+    del at.query_params["x"]
+    at.run()
+    assert at.slider(key="x").value == 0.7 and at.query_params["x"] == "0.7"
