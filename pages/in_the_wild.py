@@ -11,7 +11,8 @@ st.markdown(
     "them. Each line below is stated only as far as the named documentation page (or the installed "
     "library's source) says; versions move fast, so check the current page before relying on a flag.")
 engines = sorted({f.engine for f in IN_THE_WILD})
-pick = st.multiselect("Engines", engines, default=engines, key="wild_engines")
+# the filter travels in the link (Streamlit keeps it in the URL: ?wild_engines=vLLM&wild_engines=SGLang)
+pick = st.multiselect("Engines", engines, default=engines, key="wild_engines", bind="query-params")
 for engine in [e for e in engines if e in pick]:
     st.subheader(engine)
     # our own curated text (engine.teaching), written as Markdown so flags show as code

@@ -319,6 +319,7 @@ st.markdown(
     "calculator's figure for the model's own config.json must be exactly the same.")
 url_param("real_n", 64, int, lo=5, hi=1024)
 st.slider("Tokens N", 5, 1024, key="real_n")
+sync_url(["real_n"])  # also shows the toast for a link's replaced real_n now, not after the next change
 if st.button("Run the embedded model", key="real_run"):
     from app.resources import get_model
 

@@ -26,6 +26,7 @@ PARTIAL = len(PALETTE)          # colour index of partial blocks (grey)
 FREE = PARTIAL + 1              # colour index of free pool slots (near white)
 UNIQUE = PARTIAL + 2            # colour index of full blocks only one request uses (pale blue-grey)
 TS_CHOICES = ["start", "end"]
+TEXT_URL_MAX = 4000  # edited requests up to this many characters travel in the link (pc_text)
 
 st.title("🧱 Prefix caching")
 intro(
@@ -55,11 +56,11 @@ def _preset_text() -> str:
 
 def _reset_text() -> None:
     st.session_state["pc_text"] = _preset_text()
-    st.session_state.pop("pc_step", None)
+    st.session_state["pc_step"] = None  # all requests of the new text (None, not absent: see pc_step below)
 
 
-if "pc_text" not in st.session_state:
-    st.session_state["pc_text"] = _preset_text()
+if "pc_text" not in st.session_state:  # the preset's text, or a shared link's edited requests
+    st.session_state["pc_text"] = str(st.query_params.get("pc_text") or "")[:TEXT_URL_MAX] or _preset_text()
 
 left, right = st.columns([1, 2])
 with left:
@@ -86,6 +87,17 @@ with right:
     st.text_area("Requests, in arrival order (separate them with a line containing only ---)",
                  key="pc_text", height=300)
 sync_url(["pc_preset", "pc_ts", "pc_block", "pc_capacity", "pc_conc", "pc_ms", "pc_use_measured"])
+_edited = st.session_state["pc_text"] != _preset_text()
+if _edited and len(st.session_state["pc_text"]) <= TEXT_URL_MAX:
+    if st.query_params.get("pc_text") != st.session_state["pc_text"]:
+        st.query_params["pc_text"] = st.session_state["pc_text"]
+elif "pc_text" in st.query_params:
+    del st.query_params["pc_text"]
+if _edited:
+    with right:
+        st.caption("Edited requests (not the preset's): " + (
+            "the page's link carries them." if len(st.session_state["pc_text"]) <= TEXT_URL_MAX else
+            f"longer than {TEXT_URL_MAX:,} characters, so the page's link gives the preset's text instead."))
 
 ms_per_token = measured["result"].ms_per_prefill_token if use_measured else float(st.session_state["pc_ms"])
 
@@ -101,6 +113,7 @@ except SpeedupLabError as e:
 
 # ------------------------------------------------------------------------------------------ stepping
 n_req = len(sim.requests)
+url_param("pc_step", n_req, int, lo=1, hi=n_req)  # "Show requests 1 to": a link shows the same ones
 if st.session_state.get("pc_step") is None or not 1 <= st.session_state["pc_step"] <= n_req:
     st.session_state["pc_step"] = n_req
 
@@ -122,6 +135,7 @@ if n_req > 1:
     c4.slider("Show requests 1 to", 1, n_req, key="pc_step_slider",
               on_change=lambda: st.session_state.update(pc_step=st.session_state["pc_step_slider"]))
 step = int(st.session_state["pc_step"])
+sync_url(["pc_step"])
 tot = sim.totals(step)
 cur = sim.requests[step - 1]
 

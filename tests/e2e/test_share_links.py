@@ -1,0 +1,53 @@
+"""What a reader changes travels in the page's link and comes back in a fresh browser (a user's report:
+the prefix-cache step and edited requests, KV's real-cache N and the In-the-wild filter did not)."""
+
+import pytest
+
+from tests.e2e.conftest import wait_idle
+
+pytestmark = pytest.mark.e2e
+
+REQUESTS_LABEL = "Requests, in arrival order (separate them with a line containing only ---)"
+
+
+def _fresh(browser, url):
+    page = browser.new_context(viewport={"width": 1400, "height": 3000}).new_page()
+    page.goto(url)
+    wait_idle(page)
+    return page
+
+
+def test_prefix_cache_step_and_edited_requests_travel(page, browser, app_url):
+    page.set_viewport_size({"width": 1400, "height": 3000})
+    page.goto(app_url + "/prefix-cache")
+    wait_idle(page)
+    for _ in range(2):
+        page.get_by_role("button", name="◀ Previous request").click()
+        wait_idle(page)
+    assert "pc_step=3" in page.url
+    other = _fresh(browser, page.url)
+    other.get_by_test_id("stSliderThumbValue").filter(has_text="3").first.wait_for()  # "Show requests 1 to" 3
+    text = "hello world one\n---\nhello world two\n---\nhello world three"
+    box = page.get_by_label(REQUESTS_LABEL)
+    box.fill(text)
+    box.press("Control+Enter")
+    wait_idle(page)
+    page.get_by_text("Edited requests (not the preset's)").first.wait_for()
+    other = _fresh(browser, page.url)
+    assert other.get_by_label(REQUESTS_LABEL).input_value() == text
+
+
+def test_kv_real_n_and_wild_filter_travel(page, browser, app_url):
+    page.goto(app_url + "/kv-cache?real_n=1")
+    wait_idle(page)
+    # the replaced value is named at once (it was named only after the next change of another control)
+    page.get_by_text("real_n=1 → 5").first.wait_for()
+    assert "real_n=5" in page.url
+    page.goto(app_url + "/in-the-wild")
+    wait_idle(page)
+    page.get_by_role("button", name="Remove SGLang").first.click()
+    wait_idle(page)
+    assert "wild_engines=" in page.url and "SGLang" not in page.url
+    other = _fresh(browser, page.url)
+    assert other.get_by_role("heading", name="vLLM").count() == 1
+    assert other.get_by_role("heading", name="SGLang").count() == 0
