@@ -559,6 +559,8 @@ class BatchCurve:
         ridge_batch_verify: batch where the verify pass turns compute-bound.
         ridge_batch_decode: batch where a plain decode step turns compute-bound.
         speedup_at_1: speedup at batch 1.
+        first_compute_bound_verify, first_compute_bound_decode: the smallest whole batch past each ridge
+            (⌊ridge⌋ + 1): at 59.04 a batch of 59 is still memory-bound, 60 is the first compute-bound one.
     """
 
     batches: list[int]
@@ -569,6 +571,14 @@ class BatchCurve:
     ridge_batch_verify: float
     ridge_batch_decode: float
     speedup_at_1: float
+
+    @property
+    def first_compute_bound_verify(self) -> int:
+        return math.floor(self.ridge_batch_verify) + 1
+
+    @property
+    def first_compute_bound_decode(self) -> int:
+        return math.floor(self.ridge_batch_decode) + 1
 
 
 def batch_speedup_curve(alpha: float, gamma: int, c: float, params_b: float, bytes_per_param: float,

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import torch
 
 from engine.analytic import (GAMMA_MAX, batch_speedup_curve, best_gamma, break_even_alpha,
-                             expected_tokens_per_pass, speedup, tokens_per_pass_distribution)
+                             expected_tokens_per_pass, expected_tokens_per_round, speedup,
+                             tokens_per_pass_distribution)
 from engine.errors import InputError, TokenizerMismatchError
 from engine.flash import (HARDWARE_PRESETS as FLASH_HW, block_sizes, flash_traffic, sram_elements,
                           standard_attention, standard_traffic, tiled_attention)
@@ -64,7 +65,8 @@ def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
 
     1. Does this γ pay at this α and c? (speedup > 1, Leviathan et al. 2023, Theorem 3.8)
     2. Which of three draft lengths is best? (``best_gamma``; skipped when the best is tied)
-    3. If α fell by 0.2, would the best γ get longer, stay or get shorter? (``best_gamma`` twice)
+    3. If α fell by 0.2, would the best γ get longer, stay or get shorter? (``best_gamma`` twice; skipped
+       at α = 0, which cannot fall)
 
     Raises:
         InputError: α, γ or c out of range (as ``engine.analytic.speedup``).
@@ -95,6 +97,8 @@ def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
             "Leviathan et al. 2023, Section 3.5 (engine.analytic.best_gamma)"))
 
     lower = round(max(alpha - 0.2, 0.0), 4)
+    if lower == alpha:  # α = 0 cannot fall ("from 0.00 to 0.00")
+        return qs
     g_low, s_low = best_gamma(lower, c)
     answer = 0 if g_low > g_best else (1 if g_low == g_best else 2)
     qs.append(Question(
@@ -107,11 +111,14 @@ def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
     return qs
 
 
-def live_questions(gamma: int, alpha: float | None = None) -> list[Question]:
+def live_questions(gamma: int, alpha: float | None = None,
+                   draft_lengths: Sequence[int] | None = None) -> list[Question]:
     """Questions for the live page at its draft length γ (and a measured α, when a run exists).
 
     Answers come from ``engine.analytic.tokens_per_pass_distribution`` (the number of tokens one round
-    can emit) and ``expected_tokens_per_pass``.
+    can emit) and ``expected_tokens_per_pass``; with the run's ``draft_lengths`` (tokens drafted in each
+    round) from ``expected_tokens_per_round``, since prompt lookup and the end of a run draft fewer than γ
+    and E at γ would then promise more than the run can give.
     """
     src = "Leviathan et al. 2023, Section 3.3 and Eq. 1 (engine.analytic)"
     dist = tokens_per_pass_distribution(0.5, gamma)
@@ -130,12 +137,23 @@ def live_questions(gamma: int, alpha: float | None = None) -> list[Question]:
         "The target's pass gives its own token at the rejected position (the correction): a round never "
         f"adds fewer than **{floor}** token, so speculation never stalls decoding.", src))
     if alpha is not None:
-        e = expected_tokens_per_pass(alpha, gamma)
         bands = ("fewer than 1.5", "1.5 to 2.5", "more than 2.5")
-        qs.append(Question(
-            "measured_e", f"This run measured α = {alpha:.2f} at γ = {gamma}. About how many tokens should one "
-                          "target pass yield on average?", bands, 0 if e < 1.5 else (1 if e <= 2.5 else 2),
-            f"E = (1 − α^(γ+1)) / (1 − α) = **{e:.2f}** tokens per target pass.", src))
+        short = bool(draft_lengths) and any(n < gamma for n in draft_lengths)
+        if short:
+            e = expected_tokens_per_round(alpha, draft_lengths)
+            mean_n = sum(draft_lengths) / len(draft_lengths)
+            prompt = (f"This run measured α = {alpha:.2f}; its rounds drafted {mean_n:.1f} tokens on average "
+                      f"(up to γ = {gamma}). About how many tokens should one target pass yield on average?")
+            why = (f"Each round yields Σ α^k for k = 0…n, with n the tokens it drafted (Eq. 1 at each round's "
+                   f"own length; a round that drafted nothing yields 1): **{e:.2f}** tokens per target pass. "
+                   f"E at γ = {gamma}, {expected_tokens_per_pass(alpha, gamma):.2f}, assumes every round drafts "
+                   f"{gamma}.")
+        else:
+            e = expected_tokens_per_pass(alpha, gamma)
+            prompt = (f"This run measured α = {alpha:.2f} at γ = {gamma}. About how many tokens should one "
+                      "target pass yield on average?")
+            why = f"E = (1 − α^(γ+1)) / (1 − α) = **{e:.2f}** tokens per target pass."
+        qs.append(Question("measured_e", prompt, bands, 0 if e < 1.5 else (1 if e <= 2.5 else 2), why, src))
     return qs
 
 

@@ -531,4 +531,5 @@ if dec.rounds:
                                     "verify ms": st.column_config.NumberColumn(format="%.1f")})
 
 check_yourself("live", safe_questions(live_questions, int(S["lv_gamma"]),
-                                      dec.stats().acceptance_rate if dec.rounds else None))
+                                      dec.stats().acceptance_rate if dec.rounds else None,
+                                      [r.n_drafted for r in dec.rounds]))

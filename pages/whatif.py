@@ -138,7 +138,8 @@ def _section_model() -> None:
                                                               ("with verify cost", v.beyond_gamma_max_realistic))
            if b]
     m3.metric("Best γ at this α, c", f"{ge}{v.best_gamma}  ({v.best_speedup:.2f}×)",
-              delta=f"γ = {ge_r}{v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) with verify cost",
+              delta=f"γ {'≥' if ge_r else '='} {v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) "
+                    "with verify cost",
               delta_color="off", delta_arrow="off",
               help=None if not far else f"≥ {GAMMA_MAX}: the sliders stop at γ = {GAMMA_MAX}; the best up to "
                                         f"64 is longer: {'; '.join(far)}.")
@@ -283,8 +284,8 @@ def _section_batch() -> None:
         st.subheader("Where speculation stops paying")  # the tour's stop 3 links here
         k1, k2, k3 = st.columns(3)
         k1.metric("Speedup at batch 1", f"{bc.speedup_at_1:.2f}×")
-        k2.metric("Verify pass compute-bound from batch", f"{bc.ridge_batch_verify:,.0f}",
-                  delta=f"plain decode from {bc.ridge_batch_decode:,.0f}", delta_color="off", delta_arrow="off")
+        k2.metric("Verify pass compute-bound from batch", f"{bc.first_compute_bound_verify:,}",
+                  delta=f"plain decode from {bc.first_compute_bound_decode:,}", delta_color="off", delta_arrow="off")
         if bc.crossover_batch == 0.0:
             k3.metric("Slower than plain decoding from batch", "1 (always)")
         elif bc.crossover_batch is None:

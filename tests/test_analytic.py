@@ -135,6 +135,9 @@ def test_roofline_and_batch_curve():
     assert b.speedup_at_1 == pytest.approx(3.3616 / 1.2)
     # verify ridge: 2·989e12 / (2·3.35e12·5) = 59.04 sequences
     assert b.ridge_batch_verify == pytest.approx(989 / 3.35 / 5)
+    # shown as whole batches past the ridge: 59 × 5 = 295 tokens < 295.22 is still memory-bound → 60;
+    # plain decode ridge 989 / 3.35 = 295.22 → 296
+    assert (b.first_compute_bound_verify, b.first_compute_bound_decode) == (60, 296)
     # crossover: 3.3616·4.1791 = 0.2·4.1791 + 2·7e9·B·5/989e12 (ms) ⇒ B = (14.0485 − 0.8358)/0.070779 = 186.7
     assert b.crossover_batch == pytest.approx(186.7, abs=0.5)
     assert b.speedups[0] > 1 > b.speedups[-1]

@@ -50,6 +50,9 @@ def test_whatif_best_gamma_and_alpha_drop():
     # α 0.9, c 0.05 → best γ well above that of α 0.7 (shorter drafts when agreement drops)
     q = _q(whatif_questions(0.9, 4, 0.05), "alpha_drop")
     assert q.options[q.correct] == "It gets shorter"
+    # α = 0 cannot fall: no "from 0.00 to 0.00" question; α = 0.1 falls to 0
+    assert all(q.key != "alpha_drop" for q in whatif_questions(0.0, 4, 0.05))
+    assert "from 0.10 to 0.00" in _q(whatif_questions(0.1, 4, 0.05), "alpha_drop").prompt
 
 
 def test_whatif_invalid_input_raises():
@@ -65,6 +68,11 @@ def test_live_questions():
     q = _q(qs, "measured_e")
     assert q.options[q.correct] == "more than 2.5" and "2.77" in q.explanation
     assert len(live_questions(4)) == 2
+    # every round drafted γ: the same as E at γ
+    assert _q(live_questions(4, 0.7, [4, 4]), "measured_e").correct == q.correct
+    # prompt lookup drafted 0, 4, 0, 0 tokens: (1 + 2.7731 + 1 + 1) / 4 = 1.4433 < 1.5, not E(0.7, 4) = 2.77
+    q = _q(live_questions(4, 0.7, [0, 4, 0, 0]), "measured_e")
+    assert q.options[q.correct] == "fewer than 1.5" and "1.44" in q.explanation and "1.0 tokens" in q.prompt
 
 
 def test_flash_questions():
