@@ -125,7 +125,10 @@ class RunStats:
             is accepted independently with probability α). None if nothing was judged.
         accepted_fraction: accepted ÷ drafted, the share of all draft tokens kept (what some engines
             call "draft acceptance rate"; lower than α because tokens after a rejection count too).
-        tokens_per_target_pass: new tokens ÷ rounds (bonus and corrections included).
+        tokens_per_target_pass: new tokens ÷ rounds (bonus and corrections included). Each round is one
+            target pass; a first round without a pass of its own (its p came from the prompt's prefill,
+            as plain decoding's first token does) counts the prefill as its pass, so plain decoding gives
+            exactly 1 and the figure compares with E, which counts tokens per round.
         acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
             evaluated, i.e. P(accept at i | all before accepted).
         draft_ms_per_token: draft time of all rounds ÷ draft tokens (ms per token; rounds that proposed

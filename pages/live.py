@@ -409,7 +409,9 @@ else:
     m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
                 delta=None if e_rounds is None else f"formula at α̂: {e_rounds:.2f}",
                 delta_color="off", delta_arrow="off",
-                help="E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each round's own "
+                help="New tokens ÷ rounds: each round is one target pass (the first round's token can come "
+                     "from the prompt's prefill pass, as in plain decoding, which scores exactly 1.00). "
+                     "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each round's own "
                      "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "
                      "without a match, the draft head's confidence gate, the end of the run) yield fewer. "
                      + ("" if e_alpha is None else f"With γ = {dec.gamma} drafted every round it would be "
@@ -420,7 +422,9 @@ else:
                      "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
                      "drawn round by round; many small draft operations slow down more than one big target "
                      "pass while the browser redraws on the same CPU, so c can read high. After Run "
-                     "baseline: from the timed speculative run at the median, with nothing drawn.")
+                     "baseline: from the timed speculative run at the median, with nothing drawn. The What-if "
+                     "page's c is per one-token target step, which is shorter than a verify pass of γ + 1 tokens, "
+                     "so that c is larger: its 'My measured numbers' tab converts this run's timings.")
     spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
     m[3].metric("Speculative tokens/s", "—" if spec_tps is None else f"{spec_tps:.1f}",
                 help="After Run baseline: the median of the timed speculative runs. Before: this run, "
