@@ -182,6 +182,17 @@ sync_url(["preset", *FIELDS, "params_b", "active_b", "context", "batch", "kv_dty
 
 ss = st.session_state
 name = preset if preset != CUSTOM else (ss["custom_spec"].name if ss.get("custom_spec") else "custom")
+# sliders moved away from the preset's config (or a link that says so): the figures are for that shape,
+# so the name must not claim the preset's
+changed = [attr for key, (attr, lo, hi) in FIELDS.items() if ss[key] != min(max(int(getattr(base, attr)), lo), hi)]
+changed += [k for k, v in (("params_b", round(base.params / 1e9, 6)),
+                           ("active_b", round((base.active_params or 0) / 1e9, 6))) if abs(ss[k] - v) > 1e-9]
+if changed and (preset != CUSTOM or ss.get("custom_spec") is not None):  # else no config to differ from
+    t1, t2 = st.columns([4, 1])
+    t1.caption(f"Changed from {name}'s config: {', '.join(changed)}. The figures below are for this modified "
+               "shape.")
+    t2.button("Restore the preset's values", key="kv_restore", on_click=_apply, args=(base,))
+    name = f"{name}, modified"
 model = ModelSpec(
     name=name, num_layers=ss["layers"], num_heads=ss["heads"], num_kv_heads=ss["kv_heads"],
     head_dim=ss["head_dim"], hidden_size=base.hidden_size, params=int(round(ss["params_b"] * 1e9)),

@@ -176,3 +176,19 @@ def test_real_check_button_agrees():
     assert m["Bytes in the real cache (20 tokens)"] == "921,600 B"
     assert m["Calculator"] == "921,600 B"
     assert m["Agree exactly?"] == "yes ✓"
+
+
+def test_moved_sliders_rename_the_model_and_restore_brings_the_preset_back():
+    """A user's report: with Llama-3.1-70B picked and the shape changed (here by a link), the title and the
+    quiz still said Llama-3.1-70B while the numbers were for 30 layers, 9/3 heads."""
+    at = _app()
+    for k, v in {"preset": "Llama-3.1-70B", "layers": "30", "kv_heads": "3", "heads": "9", "head_dim": "64"}.items():
+        at.query_params[k] = v
+    at.run()
+    assert any("Changed from Llama-3.1-70B's config" in c.value for c in at.caption)
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert any(t.startswith("Llama-3.1-70B, modified on") for t in titles)
+    at.button(key="kv_restore").click().run()
+    # Llama-3.1-70B's config: 80 layers, 64 query heads, 8 KV heads, head dim 128
+    assert [at.slider(key=k).value for k in ("layers", "heads", "kv_heads", "head_dim")] == [80, 64, 8, 128]
+    assert not any("Changed from" in c.value for c in at.caption)
