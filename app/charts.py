@@ -21,6 +21,10 @@ import streamlit as st
 
 from app.tour import PRESENTER_CHART_FONT, PRESENTER_FONT_SCALE, presenting
 
+# reference lines (break-even, E, α̂, the chosen batch): mid grey, seen on the light and the dark theme
+# alike (plotly's default dark line vanished on the dark theme)
+REFERENCE_LINE = "#888888"
+
 _FONT_KEYS = {"font", "tickfont", "textfont", "insidetextfont", "outsidetextfont", "hoverlabel_font"}
 
 

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
-from app.charts import log_ticks, show_chart, show_table
+from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
 from app.registry import PAGES_DIR, available_pages
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
@@ -284,7 +284,7 @@ fig.add_scatter(x=rep.curve["batch"], y=rep.curve["step_ms"], name="step time (m
                 line=dict(width=4, dash="dot"))
 # on a log axis plotly.js places a shape at the data value but an annotation at log10 of it: add_vline's
 # own annotation at x = 8 stretched the axis to 10^8
-fig.add_vline(x=rep.batch, line_dash="dash")
+fig.add_vline(x=rep.batch, line_dash="dash", line_color=REFERENCE_LINE)
 fig.add_annotation(x=math.log10(rep.batch), y=1, yref="paper", showarrow=False, xanchor="left", yanchor="top",
                    text=f" batch {rep.batch}")
 fig.update_layout(title=f"{m.name} on {rep.gpu}, {rep.context:,}-token context",

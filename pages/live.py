@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app.charts import show_chart, show_table
+from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.resources import get_model
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
@@ -468,7 +468,7 @@ else:
         pos = list(range(1, len(stats.acceptance_by_position) + 1))
         fa = go.Figure(go.Bar(x=pos, y=stats.acceptance_by_position, name="measured"))
         if alpha is not None:
-            fa.add_hline(y=alpha, line_dash="dot", annotation_text=f"α̂ = {alpha:.2f}")
+            fa.add_hline(y=alpha, line_dash="dot", line_color=REFERENCE_LINE, annotation_text=f"α̂ = {alpha:.2f}")
         fa.update_layout(title="Acceptance per draft position (given all before accepted)",
                          xaxis_title="draft position", yaxis_title="accepted ÷ evaluated",
                          yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 10})

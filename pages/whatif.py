@@ -13,7 +13,7 @@ import math
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import log_ticks, show_chart, show_table
+from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
@@ -92,8 +92,10 @@ def _fmt_alpha(a: float | None) -> str:
 
 
 # the γ chart's reference curves (engine.analytic.CHART_ALPHAS), light to dark, and the user's α
-ALPHA_COLORS = {0.5: "#c6dbef", 0.6: "#9ecae1", 0.7: "#6baed6", 0.8: "#3182bd", 0.9: "#08519c"}
-YOURS_COLOR = "#2ca02c"  # green: apart from the blues, the black stars and the orange dashed line
+# light to mid blues: the darkest (0.9) must still show on the dark theme's background
+ALPHA_COLORS = {0.5: "#c6dbef", 0.6: "#9ecae1", 0.7: "#6baed6", 0.8: "#4292c6", 0.9: "#2171b5"}
+YOURS_COLOR = "#2ca02c"  # green: apart from the blues, the gold stars and the orange dashed line
+BEST_MARKER = {"symbol": "star", "size": 13, "color": "#ffbf00", "line": {"width": 1, "color": "#555555"}}
 
 # ------------------------------------------------------------------ page
 st.title("📈 What-if: how much faster?")
@@ -157,11 +159,11 @@ def _section_model() -> None:
                               "color": YOURS_COLOR if is_cur else ALPHA_COLORS.get(round(a, 2), "#999999")})
     stars = [max(range(len(ys)), key=lambda i: ys[i]) for ys in v.curves.values()]
     fig.add_scatter(x=[v.gammas[i] for i in stars], y=[ys[i] for i, ys in zip(stars, v.curves.values())],
-                    mode="markers", name="best γ", marker={"symbol": "star", "size": 12, "color": "black"})
+                    mode="markers", name="best γ", marker=BEST_MARKER)
     fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
                     name="yours, with verify cost", line={"dash": "dash", "width": 3, "color": "#e6550d"})
     # the label sits bottom left: at γ = 1 the curves are above 1× unless α is low (at the right they cross)
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain", annotation_position="bottom left")
+    fig.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain", annotation_position="bottom left")
     fig.update_layout(title="Speedup against γ (★ best γ)", xaxis_title="draft length γ",
                       yaxis_title="speedup ×", height=CHART_H + 60, margin={"t": 40, "b": 10},
                       # below the plot, not beside it: a side legend took a quarter of the half-width chart
@@ -233,7 +235,7 @@ def _section_simulator() -> None:
         left, right = st.columns(2)
         fr = go.Figure()
         fr.add_scatter(x=list(range(1, sim.n + 1)), y=sim.running_mean, mode="lines", name="running average")
-        fr.add_hline(y=sim.expected, line_dash="dash", annotation_text=f"E = {sim.expected:.2f}")
+        fr.add_hline(y=sim.expected, line_dash="dash", line_color=REFERENCE_LINE, annotation_text=f"E = {sim.expected:.2f}")
         fr.update_layout(title="Running average of tokens per pass", xaxis_title="round",
                          yaxis_title="tokens per pass", height=CHART_H, margin={"t": 40, "b": 10})
         show_chart(fr, key="wi_fig_running", where=left)
@@ -294,7 +296,7 @@ def _section_batch() -> None:
             k3.metric("Slower than plain decoding from batch", f"≈ {bc.crossover_batch:,.0f}")
         fb = go.Figure()
         fb.add_scatter(x=bc.batches, y=bc.speedups, mode="lines", name="speculative speedup")
-        fb.add_hline(y=1.0, line_dash="dot", annotation_text="break-even")
+        fb.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="break-even")
         if bc.crossover_batch:
             # on a log axis plotly.js places a shape at the data value but an annotation at log10 of it:
             # add_vline's own annotation at x = 187 stretched the axis to 10^187
