@@ -20,6 +20,17 @@ TOUR_KEY = "tour_stop"
 PRESENT_KEY = "present"
 _LINK_CHECKED = "tour_link_checked"
 
+# A fixed style sheet (no user or model text), on every page: metric values and button labels wrap
+# instead of being cut with "…" when columns are narrow (a tablet, or a small laptop with the sidebar
+# open showed "22.5 …", "3,113,3…", "Step… N"), and metric values shrink a little on narrow screens.
+_BASE_CSS = """<style>
+[data-testid="stMetricValue"] { font-size: clamp(1.5rem, 2.6vw, 2.25rem); }
+[data-testid="stMetricValue"] *, [data-testid="stMetricDelta"] *, [data-testid="stMetricLabel"] *,
+[data-testid="stMainBlockContainer"] button * { white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; }
+[data-testid="stMetricValue"] *, [data-testid="stMetricLabel"] * { overflow-wrap: anywhere; }
+</style>"""
+
 # A fixed style sheet (no user or model text): larger type for a projector.
 _PRESENTER_CSS = """<style>
 [data-testid="stMain"] { --sl-text: 1.3rem; --sl-small: 1.15rem; --sl-metric: 2.6rem; }
@@ -188,10 +199,11 @@ def _toggle_presenter() -> None:
 
 
 def tour_banner(page_url_path: str) -> None:
-    """Presenter styling and, while the tour is on, its banner: where we are, what to look at, and
+    """The app's small base style sheet, presenter styling and, while the tour is on, its banner: where we are, what to look at, and
     Previous / Next / Leave. Call from app/main.py after ``st.navigation`` and before ``.run()``, with
     the page's ``url_path`` ("" for the home page)."""
     _keep_modes_in_url()
+    st.html(_BASE_CSS)
     if st.session_state.get(PRESENT_KEY):
         st.html(_PRESENTER_CSS)
     i = st.session_state.get(TOUR_KEY)

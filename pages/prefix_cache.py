@@ -123,7 +123,7 @@ def _step(delta: int) -> None:
 
 
 st.subheader("Requests through the block pool")
-c1, c2, c3, c4 = st.columns([1.5, 1.4, 0.7, 4.4])
+c1, c2, c3, c4 = st.columns([1.5, 1.4, 0.9, 4.2])
 c1.button("◀ Previous request", on_click=_step, args=(-1,), disabled=st.session_state["pc_step"] <= 1)
 c2.button("Next request ▶", on_click=_step, args=(1,), disabled=st.session_state["pc_step"] >= n_req)
 c3.button("All", on_click=_step, args=(n_req,), disabled=st.session_state["pc_step"] >= n_req)
