@@ -676,6 +676,15 @@ class ReuseMeasurement:
     def speedup(self) -> float:
         return self.ttft_full_ms / self.ttft_reuse_ms
 
+    DECODE_NOISE = 1.25  # decode times further apart than this (ratio) are not machine noise on an idle CPU
+
+    @property
+    def decode_spread(self) -> float:
+        """Slower ÷ faster of the two decode times per token (≥ 1). Both decode over the same cached
+        tokens, so they should agree; above ``DECODE_NOISE`` the machine was busy while measuring."""
+        a, b = self.decode_full_ms_per_token, self.decode_reuse_ms_per_token
+        return max(a, b) / min(a, b)
+
 
 def _cache_of(out):
     """The KV cache a forward pass returned (transformers 5 names it ``cache``; older ``past_key_values``)."""

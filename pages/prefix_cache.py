@@ -287,6 +287,11 @@ ca, cb = st.columns(2)
 ca.selectbox("Earlier request (its KV cache is reused)", list(range(1, n_req + 1)), key="pc_a")
 cb.selectbox("Later request (prefilled with and without reuse)", list(range(1, n_req + 1)), key="pc_b")
 sync_url(["pc_a", "pc_b"])
+pair_ok = st.session_state["pc_a"] < st.session_state["pc_b"]
+if not pair_ok:
+    st.warning("The earlier request must come before the later one (a request reuses the cache of one that "
+               "arrived before it)" + (": add a second request above." if n_req < 2 else
+                                       ": pick another pair."))
 ta, tb = tokens[st.session_state["pc_a"] - 1], tokens[st.session_state["pc_b"] - 1]
 shared = common_prefix_len(ta, tb)
 reuse = reusable_tokens(len(tb), shared, sim.block_size)
@@ -295,7 +300,7 @@ st.write(f"They share {shared} leading tokens; {reuse} of the later request's {l
          f"({reuse // sim.block_size} whole blocks of {sim.block_size}) can be reused.")
 
 pair_key = (tuple(ta), tuple(tb), sim.block_size)
-if st.button("Measure on the embedded model", type="primary", key="pc_measure_btn"):
+if st.button("Measure on the embedded model", type="primary", key="pc_measure_btn", disabled=not pair_ok):
     try:
         with st.spinner("Loading the model and timing prefill and decode (about 10 s on an idle 2-core CPU)…"):
             lm = get_model("embedded")
@@ -339,7 +344,12 @@ if measured is not None and measured["key"] == pair_key:
         f"Reusing the cache gives the same first token ({'yes' if m.same_first_token else 'NO'}) with logits "
         f"within {m.max_abs_logit_diff:.1e} of full prefill ({m.dtype}). Prefill: {m.speedup:.2f}× faster. "
         f"Decode per token: {m.decode_full_ms_per_token:.1f} vs {m.decode_reuse_ms_per_token:.1f} ms — "
-        "prefix caching only skips prefill. Measured prefill cost: "
+        + ("the same within noise: prefix caching only skips prefill. "
+           if m.decode_spread <= m.DECODE_NOISE else
+           f"these should be equal (both decode over the same cached keys and values; prefix caching only "
+           f"skips prefill) but differ {m.decode_spread:.2f}×: the machine was busy while measuring, so "
+           "measure again. ")
+        + "Measured prefill cost: "
         f"{m.ms_per_prefill_token:.3f} ms/token. Copying and cropping the earlier cache took "
         f"{m.copy_ms:.1f} ms, not counted: a paged engine shares the blocks instead of copying them.")
     st.caption("On a CPU, times vary with load; the simulator's linear estimate ignores the fixed cost of a "

@@ -138,3 +138,17 @@ def test_measure_button_runs_real_model():
     at.checkbox(key="pc_use_measured").check()
     at = _run(at)
     assert at.number_input(key="pc_ms").disabled
+
+
+def test_pair_out_of_order_is_flagged_and_not_measured():
+    """A link with the 'earlier' request after the 'later' one (pc_a=5, pc_b=1) was described as a pair."""
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.query_params["pc_a"] = "5"
+    at.query_params["pc_b"] = "1"
+    _run(at)
+    assert any("must come before the later one" in w.value for w in at.warning)
+    assert at.button(key="pc_measure_btn").disabled
+    at.selectbox(key="pc_a").set_value(1).run()
+    at.selectbox(key="pc_b").set_value(2).run()
+    assert not any("must come before" in w.value for w in at.warning)
+    assert not at.button(key="pc_measure_btn").disabled

@@ -3,6 +3,7 @@ real-model KV reuse (slow)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 
@@ -275,6 +276,10 @@ def test_real_model_reuse_matches_full_prefill(embedded):
     assert m.dtype == "float32"
     assert m.ttft_full_ms > 0 and m.ttft_reuse_ms > 0
     assert len(m.ttft_full_samples_ms) == 2 and len(m.ttft_reuse_samples_ms) == 2
+    # slower ÷ faster decode time, whichever is which: 153.1 / 94.1 = 1.627 (a busy machine, > 1.25)
+    busy = dataclasses.replace(m, decode_full_ms_per_token=94.1, decode_reuse_ms_per_token=153.1)
+    assert busy.decode_spread == pytest.approx(1.627, abs=1e-3) and busy.decode_spread > busy.DECODE_NOISE
+    assert dataclasses.replace(busy, decode_full_ms_per_token=153.1).decode_spread == 1.0
 
 
 @pytest.mark.slow
