@@ -31,6 +31,8 @@ import streamlit as st
 def _parse(raw: str, default: Any, cast: Callable[[str], Any]) -> Any:
     try:
         if cast is bool:
+            if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return default  # "causal=maybe": replaced, and named in the toast
             return raw.lower() in ("1", "true", "yes", "on")
         value = cast(raw)
     except (TypeError, ValueError, OverflowError):

@@ -115,7 +115,7 @@ st.markdown(
     f"T_c = ⌈N/Bc⌉ = **{tr.t_c}** key/value blocks: **{n_steps}** tiles to visit"
     + (f" ({tr.t_r * tr.t_c - n_steps} skipped: every entry is masked)." if tr.causal else ".")
 )
-url_param("step", 1, int, lo=1, hi=1024)
+url_param("step", 1, int, lo=1, hi=n_steps)  # a link past the last tile names the real last one
 if ss["step"] > n_steps:
     ss["step"] = n_steps
 if n_steps > 1:

@@ -136,3 +136,20 @@ def test_a_url_changed_from_outside_wins_and_a_missing_key_keeps_the_value():
     del at.query_params["x"]
     at.run()
     assert at.slider(key="x").value == 0.7 and at.query_params["x"] == "0.7"
+
+
+def test_a_yes_no_value_that_is_neither_is_replaced_and_named():
+    def app():
+        import streamlit as st
+
+        from app.state import sync_url, url_param
+
+        st.write(repr(url_param("causal", False, bool)))
+        sync_url(["causal"])
+
+    for raw, shown in (("1", "True"), ("off", "False"), ("maybe", "False")):
+        at = AppTest.from_function(app)
+        at.query_params["causal"] = raw
+        at.run()
+        assert at.markdown[0].value == shown
+        assert bool(at.toast) == (raw == "maybe")  # only the unreadable one is named
