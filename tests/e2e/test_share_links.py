@@ -2,6 +2,7 @@
 the prefix-cache step and edited requests, KV's real-cache N and the In-the-wild filter did not)."""
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.e2e.conftest import wait_idle
 
@@ -33,8 +34,9 @@ def test_prefix_cache_step_and_edited_requests_travel(page, browser, app_url):
     box.press("Control+Enter")
     wait_idle(page)
     page.get_by_text("Edited requests (not the preset's)").first.wait_for()
+    page.wait_for_function("() => location.search.includes('pc_text=')")
     other = _fresh(browser, page.url)
-    assert other.get_by_label(REQUESTS_LABEL).input_value() == text
+    expect(other.get_by_label(REQUESTS_LABEL)).to_have_value(text, timeout=30_000)
 
 
 def test_kv_real_n_and_wild_filter_travel(page, browser, app_url):
