@@ -199,9 +199,9 @@ def _toggle_presenter() -> None:
 
 
 def tour_banner(page_url_path: str) -> None:
-    """The app's small base style sheet, presenter styling and, while the tour is on, its banner: where we are, what to look at, and
-    Previous / Next / Leave. Call from app/main.py after ``st.navigation`` and before ``.run()``, with
-    the page's ``url_path`` ("" for the home page)."""
+    """The app's small base style sheet, presenter styling and, while the tour is on, its banner: where
+    we are, what to look at, and Previous / Next / Leave. Call from app/main.py after ``st.navigation``
+    and before ``.run()``, with the page's ``url_path`` ("" for the home page)."""
     _keep_modes_in_url()
     st.html(_BASE_CSS)
     if st.session_state.get(PRESENT_KEY):

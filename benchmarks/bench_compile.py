@@ -105,7 +105,8 @@ def main() -> int:
              f"fp32, CPU, {meta['threads']} threads, torch {meta['torch']}, transformers {meta['transformers']}, "
              f"{'cold' if args.cold else 'warm (on-disk)'} inductor cache, median of {args.reps} alternating reps "
              f"after a {len(PREFIX)}-token cached prefix. `{meta['command']}`", "",
-             "| tokens in the pass | eager ms | compiled ms | eager ÷ compiled | max logit diff |", "|---|---|---|---|---|"]
+             "| tokens in the pass | eager ms | compiled ms | eager ÷ compiled | max logit diff |",
+             "|---|---|---|---|---|"]
     lines += [f"| {n} | {r['eager_ms']:.1f} | {r['compiled_ms']:.1f} | {r['ratio']:.2f} | {r['max_logit_diff']:.1e} |"
               for n, r in rows.items()]
     lines += ["", "| first call (compiles) | s |", "|---|---|"]

@@ -536,7 +536,8 @@ def tour_stops() -> list[TourStop]:
                                                              "wi_max_batch": 1024}),
                  f"Now α = 0.8, γ = 4, c = 0.05, for a {lb.params_b:g} B model on an {lb.hardware}: "
                  f"{lb.speedup_at_1:.2f}× at batch 1, "
-                 f"but [a slowdown {cross}](#where-speculation-stops-paying). A large batch already fills the GPU's compute, so checking γ + 1 "
+                 f"but [a slowdown {cross}](#where-speculation-stops-paying). A large batch already fills "
+                 "the GPU's compute, so checking γ + 1 "
                  "tokens per sequence is no longer free."),
         TourStop("Prefix caching", PageLink("prefix-cache", {"pc_preset": "timestamp", "pc_ts": "start",
                                                              "pc_block": 16}),

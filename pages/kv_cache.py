@@ -184,7 +184,8 @@ ss = st.session_state
 name = preset if preset != CUSTOM else (ss["custom_spec"].name if ss.get("custom_spec") else "custom")
 # sliders moved away from the preset's config (or a link that says so): the figures are for that shape,
 # so the name must not claim the preset's
-changed = [attr for key, (attr, lo, hi) in FIELDS.items() if ss[key] != min(max(int(getattr(base, attr)), lo), hi)]
+changed = [attr for key, (attr, lo, hi) in FIELDS.items()
+           if ss[key] != min(max(int(getattr(base, attr)), lo), hi)]
 changed += [k for k, v in (("params_b", round(base.params / 1e9, 6)),
                            ("active_b", round((base.active_params or 0) / 1e9, 6))) if abs(ss[k] - v) > 1e-9]
 if changed and (preset != CUSTOM or ss.get("custom_spec") is not None):  # else no config to differ from

@@ -411,7 +411,8 @@ else:
                 delta_color="off", delta_arrow="off",
                 help="New tokens ÷ rounds: each round is one target pass (the first round's token can come "
                      "from the prompt's prefill pass, as in plain decoding, which scores exactly 1.00). "
-                     "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each round's own "
+                     "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each "
+                     "round's own "
                      "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "
                      "without a match, the draft head's confidence gate, the end of the run) yield fewer. "
                      + ("" if e_alpha is None else f"With γ = {dec.gamma} drafted every round it would be "

@@ -163,7 +163,8 @@ def _section_model() -> None:
     fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
                     name="yours, with verify cost", line={"dash": "dash", "width": 3, "color": "#e6550d"})
     # the label sits bottom left: at γ = 1 the curves are above 1× unless α is low (at the right they cross)
-    fig.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain", annotation_position="bottom left")
+    fig.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain",
+                  annotation_position="bottom left")
     fig.update_layout(title="Speedup against γ (★ best γ)", xaxis_title="draft length γ",
                       yaxis_title="speedup ×", height=CHART_H + 60, margin={"t": 40, "b": 10},
                       # below the plot, not beside it: a side legend took a quarter of the half-width chart
@@ -235,7 +236,8 @@ def _section_simulator() -> None:
         left, right = st.columns(2)
         fr = go.Figure()
         fr.add_scatter(x=list(range(1, sim.n + 1)), y=sim.running_mean, mode="lines", name="running average")
-        fr.add_hline(y=sim.expected, line_dash="dash", line_color=REFERENCE_LINE, annotation_text=f"E = {sim.expected:.2f}")
+        fr.add_hline(y=sim.expected, line_dash="dash", line_color=REFERENCE_LINE,
+                     annotation_text=f"E = {sim.expected:.2f}")
         fr.update_layout(title="Running average of tokens per pass", xaxis_title="round",
                          yaxis_title="tokens per pass", height=CHART_H, margin={"t": 40, "b": 10})
         show_chart(fr, key="wi_fig_running", where=left)
@@ -304,7 +306,8 @@ def _section_batch() -> None:
             fb.add_annotation(x=math.log10(bc.crossover_batch), y=1, yref="paper", showarrow=False,
                               xanchor="left", yanchor="top", text=f" slowdown past B ≈ {bc.crossover_batch:,.0f}")
         fb.update_layout(title=f"Speedup against batch size (α = {alpha:.2f}, γ = {gamma}, c = {cost:.2f})",
-                         xaxis={"title": "batch size B", "type": "log", **log_ticks(1, st.session_state["wi_max_batch"])}, yaxis_title="speedup ×",
+                         xaxis={"title": "batch size B", "type": "log",
+                                **log_ticks(1, st.session_state["wi_max_batch"])}, yaxis_title="speedup ×",
                          height=CHART_H, margin={"t": 40, "b": 10})
         show_chart(fb, key="wi_fig_batch")
         st.caption("Roofline per pass: max(weight bytes / bandwidth, 2·params·B·tokens / peak FLOP/s); "
