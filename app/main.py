@@ -14,6 +14,7 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from app.registry import PAGES_DIR, available_pages  # noqa: E402
+from app.state import begin_url_batch, flush_url, keep_page_state  # noqa: E402
 from app.tour import init_modes, tour_banner  # noqa: E402
 
 # ?present=1 (presenter mode) collapses the sidebar; the tour banner and presenter styling are drawn
@@ -28,5 +29,10 @@ pages = [
     for p in available_pages()
 ]
 nav = st.navigation(pages)
-tour_banner(nav.url_path)
-nav.run()
+keep_page_state()   # settings of the pages not shown in this run survive it
+begin_url_batch()   # the run's URL writes become one update (one browser-history entry)
+try:
+    tour_banner(nav.url_path)
+    nav.run()
+finally:  # also after st.stop() / st.rerun()
+    flush_url()

@@ -12,9 +12,12 @@ hand-edited link never breaks a page. Each value replaced that way is named once
 
 Three more rules make the URL behave like a page's address:
 - A value survives runs in which its widget is not drawn (a What-if tab that is not open, another
-  page): ``url_param`` re-asserts it every run, so Streamlit does not drop it with the widget.
-- ``sync_url`` writes all changed values in one update. Streamlit adds one browser-history entry per
-  update; written one key at a time, opening a page added ~20 and Back seemed to do nothing.
+  page): ``url_param`` re-asserts it on its page, and ``keep_page_state`` (app/main.py, every run)
+  re-asserts every key any page registered, so Streamlit does not drop it with the widget.
+- One URL update per run: Streamlit adds a browser-history entry per update. app/main.py calls
+  ``begin_url_batch`` before the page and ``flush_url`` after it; in between ``sync_url`` and
+  ``stage_url`` only collect. (Written one key at a time, opening a page added ~20 entries and Back
+  seemed to do nothing.) Without a batch (a page run alone, as in tests) writes apply at once.
 - A value in the URL that differs from what ``sync_url`` last wrote came from outside (Back/Forward, an
   edited link, a link to the page): it replaces the session's value. So Back undoes the last change.
   A key missing from the URL (the page opened from the sidebar) keeps the session's value.
@@ -44,6 +47,8 @@ def _parse(raw: str, default: Any, cast: Callable[[str], Any]) -> Any:
 
 _NOTES = "_url_param_notes"
 _WRITTEN = "_url_param_written"  # {key: the string sync_url last put in the URL}
+_KEYS = "_url_param_keys"        # every key url_param has seeded, on any page
+_PENDING = "_url_pending"        # {key: string, or None to remove} collected during a batch
 
 
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
@@ -63,6 +68,7 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
     """
     if key in st.session_state and choices is not None and st.session_state[key] not in list(choices):
         del st.session_state[key]
+    st.session_state.setdefault(_KEYS, set()).add(key)
     raw = st.query_params.get(key)
     written = st.session_state.get(_WRITTEN, {})
     if key in st.session_state and raw is not None and key in written and raw != written[key]:
@@ -93,7 +99,9 @@ def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "1" if v else "0"
     if isinstance(v, float):
-        return f"{v:g}"
+        # 15 significant digits: a preset's 70.553706 B parameters came back from a link as 70.5537 ("{:g}")
+        # and the page called the unchanged preset "modified"
+        return f"{v:.15g}"
     return str(v)
 
 
@@ -105,12 +113,54 @@ def sync_url(keys: Iterable[str]) -> None:
         st.toast("Some values in the link were unreadable or out of range and were replaced: "
                  + ", ".join(notes) + ".", icon="ℹ️")
     written = st.session_state.setdefault(_WRITTEN, {})
-    changed = {}
     for k in keys:
         if k in st.session_state and st.session_state[k] is not None:
-            s = _fmt(st.session_state[k])
-            written[k] = s
-            if st.query_params.get(k) != s:
-                changed[k] = s
-    if changed:
-        st.query_params.update(changed)  # one update: one browser-history entry
+            written[k] = _fmt(st.session_state[k])
+            stage_url(k, written[k])
+
+
+def stage_url(key: str, value: str | None) -> None:
+    """Put ``value`` in the URL under ``key`` (None: remove it): at the end of the run inside a batch,
+    at once otherwise."""
+    pending = st.session_state.get(_PENDING)
+    if pending is None:
+        _apply({key: value})
+    else:
+        pending[key] = value
+
+
+def _apply(changes: dict[str, str | None]) -> None:
+    updates = {k: v for k, v in changes.items() if v is not None and st.query_params.get(k) != v}
+    if updates:
+        st.query_params.update(updates)  # one update: one browser-history entry
+    for k, v in changes.items():
+        if v is None and k in st.query_params:
+            del st.query_params[k]  # rare (a custom prompt back to a preset): one entry each
+
+
+def keep_page_state() -> None:
+    """Re-assert every key ``url_param`` has seeded, so the values of pages not shown in this run survive
+    it (Streamlit drops a widget's value in a run that does not draw the widget: a sidebar round trip reset
+    every slider). Call at the start of every run, before any page draws its widgets."""
+    for k in st.session_state.get(_KEYS, ()):
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+
+
+def begin_url_batch() -> None:
+    """Collect this run's URL writes until ``flush_url`` (call before the page runs)."""
+    st.session_state[_PENDING] = {}
+
+
+def discard_url_batch() -> None:
+    """Drop the writes collected so far (before switching to another page with its own query)."""
+    if st.session_state.get(_PENDING) is not None:
+        st.session_state[_PENDING] = {}
+
+
+def flush_url() -> None:
+    """Apply the run's collected URL writes in one update and end the batch (call after the page runs,
+    also when it stopped early)."""
+    pending = st.session_state.pop(_PENDING, None)
+    if pending:
+        _apply(pending)

@@ -20,6 +20,7 @@ from typing import Sequence
 import streamlit as st
 
 from app.registry import PAGES_DIR, available_pages
+from app.state import discard_url_batch
 from engine.errors import SpeedupLabError
 from engine.teaching import PageLink, Question
 
@@ -89,6 +90,7 @@ def goto(link: PageLink, extra_clear: Sequence[str] = ()) -> None:
     for k, v in bound.items():
         st.session_state[k] = v
         query.pop(k, None)
+    discard_url_batch()  # this page's pending URL writes must not land on the new page's URL
     st.switch_page(str(PAGES_DIR / file), query_params={**query, **_mode_params()})
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.state import stage_url
 from app.teaching import goto, page_file
 from engine.teaching import PageLink, tour_stops
 
@@ -134,16 +135,14 @@ def init_modes() -> bool:
 def _keep_modes_in_url() -> None:
     """Page navigation clears the query string; put the modes back so the URL reproduces the view."""
     if st.session_state.get(PRESENT_KEY):
-        if st.query_params.get(PRESENT_KEY) != "1":
-            st.query_params[PRESENT_KEY] = "1"
+        stage_url(PRESENT_KEY, "1")
     elif PRESENT_KEY in st.query_params and st.query_params.get(PRESENT_KEY) == "1":
-        del st.query_params[PRESENT_KEY]
+        stage_url(PRESENT_KEY, None)
     stop = st.session_state.get(TOUR_KEY)
     if stop is not None:
-        if st.query_params.get("tour") != str(stop):
-            st.query_params["tour"] = str(stop)
+        stage_url("tour", str(stop))
     elif "tour" in st.query_params:
-        del st.query_params["tour"]
+        stage_url("tour", None)
 
 
 def go_to_stop(i: int) -> None:
@@ -172,7 +171,7 @@ def _open_linked_stop(page_url_path: str) -> None:
 def leave_tour() -> None:
     st.session_state[TOUR_KEY] = None
     if "tour" in st.query_params:
-        del st.query_params["tour"]
+        stage_url("tour", None)  # also replaces a "tour" this run had already staged
 
 
 def start_tour_button() -> None:

@@ -10,7 +10,7 @@ from plotly.colors import qualitative
 from app.charts import show_chart, show_table
 from app.resources import get_model, get_tokenizer
 from app.teaching import check_yourself, safe_questions
-from app.state import sync_url, url_param
+from app.state import stage_url, sync_url, url_param
 from app.tour import intro
 from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
@@ -89,10 +89,9 @@ with right:
 sync_url(["pc_preset", "pc_ts", "pc_block", "pc_capacity", "pc_conc", "pc_ms", "pc_use_measured"])
 _edited = st.session_state["pc_text"] != _preset_text()
 if _edited and len(st.session_state["pc_text"]) <= TEXT_URL_MAX:
-    if st.query_params.get("pc_text") != st.session_state["pc_text"]:
-        st.query_params["pc_text"] = st.session_state["pc_text"]
+    stage_url("pc_text", st.session_state["pc_text"])
 elif "pc_text" in st.query_params:
-    del st.query_params["pc_text"]
+    stage_url("pc_text", None)
 if _edited:
     with right:
         st.caption("Edited requests (not the preset's): " + (
@@ -296,8 +295,9 @@ ta, tb = tokens[st.session_state["pc_a"] - 1], tokens[st.session_state["pc_b"] -
 shared = common_prefix_len(ta, tb)
 reuse = reusable_tokens(len(tb), shared, sim.block_size)
 est_full, est_reuse = estimate_ttft_ms(len(tb), reuse, ms_per_token)
-st.write(f"They share {shared} leading tokens; {reuse} of the later request's {len(tb)} tokens "
-         f"({reuse // sim.block_size} whole blocks of {sim.block_size}) can be reused.")
+if pair_ok:
+    st.write(f"They share {shared} leading tokens; {reuse} of the later request's {len(tb)} tokens "
+             f"({reuse // sim.block_size} whole blocks of {sim.block_size}) can be reused.")
 
 pair_key = (tuple(ta), tuple(tb), sim.block_size)
 if st.button("Measure on the embedded model", type="primary", key="pc_measure_btn", disabled=not pair_ok):

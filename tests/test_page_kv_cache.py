@@ -192,3 +192,17 @@ def test_moved_sliders_rename_the_model_and_restore_brings_the_preset_back():
     # Llama-3.1-70B's config: 80 layers, 64 query heads, 8 KV heads, head dim 128
     assert [at.slider(key=k).value for k in ("layers", "heads", "kv_heads", "head_dim")] == [80, 64, 8, 128]
     assert not any("Changed from" in c.value for c in at.caption)
+
+
+def test_a_link_to_an_unchanged_preset_is_not_called_modified():
+    """The URL kept params_b = 70.5537 ("{:g}") for Llama-3.1-70B's 70.553706 B: a shared link to the plain
+    preset opened as "Llama-3.1-70B, modified". Values now travel with 15 significant digits."""
+    at = _app()
+    at.selectbox(key="preset").set_value("Llama-3.1-70B").run()
+    link = {k: at.query_params[k] for k in at.query_params}
+    assert link["params_b"] == "70.553706"
+    fresh = AppTest.from_file(PAGE, default_timeout=TIMEOUT)  # a new browser opening the link
+    for k, v in link.items():
+        fresh.query_params[k] = v
+    fresh.run()
+    assert not [c.value for c in fresh.caption if "Changed from" in c.value], link

@@ -148,6 +148,7 @@ def test_pair_out_of_order_is_flagged_and_not_measured():
     _run(at)
     assert any("must come before the later one" in w.value for w in at.warning)
     assert at.button(key="pc_measure_btn").disabled
+    assert not any("leading tokens" in m.value for m in at.markdown)  # no reuse claim for a wrong pair
     at.selectbox(key="pc_a").set_value(1).run()
     at.selectbox(key="pc_b").set_value(2).run()
     assert not any("must come before" in w.value for w in at.warning)

@@ -53,3 +53,20 @@ def test_kv_real_n_and_wild_filter_travel(page, browser, app_url):
     other = _fresh(browser, page.url)
     assert other.get_by_role("heading", name="vLLM").count() == 1
     assert other.get_by_role("heading", name="SGLang").count() == 0
+
+
+def test_a_sidebar_round_trip_keeps_a_pages_settings(page, app_url):
+    """A user's report: leaving a page through the sidebar and coming back reset every slider (Streamlit
+    drops the value of a widget a run does not draw; app/main.py now keeps them)."""
+    page.goto(app_url + "/flash-attention")
+    wait_idle(page)
+    slider = page.get_by_role("slider", name="Sequence length N")
+    slider.focus()
+    page.keyboard.press("ArrowRight")  # N 10 → 11
+    wait_idle(page)
+    page.get_by_role("link", name="Trade-offs").first.click()
+    wait_idle(page)
+    page.get_by_role("link", name="FlashAttention").first.click()
+    wait_idle(page)
+    page.get_by_test_id("stSliderThumbValue").filter(has_text="11").first.wait_for(timeout=15_000)
+    assert "n=11" in page.url
