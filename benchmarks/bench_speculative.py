@@ -10,7 +10,10 @@ Methods: our plain decoding (baseline through the same KV-cache code), transform
 (``assistant_early_exit``) at the same γ with a constant schedule.
 
     python benchmarks/bench_speculative.py [--reps 3] [--max-new-tokens 96] [--gamma 4] [--threads N]
-        [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--out PATH_WITHOUT_SUFFIX]
+        [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--split] [--out PATH_WITHOUT_SUFFIX]
+
+``--split`` times every top-level forward call of the target and draft models (hooks) and reports
+each method's time outside them.
 
 Writes benchmarks/results/speculative.json and speculative.md (or ``--out`` + .json / .md).
 """
@@ -71,6 +74,9 @@ def main() -> int:
                     "matches (e.g. 'plain|prompt lookup$|trained draft'); 'ours: plain' always runs")
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (target and draft alike)")
+    ap.add_argument("--split", action="store_true", help="also time every forward call of the target and "
+                    "draft models (forward hooks) and report each method's time outside them: the loop's own "
+                    "overhead, the only part an engine that runs transformers' forward can cut")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
     args = ap.parse_args()
     if args.threads:
@@ -125,6 +131,27 @@ def main() -> int:
         methods["hf: trained draft (assisted)"] = lambda ids: hf_generate(target, ids, n,
                                                                           assistant_model=draft.model)
 
+    clock = {"target": [0.0, 0], "draft": [0.0, 0]}  # seconds, calls: top-level forward calls only
+    if args.split:
+        for name, lm in [("target", target), ("draft", draft)]:
+            if lm is None:
+                continue
+            started = []
+
+            def pre(_m, _a, started=started):
+                if lm.device.type == "cuda":
+                    torch.cuda.synchronize()
+                started.append(time.perf_counter())
+
+            def post(_m, _a, _o, started=started, name=name, lm=lm):
+                if lm.device.type == "cuda":
+                    torch.cuda.synchronize()
+                clock[name][0] += time.perf_counter() - started.pop()
+                clock[name][1] += 1
+
+            lm.model.register_forward_pre_hook(pre)
+            lm.model.register_forward_hook(post)
+
     if args.methods:
         keep = re.compile(args.methods)
         methods = {m: fn for m, fn in methods.items() if m == "ours: plain" or keep.search(m)}
@@ -133,6 +160,7 @@ def main() -> int:
         prompt = PROMPTS[pname]
         ids = encode_prompt(target.tokenizer, prompt)
         times = {m: [] for m in methods}
+        splits = {m: [] for m in methods}
         outputs = {}
         for m, fn in methods.items():  # warm-up (and the output to compare)
             try:
@@ -143,9 +171,12 @@ def main() -> int:
             for m, fn in methods.items():
                 if isinstance(outputs[m], str):
                     continue
+                for c in clock.values():
+                    c[:] = [0.0, 0]
                 t0 = time.perf_counter()
                 out = fn(ids)
                 times[m].append((time.perf_counter() - t0, len(out)))
+                splits[m].append({k: tuple(c) for k, c in clock.items()})
                 print(f"[{pname} rep {rep}] {m}: {len(out) / times[m][-1][0]:.1f} tok/s", flush=True)
         ref = outputs["ours: plain"]
         rows = {}
@@ -155,6 +186,16 @@ def main() -> int:
                 continue
             tps = statistics.median(k / t for t, k in times[m])
             rows[m] = {"tokens_per_s": tps, "tokens": len(outputs[m]), "identical_to_plain": outputs[m] == ref}
+            if args.split:
+                # medians over reps, in ms: wall time, target/draft forward time, and the rest (the loop)
+                rows[m]["split_ms"] = {
+                    "wall": 1000 * statistics.median(t for t, _ in times[m]),
+                    "target_forward": 1000 * statistics.median(s["target"][0] for s in splits[m]),
+                    "target_calls": statistics.median(s["target"][1] for s in splits[m]),
+                    "draft_forward": 1000 * statistics.median(s["draft"][0] for s in splits[m]),
+                    "draft_calls": statistics.median(s["draft"][1] for s in splits[m]),
+                    "outside": 1000 * statistics.median(t - s["target"][0] - s["draft"][0]
+                                                        for (t, _), s in zip(times[m], splits[m]))}
         base = rows["ours: plain"]["tokens_per_s"]
         for m, r in rows.items():
             if "tokens_per_s" in r:
@@ -195,6 +236,20 @@ def main() -> int:
             lines.append(f"| {m} | {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.2f} | "
                          f"{'' if vs is None else f'{vs:.2f}'} | {'yes' if r['identical_to_plain'] else 'NO'} |")
         lines.append("")
+        if args.split:
+            lines += ["Where the time goes (medians over reps, ms; forward = the models' top-level forward "
+                      "calls, timed by hooks; outside = everything else: drafting logic, judging, cache "
+                      "crops, transformers' generate machinery):", "",
+                      "| method | wall ms | target forward ms (calls) | draft forward ms (calls) | outside ms | "
+                      "outside % |", "|---|---|---|---|---|---|"]
+            for m, r in rows.items():
+                sp = r.get("split_ms")
+                if not sp or sp["target_calls"] == 0:
+                    continue  # early exit and the draft head call the decoder directly: not hooked
+                lines.append(f"| {m} | {sp['wall']:.0f} | {sp['target_forward']:.0f} ({sp['target_calls']:.0f}) | "
+                             f"{sp['draft_forward']:.0f} ({sp['draft_calls']:.0f}) | {sp['outside']:.0f} | "
+                             f"{100 * sp['outside'] / sp['wall']:.1f} |")
+            lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
