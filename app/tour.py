@@ -27,7 +27,8 @@ _LINK_CHECKED = "tour_link_checked"
 _BASE_CSS = """<style>
 [data-testid="stMetricValue"] { font-size: clamp(1.5rem, 2.6vw, 2.25rem); }
 [data-testid="stMetricValue"] *, [data-testid="stMetricDelta"] *, [data-testid="stMetricLabel"] *,
-[data-testid="stMainBlockContainer"] button * { white-space: normal !important; overflow: visible !important;
+[data-testid="stMainBlockContainer"] button *,
+[data-testid="stMainBlockContainer"] [data-testid="stPageLink-NavLink"] * { white-space: normal !important; overflow: visible !important;
   text-overflow: clip !important; }
 [data-testid="stMetricValue"] *, [data-testid="stMetricLabel"] * { overflow-wrap: anywhere; }
 </style>"""

@@ -80,7 +80,7 @@ c2.slider("Head dimension d", 1, STEP_D_MAX, key="d")
 c3.slider("Query block Br", 1, STEP_BLOCK_MAX, key="br")
 c4.slider("Key/value block Bc", 1, STEP_BLOCK_MAX, key="bc")
 c1, c2, c3 = st.columns([1, 2, 1])
-c1.toggle("Causal mask", key="causal")
+c1.toggle("Causal", key="causal", help="Causal mask: query row i sees only key columns 0 … i (as in a decoder).")
 c2.radio("Loop order", list(ORDERS), format_func=ORDERS.get, key="order", horizontal=True)
 c3.number_input("Random seed", 0, 9999, key="seed")
 
@@ -119,10 +119,10 @@ url_param("step", 1, int, lo=1, hi=n_steps)  # a link past the last tile names t
 if ss["step"] > n_steps:
     ss["step"] = n_steps
 if n_steps > 1:
-    b1, b2, b3 = st.columns([1.4, 5.2, 1.4])
-    b1.button("◀ Previous tile", on_click=_move, args=(-1, n_steps), key="prev", width="stretch")
+    b1, b2, b3 = st.columns([2, 5, 2])
+    b1.button("◀ Previous", on_click=_move, args=(-1, n_steps), key="prev", width="stretch")
     b2.slider("Tile step", 1, n_steps, key="step", label_visibility="collapsed")
-    b3.button("Next tile ▶", on_click=_move, args=(1, n_steps), key="next", width="stretch")
+    b3.button("Next ▶", on_click=_move, args=(1, n_steps), key="next", width="stretch")
     k = ss["step"] - 1
 else:
     k = 0
