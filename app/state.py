@@ -8,7 +8,8 @@ Usage on a page::
 
 Values from the URL are parsed and clamped; anything unparsable falls back to the default, so a
 hand-edited link never breaks a page. Each value replaced that way is named once, in a toast drawn by
-``sync_url`` ("wi_alpha=1.5 → 1"), so the page does not silently show something else than the link said.
+``flush_url`` at the end of the run (``sync_url`` when a page runs alone) ("wi_alpha=1.5 → 1"), so the
+page does not silently show something else than the link said.
 
 Three more rules make the URL behave like a page's address:
 - A value survives runs in which its widget is not drawn (a What-if tab that is not open, another
@@ -91,7 +92,7 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
             value = hi
         st.session_state[key] = value
         if raw is not None and _fmt(value) != raw and _parse(raw, None, cast) != value:
-            st.session_state.setdefault(_NOTES, []).append(f"{key}={raw[:40]} → {_fmt(value)}")
+            note_replaced(key, raw, value)
     return st.session_state[key]
 
 
@@ -108,15 +109,27 @@ def _fmt(v: Any) -> str:
 def sync_url(keys: Iterable[str]) -> None:
     """Write the current session-state values of ``keys`` into the URL query parameters (and name, once,
     the link values ``url_param`` had to replace)."""
-    notes = st.session_state.pop(_NOTES, None)
-    if notes:
-        st.toast("Some values in the link were unreadable or out of range and were replaced: "
-                 + ", ".join(notes) + ".", icon="ℹ️")
+    if st.session_state.get(_PENDING) is None:  # in a batch, flush_url names them, once per run
+        _toast_notes()
     written = st.session_state.setdefault(_WRITTEN, {})
     for k in keys:
         if k in st.session_state and st.session_state[k] is not None:
             written[k] = _fmt(st.session_state[k])
             stage_url(k, written[k])
+
+
+def note_replaced(key: str, raw: str, value: Any) -> None:
+    """Record that the link's ``key=raw`` could not be used as such and ``value`` is shown instead; the
+    next ``sync_url`` (outside a batch) or ``flush_url`` names it in a toast. For link values that
+    ``url_param`` does not read (the tour stop, a widget bound to the URL by Streamlit)."""
+    st.session_state.setdefault(_NOTES, []).append(f"{key}={raw[:40]} → {_fmt(value)}")
+
+
+def _toast_notes() -> None:
+    notes = st.session_state.pop(_NOTES, None)
+    if notes:
+        st.toast("Some values in the link were unreadable or out of range and were replaced: "
+                 + ", ".join(notes) + ".", icon="ℹ️")
 
 
 def stage_url(key: str, value: str | None) -> None:
@@ -152,10 +165,15 @@ def begin_url_batch() -> None:
     st.session_state[_PENDING] = {}
 
 
+_SWITCHING = "_url_switching"  # set by discard_url_batch: this run ends in a page switch
+
+
 def discard_url_batch() -> None:
-    """Drop the writes collected so far (before switching to another page with its own query)."""
+    """Drop the writes collected so far (before switching to another page with its own query). The
+    notes of replaced link values wait for the next run: a toast drawn now would vanish with this one."""
     if st.session_state.get(_PENDING) is not None:
         st.session_state[_PENDING] = {}
+        st.session_state[_SWITCHING] = True
 
 
 def flush_url() -> None:
@@ -164,3 +182,5 @@ def flush_url() -> None:
     pending = st.session_state.pop(_PENDING, None)
     if pending:
         _apply(pending)
+    if not st.session_state.pop(_SWITCHING, False):
+        _toast_notes()  # also the values read before a page stopped early (an error shown, st.stop)

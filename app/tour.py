@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.state import stage_url
+from app.state import note_replaced, stage_url
 from app.teaching import goto, page_file
 from engine.teaching import PageLink, tour_stops
 
@@ -123,13 +123,18 @@ def init_modes() -> bool:
     qp = st.query_params
     if PRESENT_KEY in qp:
         st.session_state[PRESENT_KEY] = _flag(qp[PRESENT_KEY])
-    if "tour" in qp:
+        if qp[PRESENT_KEY].lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            note_replaced(PRESENT_KEY, qp[PRESENT_KEY], False)
+    if "tour" in qp and qp["tour"] != str(st.session_state.get(TOUR_KEY)):
+        raw = qp["tour"]
         try:
-            i = int(qp["tour"])
+            i = int(raw)
         except ValueError:
             i = -1
         n = len(_stops())
-        st.session_state[TOUR_KEY] = min(max(i, 0), n - 1) if i >= 0 else None
+        st.session_state[TOUR_KEY] = min(i, n - 1) if i >= 0 else None
+        if i < 0 or i >= n:  # a hand-edited link: say what is shown instead
+            note_replaced("tour", raw, n - 1 if i >= n else "off")
     return bool(st.session_state.get(PRESENT_KEY))
 
 
@@ -137,7 +142,7 @@ def _keep_modes_in_url() -> None:
     """Page navigation clears the query string; put the modes back so the URL reproduces the view."""
     if st.session_state.get(PRESENT_KEY):
         stage_url(PRESENT_KEY, "1")
-    elif PRESENT_KEY in st.query_params and st.query_params.get(PRESENT_KEY) == "1":
+    elif PRESENT_KEY in st.query_params:  # "present=0" or an unreadable value: off, and out of the link
         stage_url(PRESENT_KEY, None)
     stop = st.session_state.get(TOUR_KEY)
     if stop is not None:

@@ -3,6 +3,7 @@
 
 import streamlit as st
 
+from app.state import note_replaced
 from engine.teaching import IN_THE_WILD
 
 st.title("🌍 In the wild")
@@ -12,6 +13,10 @@ st.markdown(
     "library's source) says; versions move fast, so check the current page before relying on a flag.")
 engines = sorted({f.engine for f in IN_THE_WILD})
 # the filter travels in the link (Streamlit keeps it in the URL: ?wild_engines=vLLM&wild_engines=SGLang)
+# and drops a name it does not offer; say so rather than silently show something else than the link said
+for raw in st.query_params.get_all("wild_engines"):
+    if raw not in engines:
+        note_replaced("wild_engines", raw, "(not offered: left out)")
 pick = st.multiselect("Engines", engines, default=engines, key="wild_engines", bind="query-params")
 for engine in [e for e in engines if e in pick]:
     st.subheader(engine)

@@ -235,3 +235,32 @@ def test_tour_script_is_fixed_text_with_the_stop_number():
     at = _main(tour="3")
     scripts = [h.proto.body for h in at.get("html") if "__speedupLabTourStop" in h.proto.body]
     assert len(scripts) == 1 and "__speedupLabTourStop !== 3" in scripts[0]
+
+
+def _toasts(at) -> str:
+    return " ".join(t.value for t in at.toast)
+
+
+def test_out_of_range_tour_stop_in_a_link_is_named():
+    # /?tour=99: the last stop opens (on its own page) and the toast says so, once
+    last = len(tour_stops()) - 1
+    at = _main(tour="99")
+    assert not at.exception
+    assert f"stop {last + 1} of {last + 1}" in _banner(at)
+    assert f"tour=99 → {last}" in _toasts(at)
+    at.run()
+    assert "tour=99" not in _toasts(at)
+    at = _main(tour="abc")
+    assert _banner(at) == "" and "tour=abc → off" in _toasts(at)
+    assert "tour" not in at.query_params
+    at = _main(tour="2")  # a valid stop: nothing to say
+    assert not at.toast
+
+
+def test_unreadable_presenter_flag_in_a_link_is_named_and_dropped():
+    at = _main(present="maybe")
+    assert not at.exception
+    assert "present=maybe → 0" in _toasts(at)
+    assert "present" not in at.query_params
+    at = _main(present="1")
+    assert not at.toast and at.query_params["present"] in ("1", ["1"])

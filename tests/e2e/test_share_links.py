@@ -70,3 +70,16 @@ def test_a_sidebar_round_trip_keeps_a_pages_settings(page, app_url):
     wait_idle(page)
     page.get_by_test_id("stSliderThumbValue").filter(has_text="11").first.wait_for(timeout=15_000)
     assert "n=11" in page.url
+
+
+@pytest.mark.parametrize("path, note", [
+    ("/in-the-wild?wild_engines=vLLM&wild_engines=Foo", "wild_engines=Foo → (not offered: left out)"),
+    ("/?tour=99", "tour=99 → 5"),  # the last stop (0-based in the link), on its own page
+    ("/whatif?present=maybe", "present=maybe → 0"),
+])
+def test_link_values_the_app_cannot_use_are_named(browser, app_url, path, note):
+    """Values no url_param reads (a Streamlit-bound filter, the tour stop, presenter mode) were replaced
+    silently; now the same toast names them."""
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.goto(app_url + path)
+    page.get_by_test_id("stToast").filter(has_text=note).first.wait_for(timeout=30_000)
