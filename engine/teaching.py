@@ -547,7 +547,7 @@ def tour_stops() -> list[TourStop]:
                  clear=("pc_text", "pc_step")),
         TourStop("FlashAttention", PageLink("flash-attention", {"n": 10, "d": 4, "br": 4, "bc": 3, "step": 5,
                                                                 "nmax": 16384, "td": 64, "bpe": 2}),
-                 f"Step through the tiles and watch the running maximum m and sum ℓ rescale. "
+                 f"Step through the tiles and watch [the running maximum m and sum ℓ](#running-max-and-sum) rescale. "
                  f"[Below](#2-memory-traffic-and-memory-use), at N = 16,384 "
                  f"standard attention moves {flash_bytes(st_.bytes)} per head, FlashAttention "
                  f"{flash_bytes(fl.bytes)} ({st_.bytes / fl.bytes:.1f}× less), for the same output."),

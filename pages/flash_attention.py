@@ -188,8 +188,15 @@ for t in range(r1 - r0):
         "output row after": "[" + ", ".join(f"{x:.3f}" for x in step.out_after[t][:3])
                             + (", …]" if tr.d > 3 else "]"),
     })
-st.markdown("**Running statistics of the rows in this Q block** (ℓ is measured against the current m; the "
-            "output shown is the running Õ / ℓ):")
+st.subheader("Running maximum m and sum ℓ of this Q block", anchor="running-max-and-sum")
+if n_steps > 1:  # step from here too: on a projector the tile buttons above are off screen with this table
+    t1, t2, t3 = st.columns([2, 5, 2], vertical_alignment="center")
+    t1.button("◀ Previous", on_click=_move, args=(-1, n_steps), key="prev_table", width="stretch",
+              disabled=k == 0)
+    t2.markdown(f"Tile **{k + 1} of {n_steps}**: Q block i = {step.i}, K/V block j = {step.j}")
+    t3.button("Next ▶", on_click=_move, args=(1, n_steps), key="next_table", width="stretch",
+              disabled=k == n_steps - 1)
+st.caption("ℓ is measured against the current m; the output shown is the running Õ / ℓ.")
 show_table(rows)
 st.caption("When a tile brings a larger score, m rises and everything summed so far is multiplied by "
            "e^(m_old − m_new) < 1 before the tile's own terms are added; that rescaling is what makes the "

@@ -59,6 +59,21 @@ def test_step_buttons_and_slider():
     assert at.slider(key="step").value == 1
 
 
+def test_step_buttons_by_the_running_statistics_table():
+    # a presenter scrolled to the m/ℓ table steps from there (the tile buttons are off screen)
+    at = _app()
+    assert at.button(key="prev_table").disabled and not at.button(key="next_table").disabled
+    assert "Tile **1 of 12**: Q block i = 0, K/V block j = 0" in _text(at)
+    at.button(key="next_table").click().run()
+    at.button(key="next_table").click().run()
+    assert at.slider(key="step").value == 3
+    assert "Tile **3 of 12**: Q block i = 2, K/V block j = 0" in _text(at)
+    at.button(key="prev_table").click().run()
+    assert at.slider(key="step").value == 2
+    at.slider(key="step").set_value(12).run()
+    assert at.button(key="next_table").disabled
+
+
 def test_q_outer_order():
     at = _app()
     at.radio(key="order").set_value("q_outer").run()
