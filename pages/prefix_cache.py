@@ -187,7 +187,8 @@ for i, r in enumerate(shown):
         ci = PARTIAL if b.hash is None else colour_of[b.hash]
         (z_hit if b.status == "hit" else z_new)[i][b.position] = ci
         if show_text:
-            txt[i][b.position] = label[b.status] + (f" ×{b.ref_count}" if b.ref_count > 1 else "")
+            # two short lines, so a cell stays readable on a phone-wide chart
+            txt[i][b.position] = label[b.status] + (f"<br>×{b.ref_count}" if b.ref_count > 1 else "")
         hov[i][b.position] = (
             f"Request {r.index + 1}, block {b.position} → pool slot {b.slot}<br>{b.status}, "
             f"{b.n_tokens} tokens, held by {b.ref_count} running request(s)<br>"
@@ -196,11 +197,11 @@ for i, r in enumerate(shown):
 fig = go.Figure([_heat(z_new, txt, hov, 0.45, "computed"), _heat(z_hit, txt, hov, 1.0, "cache hit")])
 fig.update_yaxes(tickvals=list(range(len(shown))), ticktext=[f"Request {r.index + 1}" for r in shown],
                  autorange="reversed")
-fig.update_xaxes(title="block position in the prompt (each block = "
-                       f"{sim.block_size} tokens; the last one may be partial)")
+fig.update_xaxes(title="block position in the prompt")
 fig.update_layout(height=114 + 42 * len(shown), margin=dict(l=10, r=10, t=34, b=40))
 show_chart(fig, key="pc_table")
-st.caption("Each row is a request's block table. A bright colour marks a block (one hash) that several "
+st.caption(f"Each row is a request's block table, in blocks of {sim.block_size} tokens (the last one may be "
+           "partial). A bright colour marks a block (one hash) that several "
            "requests use: the same colour in two rows is the same cached block"
            + (" (colours repeat after 24 shared blocks)" if n_shared > len(PALETTE) else "") + "; pale "
            "blue-grey = a block only this request has. Solid = **cache hit** (reused, not computed); faded = **new** (computed by "
