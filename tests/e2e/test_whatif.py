@@ -19,6 +19,11 @@ def test_whatif_renders_seed_values(page, app_url):
     assert page.locator(".js-plotly-plot").count() >= 3
     shot = screenshot(page, "whatif")
     assert shot.stat().st_size > 20_000
+    # the chart toolbar is trimmed (app/charts.CHART_CONFIG): a few Tab stops per chart, not eight
+    chart = page.locator(".js-plotly-plot").first
+    chart.hover()
+    titles = [b.get_attribute("data-title") for b in chart.locator(".modebar-btn").all()]
+    assert "Download plot as a PNG" in titles and "Lasso Select" not in titles and len(titles) <= 5, titles
 
 
 def test_whatif_step_and_toy_tab(page, app_url):
