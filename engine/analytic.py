@@ -470,7 +470,7 @@ def try_it_exercises(sim_mean: float | None = None, sim_rounds: int = 0) -> list
         sim_txt = (f"Your {sim_rounds} simulated round{'s' if sim_rounds != 1 else ''} gave "
                    f"{sim_mean:.2f} tokens per pass (difference {sim_mean - e:+.2f}).")
     ex1 = Exercise(
-        "1. At the defaults (α = 80 %, γ = 4, c = 5 %), how many tokens does each target pass "
+        "1. At the defaults (α = 0.80, γ = 4, c = 0.05), how many tokens does each target pass "
         "produce, and how does that compare with the expected value?",
         f"Each pass emits between 1 and 5 tokens; on average E = {e:.2f}, a {s:.2f}× speedup. "
         + sim_txt, {"expected": e, "speedup": s, "sim_mean": sim_mean})
@@ -483,9 +483,9 @@ def try_it_exercises(sim_mean: float | None = None, sim_rounds: int = 0) -> list
     gain = 0.6 ** (g6 + 1) / e6
     cost = 0.05 / (g6 * 0.05 + 1.0)
     ex2 = Exercise(
-        "2. Lower the acceptance rate to 60 %. What happens to the best draft length, and why do "
+        "2. Lower the acceptance rate α to 0.60. What happens to the best draft length, and why do "
         "long drafts stop paying?",
-        f"The best γ drops from {g8} (at 80 %, {s8:.2f}×) to {g6} ({s6:.2f}×, {e6:.2f} tokens per "
+        f"The best γ drops from {g8} (at α = 0.80, {s8:.2f}×) to {g6} ({s6:.2f}×, {e6:.2f} tokens per "
         f"pass). Draft token k counts only if it and every token before it are accepted (probability "
         f"α^k), but its cost c is paid every round: a draft token number {g6 + 1} would add "
         f"0.6^{g6 + 1} = {0.6 ** (g6 + 1):.3f} tokens per round (+{gain:.1%}) for +{cost:.1%} cost.",
@@ -495,7 +495,7 @@ def try_it_exercises(sim_mean: float | None = None, sim_rounds: int = 0) -> list
     be = break_even_alpha(0.3)
     g_at, _ = best_gamma(be if be is not None else 0.0, 0.3)
     ex3 = Exercise(
-        "3. Raise the draft cost to 30 %. At what acceptance rate does speculative decoding stop "
+        "3. Raise the draft cost c to 0.30. At what acceptance rate does speculative decoding stop "
         "being worth it at all?",
         (f"Below α ≈ {be:.2f} even the best draft length (γ = {g_at} there) is slower than plain "
          f"decoding: the extra tokens no longer pay for the draft steps."

@@ -193,7 +193,10 @@ def run_generate(args: argparse.Namespace) -> int:
             print(f"draft cost c = {s.draft_cost_ratio:.3f} of a target pass")
     print(f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'} in {s.rounds} round{'' if s.rounds == 1 else 's'}, "
           f"{s.total_ms:.0f} ms "
-          f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)")
+          f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)"
+          + {"eos": "; ended at the end-of-sequence token (the last token shown; JSON's text leaves it out)",
+             "max_new_tokens": f"; stopped at --max-new-tokens {args.max_new_tokens}"}.get(
+              res.rounds[-1].stop_reason if res.rounds else None, ""))
     if cmp is not None:
         if cmp.identical:
             same = "identical"
@@ -203,9 +206,15 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             same = "different (sampling: other random draws, the same distribution)"
         sp = "—" if cmp.speedup is None else f"{cmp.speedup:.2f}×"
-        print(f"baseline: {cmp.base_tokens_per_s:.1f} tokens/s against {cmp.spec_tokens_per_s:.1f}; speedup {sp} "
-              f"(medians of {ab.reps} alternating runs each, ms per token: speculative "
-              + ", ".join(f"{x:.1f}" for x in ab.spec_ms_per_token) + "; plain "
-              + ", ".join(f"{x:.1f}" for x in ab.base_ms_per_token) + ")")
+        print(f"speculative {cmp.spec_tokens_per_s:.1f} tokens/s, plain decoding (baseline) "
+              f"{cmp.base_tokens_per_s:.1f} tokens/s: speedup {sp} (medians of {ab.reps} alternating runs "
+              "each; ms per token, speculative: " + ", ".join(f"{x:.1f}" for x in ab.spec_ms_per_token)
+              + "; plain: " + ", ".join(f"{x:.1f}" for x in ab.base_ms_per_token) + ")")
+        if ab.spec_stats.drafted == 0:
+            print("note: the draft proposed nothing, so both runs decoded plainly and the speedup is only "
+                  "machine noise")
+        elif ab.noisy:
+            print(f"note: the runs of one kind differed by up to {ab.spread:.1f}× (the machine was busy), so "
+                  "the speedup is unsure; run again with nothing else running")
         print(f"outputs {same}")
     return 0

@@ -317,6 +317,13 @@ class SpeedupAB:
     def reps(self) -> int:
         return min(len(self.spec_ms_per_token), len(self.base_ms_per_token))
 
+    SPREAD_WARN = 1.5  # runs of one kind further apart than this (slowest ÷ fastest): the machine was busy
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the runs of one kind differed by more than ``SPREAD_WARN`` (the speedup is unsure)."""
+        return self.spread > self.SPREAD_WARN
+
     @property
     def spread(self) -> float:
         """The larger, over the two kinds, of slowest ÷ fastest run (ms per token): 1 on a quiet machine;

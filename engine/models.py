@@ -288,7 +288,9 @@ def _from_pretrained(cls, source: str, **kwargs):
         try:
             return cls.from_pretrained(source, local_files_only=local_only, **kwargs)
         except Exception as e:  # noqa: BLE001 - summarized below
-            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            # the whole message on one line (its first line alone can end in "from one of: ")
+            msg = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            errors.append(f"{type(e).__name__}: {msg[:300] + '…' if len(msg) > 300 else msg}")
     if is_dir:
         raise ModelLoadError(
             f"The folder {source!r} holds no loadable model or tokenizer (it needs config.json, weights "

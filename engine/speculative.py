@@ -67,11 +67,13 @@ class _TokenText:
         return self.top_rows(probs[None], n)[0]
 
     def top_rows(self, probs: torch.Tensor, n: int = 5) -> list[list[TopToken]]:
-        """``top`` of each row of [R, V] ``probs``, in one topk call."""
+        """``top`` of each row of [R, V] ``probs``, in one topk call. Tokens of probability 0 are left out (a
+        top-k = 2 distribution or a residual with two tokens lists two, not three more at 0)."""
         if probs.shape[0] == 0:
             return []
         vals, idx = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)
-        return [[TopToken(i, self(i), v) for v, i in zip(vr, ir)] for vr, ir in zip(vals.tolist(), idx.tolist())]
+        return [[TopToken(i, self(i), v) for v, i in zip(vr, ir) if v > 0]
+                for vr, ir in zip(vals.tolist(), idx.tolist())]
 
 
 @dataclass

@@ -125,10 +125,12 @@ class RunStats:
             is accepted independently with probability α). None if nothing was judged.
         accepted_fraction: accepted ÷ drafted, the share of all draft tokens kept (what some engines
             call "draft acceptance rate"; lower than α because tokens after a rejection count too).
-        tokens_per_target_pass: new tokens ÷ rounds (bonus and corrections included). Each round is one
-            target pass; a first round without a pass of its own (its p came from the prompt's prefill,
-            as plain decoding's first token does) counts the prefill as its pass, so plain decoding gives
-            exactly 1 and the figure compares with E, which counts tokens per round.
+        target_passes: target forward passes of the run: one per round that fed tokens, plus the prompt's
+            prefill when it ran as a pass of its own (plain decoding, the draft head, a decoder prefilled
+            early) rather than fused into the first verify pass.
+        tokens_per_target_pass: new tokens ÷ target_passes (bonus and corrections included). Plain
+            decoding gives exactly 1 (its prefill pass yields the first token), and the figure compares
+            with E, which counts tokens per round.
         acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
             evaluated, i.e. P(accept at i | all before accepted).
         draft_ms_per_token: draft time of all rounds ÷ draft tokens (ms per token; rounds that proposed
@@ -136,7 +138,10 @@ class RunStats:
             drafted too: that round also runs the draft over the prompt (its prefill).
         verify_ms_mean: mean time of a target verify pass (ms), over rounds that ran one (a pass that
             also prefilled the prompt is not counted).
-        draft_cost_ratio: c = draft_ms_per_token ÷ target pass time (the ``c`` of the analytic model).
+        verify_ms_median: median of the same passes (ms): one slow pass on a busy machine moves the mean
+            far (500 ms against a 41 ms median was seen) and the median hardly.
+        draft_cost_ratio: c = draft_ms_per_token ÷ verify_ms_median (the ``c`` of the analytic model:
+            one draft step's time over one target pass's).
         verify_ms_by_tokens: median target-pass time (ms) by number of tokens fed in that pass.
         prefill_ms: time of the target pass that processed the prompt (ms); when the prefill was fused
             into the first verify pass, that pass's time (it includes the first round's draft tokens).
@@ -151,10 +156,12 @@ class RunStats:
     judged: int
     acceptance_rate: float | None
     accepted_fraction: float | None
+    target_passes: int
     tokens_per_target_pass: float | None
     acceptance_by_position: list[float]
     draft_ms_per_token: float | None
     verify_ms_mean: float | None
+    verify_ms_median: float | None
     draft_cost_ratio: float | None
     verify_ms_by_tokens: dict[int, float]
     prefill_ms: float
@@ -187,6 +194,10 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
     passes = [r for r in rounds if r.tokens_verified > 0 and not r.prefill_tokens]
     verify = [r.verify_ms for r in passes]
     verify_mean = statistics.fmean(verify) if verify else None
+    verify_median = statistics.median(verify) if verify else None
+    # the prompt's prefill is a pass of its own unless a round fused it into its verify pass
+    n_passes = sum(1 for r in rounds if r.tokens_verified > 0) + (
+        0 if not rounds or any(r.prefill_tokens for r in rounds) else 1)
     # the first round that drafts also runs the draft over the whole prompt (the draft model's or early
     # exit's prefill, the head's pass over the prompt's features): like the target's prefill, it is not a
     # draft step, so c leaves that round out when later rounds drafted too
@@ -206,11 +217,13 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
         judged=judged,
         acceptance_rate=accepted / judged if judged else None,
         accepted_fraction=accepted / drafted if drafted else None,
-        tokens_per_target_pass=new_tokens / len(rounds) if rounds else None,
+        target_passes=n_passes,
+        tokens_per_target_pass=new_tokens / n_passes if n_passes else None,
         acceptance_by_position=by_pos,
         draft_ms_per_token=draft_per_tok,
         verify_ms_mean=verify_mean,
-        draft_cost_ratio=(draft_per_tok / verify_mean) if (draft_per_tok is not None and verify_mean) else None,
+        verify_ms_median=verify_median,
+        draft_cost_ratio=(draft_per_tok / verify_median) if (draft_per_tok is not None and verify_median) else None,
         verify_ms_by_tokens={n: statistics.median(v) for n, v in sorted(by_tokens.items())},
         prefill_ms=prefill_ms,
         total_ms=total_ms,

@@ -48,7 +48,6 @@ ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.live_view):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
-SPREAD_WARN = 1.5  # runs of one kind further apart than this (slowest ÷ fastest): say the machine was busy
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
 
@@ -408,8 +407,10 @@ else:
     m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
                 delta=None if e_rounds is None else f"formula at α̂: {e_rounds:.2f}",
                 delta_color="off", delta_arrow="off",
-                help="New tokens ÷ rounds: each round is one target pass (the first round's token can come "
-                     "from the prompt's prefill pass, as in plain decoding, which scores exactly 1.00). "
+                help=f"New tokens ÷ target passes ({stats.new_tokens} ÷ {stats.target_passes}): one pass per "
+                     "round, plus the prompt's prefill when it ran as a pass of its own (the draft head reads "
+                     "the prompt's features first; plain decoding's prefill gives its first token, so it "
+                     "scores exactly 1.00). "
                      "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each "
                      "round's own "
                      "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "
@@ -418,7 +419,7 @@ else:
                                                    f"{e_alpha:.2f}."))
     m[2].metric("Measured c",
                 "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
-                help="Draft step ÷ target pass: draft time per draft token ÷ mean target verify pass. The "
+                help="Draft step ÷ target pass: draft time per draft token ÷ median target verify pass. The "
                      "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
                      "drawn round by round; many small draft operations slow down more than one big target "
                      "pass while the browser redraws on the same CPU, so c can read high. After Run "
@@ -458,7 +459,7 @@ else:
     m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
                  help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
                       "after Run baseline the timed run at the median (its tokens/s is the one shown).")
-    if ab is not None and ab.spread > SPREAD_WARN:
+    if ab is not None and ab.noisy:
         st.warning(f"The timed runs of one kind differed by up to {ab.spread:.1f}× (ms per token, in the "
                    "speedup's help): the machine was busy, so the speedup is unsure. Run the baseline again "
                    "with nothing else running.")

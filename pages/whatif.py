@@ -88,7 +88,7 @@ def _toy(n: int, gamma: int, target_peak: float, draft_peak: float, context: str
 
 
 def _fmt_alpha(a: float | None) -> str:
-    return "never pays" if a is None else f"{a:.1%}"
+    return "never pays" if a is None else f"{a:.3f}"  # a fraction, as the α slider shows it
 
 
 # the γ chart's reference curves (engine.analytic.CHART_ALPHAS), light to dark, and the user's α
@@ -252,11 +252,11 @@ def _section_simulator() -> None:
 
     st.subheader("Try it")
     e1, e2, e3 = st.columns(3)
-    e1.button("Exercise 1: defaults (80 %, γ 4, 5 %)", key="wi_btn_ex1", on_click=_set,
+    e1.button("Exercise 1: defaults (α 0.80, γ 4, c 0.05)", key="wi_btn_ex1", on_click=_set,
               kwargs={"alpha": 0.8, "gamma": 4, "cost": 0.05, "steps": 0})
-    e2.button("Exercise 2: α = 60 %", key="wi_btn_ex2", on_click=_set,
+    e2.button("Exercise 2: α = 0.60", key="wi_btn_ex2", on_click=_set,
               kwargs={"alpha": 0.6, "cost": 0.05, "steps": 0})
-    e3.button("Exercise 3: c = 30 %", key="wi_btn_ex3", on_click=_set, kwargs={"cost": 0.3, "steps": 0})
+    e3.button("Exercise 3: c = 0.30", key="wi_btn_ex3", on_click=_set, kwargs={"cost": 0.3, "steps": 0})
     at_defaults = abs(alpha - 0.8) < 1e-9 and gamma == 4
     for ex in try_it_exercises(sim.mean if at_defaults else None, sim.n if at_defaults else 0):
         with st.expander(ex.question, expanded=True):

@@ -1,6 +1,7 @@
 """The command line on a tiny model: JSON output, marked text, clear errors."""
 
 import json
+import re
 import statistics
 
 import pytest
@@ -183,3 +184,36 @@ def test_baseline_difference_is_explained_by_mode(tiny_dir, capsys, monkeypatch)
     assert "different from token 3 on (greedy, so arithmetic" in line and "sampling" not in line
     assert main(base + ["--temperature", "1.0"]) == 0
     assert "different (sampling" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_baseline_line_names_each_rate_and_flags_noise(tiny_dir, capsys, monkeypatch):
+    """A user's report: "baseline: 6.6 tokens/s against 2.9; speedup 0.43×" did not say which rate was
+    which, and gave a speedup for a run that drafted nothing, with runs 8× apart."""
+    import dataclasses
+
+    import engine.live_view as live_view
+
+    base = ["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--gamma", "2",
+            "--max-new-tokens", "8", "--baseline", "--no-chat", "--color", "never"]
+    assert main(base + ["--draft", "ngram"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"speculative [\d.]+ tokens/s, plain decoding \(baseline\) [\d.]+ tokens/s: speedup", out)
+    real = live_view.measure_speedup_ab
+
+    def patched(**changes):
+        def fake(*a, **k):
+            ab = real(*a, **k)
+            return dataclasses.replace(ab, **{key: f(ab) for key, f in changes.items()})
+        return fake
+
+    # runs of one kind 8× apart: the machine was busy
+    monkeypatch.setattr(live_view, "measure_speedup_ab", patched(
+        spec_ms_per_token=lambda ab: [100.0, 800.0, 110.0],
+        spec_stats=lambda ab: dataclasses.replace(ab.spec_stats, drafted=3)))
+    assert main(base + ["--draft", "ngram"]) == 0
+    assert "differed by up to 8.0× (the machine was busy)" in capsys.readouterr().out
+    # a draft that proposed nothing: both runs were plain decoding
+    monkeypatch.setattr(live_view, "measure_speedup_ab", patched(
+        spec_stats=lambda ab: dataclasses.replace(ab.spec_stats, drafted=0)))
+    assert main(base + ["--draft", "ngram"]) == 0
+    assert "the draft proposed nothing, so both runs decoded plainly" in capsys.readouterr().out

@@ -244,17 +244,43 @@ def test_draft_cost_leaves_out_the_drafts_prefill_round():
                      emitted_ids=[1] * (n_drafted + 1), draft_ms=draft_ms, verify_ms=10.0,
                      tokens_verified=n_drafted + 1)
     s = run_stats([rnd(0, 2, 50.0), rnd(1, 2, 2.0), rnd(2, 0, 0.5)], prefill_ms=0.0, total_ms=100.0)
-    # (2 ms + 0.5 ms) / 2 draft tokens = 1.25 ms per token; ÷ mean verify 10 ms = 0.125
+    # (2 ms + 0.5 ms) / 2 draft tokens = 1.25 ms per token; ÷ median verify 10 ms = 0.125
     assert s.draft_ms_per_token == pytest.approx(1.25)
     assert s.draft_cost_ratio == pytest.approx(0.125)
     only = run_stats([rnd(0, 2, 50.0), rnd(1, 0, 1.0)], prefill_ms=0.0, total_ms=100.0)
     assert only.draft_ms_per_token == pytest.approx(25.5)  # (50 + 1) / 2: nothing else to go by
 
 
+def test_draft_cost_uses_the_median_pass_and_passes_count_a_separate_prefill():
+    """A user's report: a busy machine's few slow passes (900-3,200 ms among ~40 ms ones) moved c with the
+    mean pass time; and the draft head's run, whose prompt prefill is a pass of its own, reported
+    tokens per pass over its rounds only."""
+    def rnd(i, verify_ms, prefill_tokens=0, tokens_verified=2):
+        return Round(index=i, context_len=5, drafted=[_pos(1, "a", "accepted")], n_accepted=1,
+                     next_token_id=1, next_text="a", next_kind="bonus", next_top_p=[], residual_top=None,
+                     emitted_ids=[1, 1], draft_ms=4.0, verify_ms=verify_ms, tokens_verified=tokens_verified,
+                     prefill_tokens=prefill_tokens)
+    rounds = [rnd(0, 40.0), rnd(1, 40.0), rnd(2, 3200.0), rnd(3, 40.0), rnd(4, 41.0)]
+    s = run_stats(rounds, prefill_ms=50.0, total_ms=1000.0)
+    assert s.verify_ms_median == 40.0 and s.verify_ms_mean == pytest.approx(672.2)
+    assert s.draft_cost_ratio == pytest.approx(4.0 / 40.0)  # 4 ms per draft token ÷ the median pass
+    # prefill as a pass of its own (no round fused it): 5 rounds + 1 prefill = 6 passes for 10 tokens
+    assert s.target_passes == 6 and s.tokens_per_target_pass == pytest.approx(10 / 6)
+    # fused into round 0's verify pass: 5 passes
+    fused = run_stats([rnd(0, 90.0, prefill_tokens=30)] + rounds[1:], prefill_ms=90.0, total_ms=1000.0)
+    assert fused.target_passes == 5 and fused.tokens_per_target_pass == 2.0
+    # plain decoding: the first round had no pass (the prefill gave its token): still one pass per token
+    plain = [Round(index=i, context_len=5, drafted=[], n_accepted=0, next_token_id=1, next_text="a",
+                   next_kind="plain", next_top_p=[], residual_top=None, emitted_ids=[1], draft_ms=0.0,
+                   verify_ms=10.0, tokens_verified=int(i > 0)) for i in range(4)]
+    ps = run_stats(plain, prefill_ms=10.0, total_ms=100.0)
+    assert ps.target_passes == 4 and ps.tokens_per_target_pass == 1.0
+
+
 def test_measured_run_record():
     s = _stats(4, 100.0)
     rec = measured_run(s, gamma=4, measured_speedup=1.5)
-    # α̂ = 3 accepted ÷ 4 judged = 0.75; c = (4 × 1 ms / 4 drafted) ÷ mean verify 10 ms = 0.1
+    # α̂ = 3 accepted ÷ 4 judged = 0.75; c = (4 × 1 ms / 4 drafted) ÷ median verify 10 ms = 0.1
     assert rec.acceptance_rate == pytest.approx(0.75)
     assert rec.draft_cost_ratio == pytest.approx(0.1)
     assert rec.verify_ms_by_tokens == {1: 10.0}

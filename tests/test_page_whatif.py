@@ -48,7 +48,7 @@ def test_defaults_show_the_seed_values():
     assert m["Tokens per target pass E"] == "3.36"          # (1 − 0.8^5)/0.2 = 3.3616
     assert m["Speedup E / (γc + 1)"] == "2.80×"              # 3.3616 / 1.2
     assert m["Best γ at this α, c"].startswith("8")
-    assert m["Break-even α"] == "5.0%"                       # = c in the simple model
+    assert m["Break-even α"] == "0.050"                      # = c in the simple model, a fraction as α's slider
     assert at.query_params["wi_alpha"] == ["0.8"] or at.query_params["wi_alpha"] == "0.8"
 
 

@@ -158,6 +158,18 @@ def test_seeded_runs_reproducible(tiny):
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
+def test_trace_top_lists_leave_out_zero_probability_tokens(tiny):
+    """A user's report: with top-k the trace's top-5 lists (and the residual's) were padded with tokens of
+    probability 0."""
+    target = tiny["target"]
+    res = generate(target, make_proposer("draft", target, tiny["draft"]), PROMPTS[0], gamma=3,
+                   sampling=SamplingConfig(temperature=1.0, top_k=2), seed=1, max_new_tokens=20, stop_on_eos=False)
+    lists = [r.next_top_p for r in res.rounds] + [r.residual_top for r in res.rounds if r.residual_top]
+    lists += [d.top_p for r in res.rounds for d in r.drafted] + [d.top_q for r in res.rounds for d in r.drafted]
+    assert any(r.residual_top for r in res.rounds)  # the case the report was about ran
+    assert all(1 <= len(tops) <= 2 and all(t.prob > 0 for t in tops) for tops in lists)
+
+
 # ---------------------------------------------------------------- distribution preservation
 
 def exact_joint(table: torch.Tensor, cfg: SamplingConfig, first: int, n: int) -> dict[tuple, float]:
