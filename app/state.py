@@ -106,6 +106,11 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def url_text(value: Any) -> str:
+    """The string ``sync_url`` writes into the URL for ``value`` (bool as 1/0, floats to 15 digits)."""
+    return _fmt(value)
+
+
 def sync_url(keys: Iterable[str]) -> None:
     """Write the current session-state values of ``keys`` into the URL query parameters (and name, once,
     the link values ``url_param`` had to replace)."""
@@ -118,11 +123,14 @@ def sync_url(keys: Iterable[str]) -> None:
             stage_url(k, written[k])
 
 
-def note_replaced(key: str, raw: str, value: Any) -> None:
+def note_replaced(key: str, raw: str, value: Any, why: str = "") -> None:
     """Record that the link's ``key=raw`` could not be used as such and ``value`` is shown instead; the
     next ``sync_url`` (outside a batch) or ``flush_url`` names it in a toast. For link values that
-    ``url_param`` does not read (the tour stop, a widget bound to the URL by Streamlit)."""
-    st.session_state.setdefault(_NOTES, []).append(f"{key}={raw[:40]} → {_fmt(value)}")
+    ``url_param`` does not read (the tour stop, a widget bound to the URL by Streamlit), or that a page
+    overrode after reading them (``why`` says by what). Replaces an earlier note about ``key``."""
+    notes = st.session_state.setdefault(_NOTES, [])
+    notes[:] = [n for n in notes if not n.startswith(f"{key}=")]
+    notes.append(f"{key}={raw[:40]} → {_fmt(value)}" + (f" ({why})" if why else ""))
 
 
 def _toast_notes() -> None:

@@ -229,9 +229,17 @@ def history_rows(rounds: list[Round]) -> list[dict]:
 
 
 def chart_labels(tops: list[TopToken]) -> list[str]:
-    """Category labels for a top-token bar chart: visible text, HTML-escaped for plotly, made unique
-    by appending the id where two tokens look the same."""
-    labels = [visible(t.text) for t in tops]
+    """Category labels for a top-token bar chart: visible text (leading and trailing spaces as ␣, which an
+    axis would trim), HTML-escaped for plotly, made unique by appending the id where two tokens look the
+    same."""
+    def label(text: str) -> str:
+        t = visible(text)
+        # a chart axis trims spaces: "↵", " ↵" and "↵ " (or "the" and " the") would look alike
+        core = t.strip(" ")
+        lead, trail = len(t) - len(t.lstrip(" ")), len(t) - len(t.rstrip(" "))
+        return "␣" * lead + core + "␣" * trail if core else t
+
+    labels = [label(t.text) for t in tops]
     seen: dict[str, int] = {}
     for lab in labels:
         seen[lab] = seen.get(lab, 0) + 1

@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import show_chart, show_table
+from app.charts import log_ticks, show_chart, show_table
 from app.state import sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
@@ -90,7 +90,8 @@ with st.sidebar:
     st.number_input("On-chip memory M per SM (KiB)", 1, 1024, key="sram",
                     help="Combined L1 + shared memory per streaming multiprocessor, from the preset; edit to try "
                          "other sizes.")
-    st.selectbox("Head dimension d", [32, 64, 128, 256], key="td")
+    st.selectbox("Head dimension d (traffic model)", [32, 64, 128, 256], key="td",
+                 help="For the traffic and memory charts; the step-by-step example above has its own d.")
     st.selectbox("Element size", list(DTYPES), format_func=DTYPES.get, key="bpe")
     st.selectbox("Largest N in the charts", N_MAX_CHOICES, key="nmax", format_func=lambda v: f"{v:,}")
     st.number_input("Batch × heads", 1, 4096, key="bh", help="Traffic and memory are per head; this multiplies them.")
@@ -324,7 +325,9 @@ if meas:
         fig.add_scatter(x=[m.n for m in naive], y=[m.ms for m in naive], name="naive", mode="lines+markers")
         fig.add_scatter(x=[m.n for m in fused], y=[m.ms for m in fused], name="fused SDPA", mode="lines+markers")
         _n_axis(fig, sorted({m.n for m in ms}))
-        fig.update_yaxes(type="log", title="time (ms)")
+        times = [m.ms for m in ms if m.ms > 0]
+        # 1-2-5 labels (plotly's own log ticks printed "2, 100, 5, 2, 10, 5 …", the 5 under 1 meaning 0.5)
+        fig.update_yaxes(type="log", title="time (ms)", **log_ticks(min(times) / 2, max(times) * 2))
         fig.update_layout(title="Time per call", height=360, legend=dict(orientation="h", y=-0.25),
                           margin=dict(t=50))
         show_chart(fig, key="mtime")

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
-from app.state import sync_url, url_param
+from app.state import note_replaced, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.analytic import (GAMMA_MAX, HARDWARE_PRESETS, SIM_MAX_ROUNDS, analytic_view,
@@ -78,6 +78,11 @@ def _on_hw() -> None:
 
 
 _on_hw()
+if st.session_state["wi_hw"] in HARDWARE_PRESETS:  # a link's bandwidth or peak is the preset's, whatever it said
+    for _k in ("wi_bw", "wi_peak"):
+        _raw = st.query_params.get(_k)
+        if _raw is not None and _raw != url_text(st.session_state[_k]):
+            note_replaced(_k, _raw, st.session_state[_k], why=f"set by the {st.session_state['wi_hw']} preset")
 
 
 @st.cache_data(show_spinner="Running speculative sampling on the toy models…", max_entries=32)
@@ -116,6 +121,8 @@ alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"],
 
 # Only the open tab's content runs (tabs bound to the URL as ?wi_tab=...), so a rerun builds at most
 # three charts.
+if st.query_params.get("wi_tab", TABS[0]) not in TABS:  # Streamlit opens the first tab: say so
+    note_replaced("wi_tab", st.query_params["wi_tab"], TABS[0])
 tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_tab", bind="query-params")
 
 # ------------------------------------------------------------------ analytic model
@@ -139,12 +146,17 @@ def _section_model() -> None:
     far = [f"{what} γ = {b[0]} ({b[1]:.2f}×)" for what, b in (("simple model", v.beyond_gamma_max),
                                                               ("with verify cost", v.beyond_gamma_max_realistic))
            if b]
-    m3.metric("Best γ at this α, c", f"{ge}{v.best_gamma}  ({v.best_speedup:.2f}×)",
-              delta=f"γ {'≥' if ge_r else '='} {v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) "
-                    "with verify cost",
+    # below 1× even the best draft length loses: the advice is not to speculate
+    m3.metric("Best γ at this α, c", f"{ge}{v.best_gamma}  ({v.best_speedup:.2f}×)" if v.best_speedup >= 1
+              else "none: decode plainly",
+              delta=(f"γ {'≥' if ge_r else '='} {v.best_gamma_realistic} ({v.best_speedup_realistic:.2f}×) "
+                     "with verify cost" if v.best_speedup_realistic >= 1 else
+                     f"none with verify cost (best γ = {v.best_gamma_realistic}: {v.best_speedup_realistic:.2f}×)"),
               delta_color="off", delta_arrow="off",
-              help=None if not far else f"≥ {GAMMA_MAX}: the sliders stop at γ = {GAMMA_MAX}; the best up to "
-                                        f"64 is longer: {'; '.join(far)}.")
+              help=(f"Even the best draft length, γ = {v.best_gamma}, gives {v.best_speedup:.2f}×: slower than "
+                    "plain decoding at this α and c." if v.best_speedup < 1 else
+                    None if not far else f"≥ {GAMMA_MAX}: the sliders stop at γ = {GAMMA_MAX}; the best up to "
+                                         f"64 is longer: {'; '.join(far)}."))
     m4.metric("Break-even α", _fmt_alpha(v.break_even),
               delta=f"{_fmt_alpha(v.break_even_realistic)} with verify cost", delta_color="off", delta_arrow="off",
               help="Below this acceptance rate even the best γ is slower than plain decoding.")
@@ -321,6 +333,8 @@ def _section_toy() -> None:
         "the next one in that cycle, the target more confidently than the draft. Each round drafts γ "
         "tokens from q and verifies them with the engine's own `verify_sampling`. If the rule is right, "
         "the first token of every round follows the target's p exactly.")
+    st.caption("The α, γ and c sliders at the top do not apply here: this tab has its own γ, and the toy's α "
+               "follows from its two distributions (α = Σ min(p, q)).")
     t1, t2, t3 = st.columns(3)
     t1.slider("Target confidence (weight of its favourite word)", PEAK_RANGE[0], 30.0, step=0.5,
               key="wi_toy_target")

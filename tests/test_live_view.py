@@ -151,6 +151,10 @@ def test_generated_pieces_and_markdown():
 def test_chart_labels_escape_and_dedupe():
     labs = chart_labels([TopToken(1, "<a>", 0.5), TopToken(2, " ", 0.3), TopToken(3, " ", 0.2)])
     assert labs == ["&lt;a&gt;", "␣ #2", "␣ #3"]
+    # a user's report: newline tokens with and without a space all read "↵" on the axis
+    labs = chart_labels([TopToken(1, "\n", 0.4), TopToken(2, " \n", 0.3), TopToken(3, "\n ", 0.2),
+                         TopToken(4, "\n\n", 0.05), TopToken(5, " the", 0.03), TopToken(6, "the", 0.02)])
+    assert labs == ["↵", "␣↵", "↵␣", "↵↵", "␣the", "the"]
 
 
 def _stats(new_tokens, total_ms, judged_acc=(3, 4)):

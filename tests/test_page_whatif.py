@@ -239,3 +239,27 @@ def test_gamma_chart_colours_do_not_move_with_alpha():
     for name in ("α = 0.50", "α = 0.60", "α = 0.90", "yours, with verify cost"):
         assert low[name] == high[name], name
     assert low["α = 0.55 (yours)"] == high["α = 0.85 (yours)"]
+
+
+def test_link_bandwidth_under_a_preset_is_named_as_the_presets():
+    # a user's report: ?wi_bw=-5 was named "wi_bw=-5 → 1" while the page used the H100 preset's 3350
+    at = _app(wi_bw="-5")
+    msg = " ".join(t.value for t in at.toast)
+    assert "wi_bw=-5 → 3350 (set by the H100 SXM preset)" in msg and "→ 1" not in msg
+    assert at.session_state["wi_bw"] == 3350.0
+    at = _app(wi_hw="Custom", wi_bw="-5")  # custom hardware: the link's value is used, clamped
+    assert "wi_bw=-5 → 1" in " ".join(t.value for t in at.toast)
+
+
+def test_best_gamma_says_none_when_speculation_never_pays():
+    # a user's report: α = 0, c = 1 showed "Best γ: 1 (0.50×)", advice to run 2× slower
+    at = _app(wi_alpha="0", wi_gamma="1", wi_cost="1")
+    m = _metrics(at)
+    assert m["Best γ at this α, c"] == "none: decode plainly"
+    assert m["Break-even α"] == "never pays"
+    assert _metrics(_app())["Best γ at this α, c"] == "8  (3.09×)"  # the defaults are unchanged
+
+
+def test_unknown_tab_in_a_link_is_named():
+    at = _app(wi_tab="Nope")
+    assert "wi_tab=Nope → Analytic model" in " ".join(t.value for t in at.toast)
