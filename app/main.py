@@ -34,5 +34,6 @@ begin_url_batch()   # the run's URL writes become one update (one browser-histor
 try:
     tour_banner(nav.url_path)
     nav.run()
-finally:  # also after st.stop() / st.rerun()
+finally:  # also after st.rerun(); pages stop through app.state.stop_page, which writes the URL first (nothing
+    # sent after st.stop() reaches the browser)
     flush_url()

@@ -27,7 +27,7 @@ Three more rules make the URL behave like a page's address:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 import streamlit as st
 
@@ -182,6 +182,15 @@ def discard_url_batch() -> None:
     if st.session_state.get(_PENDING) is not None:
         st.session_state[_PENDING] = {}
         st.session_state[_SWITCHING] = True
+
+
+def stop_page() -> NoReturn:
+    """``st.stop()`` that first writes the run's URL changes and names replaced link values. After
+    ``st.stop()`` Streamlit drops every message the script still sends, so a page that stopped on an error
+    (a draft model not typed yet, 65 query heads over 8 KV heads) left its link at the previous state and
+    its toast unsaid."""
+    flush_url()
+    st.stop()
 
 
 def flush_url() -> None:

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.charts import log_ticks, show_chart, show_table
-from app.state import sync_url, url_param
+from app.state import stop_page, sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.errors import SpeedupLabError
@@ -105,7 +105,7 @@ try:
                   curve_d=ss["td"], curve_n_max=ss["nmax"], bytes_per_element=ss["bpe"], batch_heads=ss["bh"])
 except SpeedupLabError as e:
     st.error(str(e))
-    st.stop()
+    stop_page()
 
 tr = rep.trace
 n_steps = len(tr.steps)

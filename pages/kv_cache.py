@@ -14,7 +14,7 @@ from streamlit.errors import StreamlitPageNotFoundError
 
 from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
 from app.registry import PAGES_DIR, available_pages
-from app.state import sync_url, url_param
+from app.state import stop_page, sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.errors import SpeedupLabError
@@ -206,7 +206,7 @@ try:
                     ss["usable"], [measured] if measured is not None else None)
 except SpeedupLabError as e:
     st.error(str(e))
-    st.stop()
+    stop_page()
 
 # ---------------------------------------------------------------------------------------------- size
 m = rep.model

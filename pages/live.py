@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.resources import get_model
-from app.state import stage_url, sync_url, url_param
+from app.state import stage_url, stop_page, sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
@@ -223,7 +223,7 @@ def _request_rebuild() -> None:
 if target is not None and S.get("lv_cfg") != config:
     _rebuild()
 if target is None:
-    st.stop()
+    stop_page()
 
 # ------------------------------------------------------------------------------------------ buttons
 dec: SpeculativeDecoder | None = S.get("lv_dec")
@@ -254,7 +254,7 @@ run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
 
 if S.get("lv_error"):
     st.error(S["lv_error"])
-    st.stop()
+    stop_page()
 
 progress = st.empty()
 round_box = st.container(border=True)
@@ -314,7 +314,7 @@ def _safe_step(d: SpeculativeDecoder):
         return d.step()
     except SpeedupLabError as e:
         st.error(str(e))
-        st.stop()
+        stop_page()
 
 
 frame_s, round_pause = SPEEDS[S["lv_speed"]]

@@ -10,7 +10,7 @@ from plotly.colors import qualitative
 from app.charts import show_chart, show_table
 from app.resources import get_model, get_tokenizer
 from app.teaching import check_yourself, safe_questions
-from app.state import stage_url, sync_url, url_param
+from app.state import stage_url, stop_page, sync_url, url_param
 from app.tour import intro
 from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
@@ -108,7 +108,7 @@ try:
                                  concurrency=int(st.session_state["pc_conc"]), ms_per_token=ms_per_token)
 except SpeedupLabError as e:
     st.error(str(e))
-    st.stop()
+    stop_page()
 
 # ------------------------------------------------------------------------------------------ stepping
 n_req = len(sim.requests)
@@ -277,7 +277,7 @@ st.markdown(
     "shared whole blocks. Then both decode a few tokens, to show decode time per token is unchanged.")
 if n_req < 2:
     st.info("Add a second request to measure reuse between two requests.")
-    st.stop()
+    stop_page()
 url_param("pc_a", 1, int, lo=1, hi=n_req)
 url_param("pc_b", 2, int, lo=1, hi=n_req)
 for k in ("pc_a", "pc_b"):

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
-from app.state import note_replaced, sync_url, url_param, url_text
+from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.analytic import (GAMMA_MAX, HARDWARE_PRESETS, SIM_MAX_ROUNDS, analytic_view,
@@ -137,7 +137,7 @@ def _section_model() -> None:
         v = analytic_view(alpha, gamma, cost, st.session_state["wi_slope"])
     except SpeedupLabError as e:
         st.error(str(e))
-        st.stop()
+        stop_page()
     m1, m2, m3, m4 = st.columns(4)
     m1.metric("Tokens per target pass E", f"{v.tokens_per_pass:.2f}", help="(1 − α^(γ+1)) / (1 − α)")
     m2.metric("Speedup E / (γc + 1)", f"{v.speedup:.2f}×",
@@ -232,7 +232,7 @@ def _section_simulator() -> None:
         sim = simulate_rounds(alpha, gamma, st.session_state["wi_steps"], st.session_state["wi_seed"])
     except SpeedupLabError as e:
         st.error(str(e))
-        st.stop()
+        stop_page()
     if sim.n == 0:
         st.info(f"No rounds yet. Press **Step**. Expected: {sim.expected:.2f} tokens per target pass.")
     else:

@@ -1,6 +1,10 @@
 """URL query parameters: garbage falls back to the default, numbers are clamped."""
 
+from pathlib import Path
+
 from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _app():
@@ -153,3 +157,16 @@ def test_a_yes_no_value_that_is_neither_is_replaced_and_named():
         at.run()
         assert at.markdown[0].value == shown
         assert bool(at.toast) == (raw == "maybe")  # only the unreadable one is named
+
+
+def test_a_page_that_stops_on_an_error_still_writes_its_link():
+    """A user's report: after 65 query heads over 8 KV heads (an error, then st.stop) the link still said
+    64, and choosing "Any draft model" (an error until one is typed) left lv_draft=head in the link:
+    Streamlit drops what a script sends after st.stop(), so pages stop through stop_page."""
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=200)
+    at.run()
+    at.switch_page("../pages/kv_cache.py").run()
+    at.selectbox(key="preset").set_value("Llama-3.1-70B").run()
+    at.slider(key="heads").set_value(65).run()
+    assert at.error and "65" in at.error[0].value
+    assert at.query_params["heads"] in ("65", ["65"])
