@@ -85,6 +85,9 @@ if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's c
     st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
                                      if st.session_state["lv_preset"] != CUSTOM
                                      else str(st.query_params.get("lv_prompt", ""))[:PROMPT_URL_MAX])
+    # a link made with a prompt too long to travel in it names the custom preset but carries no prompt
+    st.session_state["lv_link_without_prompt"] = (st.session_state["lv_preset"] == CUSTOM
+                                                  and not st.query_params.get("lv_prompt"))
 
 
 def _on_preset() -> None:
@@ -167,7 +170,7 @@ if _custom and len(st.session_state["lv_prompt"]) <= PROMPT_URL_MAX:
 elif "lv_prompt" in st.query_params:
     stage_url("lv_prompt", None)
 if _custom and len(st.session_state["lv_prompt"]) > PROMPT_URL_MAX:
-    st.sidebar.caption(f"This prompt is over {PROMPT_URL_MAX} characters, too long for the page's link: "
+    st.sidebar.warning(f"This prompt is over {PROMPT_URL_MAX} characters, too long for the page's link: "
                        "a shared link opens without it.")
 
 S = st.session_state
@@ -204,6 +207,10 @@ def _decoder(cfg, baseline: bool = False, max_new: int | None = None) -> Specula
                               max_new_tokens=max_new or cfg[10])
 
 
+def _n_rounds(n: int) -> str:
+    return f"{n} round" + ("" if n == 1 else "s")
+
+
 def _rebuild() -> None:
     S["lv_dec"], S["lv_base"], S["lv_error"] = None, None, None
     S["lv_cfg"] = config
@@ -220,7 +227,15 @@ def _request_rebuild() -> None:
     S["lv_cfg"] = None
 
 
+CONFIG_NAMES = ("target", "prompt", "draft", "early-exit k", "draft model", "γ", "temperature", "top-k", "top-p",
+                "seed", "max new tokens", "confidence gate")
 if target is not None and S.get("lv_cfg") != config:
+    old_cfg, old_dec = S.get("lv_cfg"), S.get("lv_dec")
+    if old_cfg is not None and old_dec is not None and old_dec.rounds:  # not Reset: a setting moved mid-run
+        changed = ", ".join(n for n, a, b in zip(CONFIG_NAMES, old_cfg, config) if a != b)
+        changed = changed[:1].upper() + changed[1:] if changed[:1].isascii() else changed  # "γ" stays γ
+        st.toast(f"{changed} changed: the run starts again from the prompt (its "
+                 f"{_n_rounds(len(old_dec.rounds))} so far are discarded).", icon="🔄")
     _rebuild()
 if target is None:
     stop_page()
@@ -242,8 +257,8 @@ step = b1.button("Step one round", key="lv_step", type="primary", disabled=not r
                  shortcut="N", help="Keyboard: N (next round)")
 run_all = b2.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
                     help="Keyboard: G (go)")
-b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round. Keyboard: Esc",
-          shortcut="Esc")
+stopped = b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round. "
+                    "Keyboard: Esc", shortcut="Esc")
 b4.button("Reset", key="lv_reset", on_click=_request_rebuild,
           help="Start the run again from the prompt (same settings and seed).")
 run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
@@ -254,6 +269,9 @@ run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
 
 if S.get("lv_error"):
     st.error(S["lv_error"])
+    if S.get("lv_link_without_prompt") and not S["lv_prompt"].strip():
+        st.info(f"This link chose a custom prompt but carries none: a prompt over {PROMPT_URL_MAX} characters "
+                "does not fit in a link. Paste the prompt into the sidebar, or pick a preset.")
     stop_page()
 
 progress = st.empty()
@@ -303,10 +321,6 @@ def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
         round_md.markdown(frames[-1])
     else:
         round_md.markdown(round_frames(rnd)[-1])
-
-
-def _n_rounds(n: int) -> str:
-    return f"{n} round" + ("" if n == 1 else "s")
 
 
 def _safe_step(d: SpeculativeDecoder):
@@ -377,6 +391,9 @@ _draw_text(dec)
 
 if dec.finished:
     status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {_n_rounds(len(dec.rounds))}.")
+elif dec.rounds and stopped:
+    status.warning(f"Stopped after {_n_rounds(len(dec.rounds))}: {len(dec.new_ids)} of at most "
+                   f"{dec.max_new_tokens} tokens. **Step one round** or **Run to the end** goes on from here.")
 elif dec.rounds:
     status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {_n_rounds(len(dec.rounds))}.")
 
@@ -426,13 +443,17 @@ else:
                      "baseline: from the timed speculative run at the median, with nothing drawn. The What-if "
                      "page's c is per one-token target step, which is shorter than a verify pass of γ + 1 tokens, "
                      "so that c is larger: its 'My measured numbers' tab converts this run's timings.")
+    def _rate(x: float | None) -> str:
+        # 3 significant digits: "1.0 vs 0.7 tokens/s" beside a 1.55× speedup looked inconsistent
+        return "—" if x is None else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
     spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
-    m[3].metric("Speculative tokens/s", "—" if spec_tps is None else f"{spec_tps:.1f}",
+    m[3].metric("Speculative tokens/s", _rate(spec_tps),
                 help="After Run baseline: the median of the timed speculative runs. Before: this run, "
                      "drawn round by round.")
     m2 = st.columns(4)
     m2[0].metric("Baseline tokens/s",
-                 "—" if cmp is None or cmp.base_tokens_per_s is None else f"{cmp.base_tokens_per_s:.1f}",
+                 _rate(None if cmp is None else cmp.base_tokens_per_s),
                  help="Press Run baseline: plain decoding of the same prompt, settings and seed; the median "
                       f"of {AB_REPS} timed runs.")
     m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",

@@ -84,7 +84,8 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert _metric(at, "Greedy outputs identical?") == "yes"
     expected = statistics.median(ab.base_ms_per_token) / statistics.median(ab.spec_ms_per_token)
     assert _metric(at, "Measured speedup") == f"{expected:.2f}×"
-    assert _metric(at, "Speculative tokens/s") == f"{1000 / statistics.median(ab.spec_ms_per_token):.1f}"
+    tps = 1000 / statistics.median(ab.spec_ms_per_token)
+    assert _metric(at, "Speculative tokens/s") == (f"{tps:.2f}" if tps < 10 else f"{tps:.1f}")
     s, t = dec.stats(), ab.spec_stats
     assert (t.rounds, t.accepted, t.drafted) == (s.rounds, s.accepted, s.drafted)
     # tokens per pass is compared with Eq. 1 at each round's own draft length (not at γ every round)
@@ -286,3 +287,22 @@ def test_typing_another_target_switches_the_head_draft(tiny):
     assert at.session_state["lv_draft"] == "ngram" and at.session_state["lv_gamma"] == 4
     assert any("Draft switched to" in i.value for i in at.info)
     assert not at.error
+
+
+def test_a_setting_moved_mid_run_says_the_run_restarts(tiny):
+    """A user's report: nudging γ after two rounds silently wiped the run (a presenter's demo)."""
+    at = _click(_click(_app(tiny, lv_gamma=2), "lv_step"), "lv_step")
+    assert len(at.session_state["lv_dec"].rounds) == 2
+    at.slider(key="lv_gamma").set_value(3).run()
+    assert not at.session_state["lv_dec"].rounds
+    assert "γ changed: the run starts again from the prompt (its 2 rounds so far are discarded)." in \
+        " ".join(t.value for t in at.toast)
+    _click(at, "lv_reset")  # Reset restarts on purpose: nothing to say
+    assert not at.toast
+
+
+def test_custom_prompt_link_without_its_prompt_explains_why(tiny):
+    # a prompt over PROMPT_URL_MAX characters stays out of the link; opening that link said only "empty"
+    at = _app(tiny, prompt=None, lv_preset=CUSTOM)
+    assert at.error and "The prompt is empty" in at.error[0].value
+    assert any("does not fit in a link" in i.value for i in at.info)
