@@ -151,7 +151,7 @@ def test_custom_prompt_travels_in_the_link(tiny):
     assert "lv_prompt" not in at.query_params
     at.text_area(key="lv_prompt").input("w1 " * 700).run()  # 2100 characters
     assert at.session_state["lv_preset"] == "custom" and "lv_prompt" not in at.query_params
-    assert any("too long for the page's link" in c.value for c in at.caption)
+    assert any("too long for the page's link" in w.value for w in at.warning)
     # a preset link ignores a stray lv_prompt
     at = _app(tiny, prompt=None, lv_preset="chat", lv_prompt="w1 w2")
     assert at.text_area(key="lv_prompt").value == preset_text("chat")
