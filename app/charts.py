@@ -118,8 +118,15 @@ def _cell(fmt: str | None):
     return f
 
 
+GRID_MAX_COLUMNS = 8  # wider tables are static: a grid of 10-11 columns hid its last ones at 1280 px
+
+
 def show_table(data: Any, formats: dict[str, str] | None = None, where: Any = None) -> None:
     """Draw rows (a list of dicts or a dict of columns) without the index, full width.
+
+    An interactive grid (sort, search, CSV export) up to ``GRID_MAX_COLUMNS`` columns; a wider table, or any
+    table in presenter mode, is a static table whose headers and cells wrap, so every column stays on
+    screen (the grid scrolled sideways with no visible scrollbar, and a reader missed the last columns).
 
     Args:
         formats: printf formats of numeric columns, e.g. {"q(x)": "%.4f"}; other numbers are shown as
@@ -127,7 +134,8 @@ def show_table(data: Any, formats: dict[str, str] | None = None, where: Any = No
     """
     formats = formats or {}
     place = where if where is not None else st
-    if presenting():
+    n_columns = len(data) if isinstance(data, dict) else len(data[0]) if data else 0
+    if presenting() or n_columns > GRID_MAX_COLUMNS:
         df = pd.DataFrame(data)
         styler = df.style.hide(axis="index").format({c: _cell(formats.get(c)) for c in df.columns})
         place.table(styler)

@@ -283,6 +283,15 @@ def _from_pretrained(cls, source: str, **kwargs):
     is_dir = os.path.isdir(source)
     if not is_dir and (source.startswith((".", "/", "~")) or os.sep in source.strip("/").replace("/", "", 1)):
         raise ModelLoadError(f"No such model folder: {source!r}.")
+    if not is_dir:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(source)
+        except HFValidationError as e:  # not worth a lookup: say what is wrong with the id itself
+            raise ModelLoadError(f"{source!r} is neither a local folder nor a valid Hugging Face id (written "
+                                 f"'name' or 'owner/name'; letters, digits, '-', '_' and '.'). Details: "
+                                 f"{str(e).splitlines()[0]}") from None
     attempts = (False,) if is_dir else ((True, False) if hub_reachable() else (True,))
     for local_only in attempts:
         try:

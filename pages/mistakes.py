@@ -106,5 +106,8 @@ c1.metric("Prefill (TTFT), no cache", f"{la.prefill_ms_full:.1f} ms",
 c2.metric("Decode", f"{la.decode_ms:,.0f} ms", delta="unchanged", delta_color="off", delta_arrow="off")
 c3.metric("Whole request saved", f"{la.saved_share:.1%}")
 st.caption("Prefix caching skips prefill only; the answer is still produced one decode step at a time.")
-go_button(MISTAKE_LINKS["long_answer"], "Open the Prefix caching page (measure prefill vs decode)", key="mk_long",
+st.caption("To measure it on a real model: the Prefix caching page's last section, “Measured on the embedded "
+           "model”, times prefill with and without a cached prefix, and the decode steps after it, on this "
+           "machine's SmolLM2 (the numbers above are the roofline model of Llama on a GPU).")
+go_button(MISTAKE_LINKS["long_answer"], "Open the Prefix caching page (scroll to its last section)", key="mk_long",
           extra_clear=("pc_text", "pc_step"))

@@ -255,14 +255,15 @@ st.markdown(f"**The pool after request {step}** — {sim.capacity} blocks: {n_st
 show_chart(pfig, key="pc_pool")
 
 show_table([
+    # short headers: eleven columns must fit a 1280-px screen with the sidebar open
     {"Request": r.index + 1, "Prompt tokens": r.prompt_tokens, "Blocks": len(r.blocks),
      "Hit blocks": r.hit_blocks, "Hit tokens": r.hit_tokens, "Computed tokens": r.computed_tokens,
-     "Hit rate": f"{r.hit_rate:.1%}", "Est. TTFT, no cache (ms)": round(r.ttft_no_cache_ms, 2),
-     "Est. TTFT, cached (ms)": round(r.ttft_cached_ms, 2), "Saved (ms)": round(r.saved_ms, 2),
+     "Hit rate": f"{r.hit_rate:.1%}", "TTFT ms, no cache": round(r.ttft_no_cache_ms, 2),
+     "TTFT ms, cached": round(r.ttft_cached_ms, 2), "Saved ms": round(r.saved_ms, 2),
      "Evictions": len(r.evictions)}
     for r in shown])
 st.caption(f"Hits are whole cached blocks from the start of the prompt, never the last prompt token (its "
-           f"logits give the first output token). TTFT estimate = computed tokens × {ms_per_token:.3f} ms; "
+           f"logits give the first output token). TTFT (estimated) = computed tokens × {ms_per_token:.3f} ms; "
            "prefix caching does nothing for decode, so it pays most for long prompts and short answers. "
            "Keep stable text first and varying text (dates, names, the question) last.")
 

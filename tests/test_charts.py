@@ -67,3 +67,21 @@ def test_log_ticks_one_two_five():
     assert t["ticktext"] == ["0.05", "0.1", "0.2"]
     with pytest.raises(ValueError):
         log_ticks(0, 10)
+
+
+def test_wide_tables_are_static_so_every_column_shows():
+    """A user's report: an 11-column grid hid its last columns at 1280 px (no visible scrollbar)."""
+    from streamlit.testing.v1 import AppTest
+
+    def page():
+        import streamlit as st
+
+        from app.charts import GRID_MAX_COLUMNS, show_table
+
+        st.session_state.setdefault("present", False)
+        show_table([{f"c{i}": i for i in range(GRID_MAX_COLUMNS)}])
+        show_table([{f"c{i}": i for i in range(GRID_MAX_COLUMNS + 1)}])
+
+    at = AppTest.from_function(page).run()
+    assert len(at.dataframe) == 1 and len(at.table) == 1
+    assert len(at.dataframe[0].value.columns) == 8 and len(at.table[0].value.columns) == 9

@@ -62,6 +62,13 @@ def test_unknown_target_offline(capsys):
     assert "Could not load" in capsys.readouterr().err
 
 
+def test_malformed_model_id_is_named_as_such(capsys):
+    # a user's report: "not a valid id!!" was said to be missing offline, not malformed
+    assert main(["generate", "--prompt", "hi", "--target", "not a valid id!!"]) == 2
+    err = capsys.readouterr().err
+    assert "is neither a local folder nor a valid Hugging Face id" in err and "offline" not in err
+
+
 def test_default_draft_for_another_target_is_prompt_lookup(tiny_dir, capsys):
     """The shipped head belongs to the embedded target; other targets default to prompt lookup."""
     rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--max-new-tokens", "6",

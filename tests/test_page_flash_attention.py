@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+from tests.tables import find_table
 
 TIMEOUT = 120
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "flash_attention.py")  # "pages/flash_attention.py"
@@ -139,7 +140,7 @@ def test_traffic_section_a100_then_h100():
     txt = _text(at)
     # A100: 192 KiB / 2 B = 98,304 elements; d = 64: Bc = ⌈98304/256⌉ = 384, Br = min(384, 64) = 64.
     assert "98,304 elements" in txt and "Bc = ⌈M/4d⌉ = **384**" in txt and "= **64** (d = 64)" in txt
-    paper = at.table[0].value
+    paper = find_table(at, "FlashAttention")
     # Model: 4,456,448 · 2 B · 1024 heads = 9.13 GB; 800,768 · 2 · 1024 = 1.64 GB.
     assert list(paper["standard"]) == ["40.3 GB", "9.13 GB"]
     assert list(paper["FlashAttention"]) == ["4.4 GB", "1.64 GB"]
@@ -151,7 +152,7 @@ def test_traffic_section_a100_then_h100():
 
 def test_traffic_per_tensor_table_at_largest_n():
     at = _app(nmax="1024")
-    table = at.dataframe[1].value
+    table = find_table(at, "standard reads")
     s_row = table[table["tensor"] == "S"].iloc[0]
     # Standard at N = 1024: S written once and read once, N² = 1,048,576 each.
     assert s_row["standard reads"] == "1,048,576" and s_row["standard writes"] == "1,048,576"
@@ -187,12 +188,12 @@ def test_measure_button_small():
 
 def test_running_statistics_table_is_consistent():
     at = _app()
-    table = at.dataframe[0].value
+    table = find_table(at, "m before")
     # Step 1: rows 0–3 meet their first tile: nothing to rescale yet.
     assert list(table["row"]) == [0, 1, 2, 3]
     assert set(table["m before"]) == {"−∞"} and set(table["old terms × e^(m−m_new)"]) == {"— (first tile)"}
     at.slider(key="step").set_value(4).run()   # Algorithm 1 order: step 4 = Q block 0 against K/V block 1
-    table = at.dataframe[0].value
+    table = find_table(at, "m before")
     assert list(table["row"]) == [0, 1, 2, 3]
     for _, r in table.iterrows():
         mb, mt, ma = float(r["m before"]), float(r["tile max m̃"]), float(r["m after"])

@@ -10,6 +10,7 @@ from engine.models import load_tokenizer
 from engine.prefix_cache import join_requests, preset_requests, simulate_texts
 
 from pathlib import Path
+from tests.tables import find_table
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "prefix_cache.py")
 
@@ -41,7 +42,7 @@ def test_default_view_matches_engine(tok):
     assert _metric(at, "Estimated TTFT saved (sum)") == f"{sim.saved_ms:,.1f} ms"
     # saved = skipped tokens × 0.5 ms
     assert sim.saved_ms == pytest.approx(sim.hit_tokens * 0.5)
-    df = at.dataframe[0].value
+    df = find_table(at, "Hit tokens")
     assert list(df["Hit tokens"]) == [r.hit_tokens for r in sim.requests]
     assert df["Hit tokens"].iloc[0] == 0 and (df["Hit tokens"].iloc[1:] > 0).all()
     assert (df["Hit tokens"] < df["Prompt tokens"]).all()
@@ -54,7 +55,7 @@ def test_step_buttons(tok):
     at.button[0].click()            # ◀ Previous request
     at = _run(at)
     assert at.slider(key="pc_step_slider").value == n - 1
-    assert len(at.dataframe[0].value) == n - 1
+    assert len(find_table(at, "Hit tokens")) == n - 1
     at.slider(key="pc_step_slider").set_value(1)
     at = _run(at)
     assert _metric(at, "Hit rate (requests shown)") == "0.0%"   # the first request can only miss
