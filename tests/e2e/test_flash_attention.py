@@ -31,7 +31,7 @@ def test_flash_page_renders_and_steps(page, app_url):
     assert "Step 1 of 12" in body
     assert "98,304 elements" in body and "9.13 GB" in body and "1.64 GB" in body and "40.3 GB" in body
     assert "Exact up to fp32 rounding" in body
-    page.get_by_role("button", name="Next ▶").click()
+    page.get_by_role("button", name="Next ▶").first.click()  # the one by the tiles (another by the m/ℓ table)
     wait_idle(page)
     page.get_by_text("Step 2 of 12").first.wait_for()
     assert not page.locator('[data-testid="stException"]').count()
