@@ -19,18 +19,12 @@ def _open(page, url):
 def test_flash_page_renders_and_steps(page, app_url):
     _open(page, app_url + "/flash-attention")
     page.get_by_text("Exact up to fp32 rounding").first.wait_for(timeout=60_000)  # the page's end (busy CPU)
-    try:  # section 2 (it was missing from the body once in a full CI run: wait for it, then say what was there)
-        page.get_by_text("98,304 elements").first.wait_for(timeout=60_000)
-    except Exception:  # noqa: BLE001 - report the section's text instead of a bare timeout
-        body = page.inner_text("body")
-        at = body.find("2 · Memory traffic")
-        raise AssertionError(f"section 2 without '98,304 elements': {body[at:at + 600]!r}") from None
-    body = page.inner_text("body")
+    # each expected text is waited for, not read from one snapshot of the body: on a busy CI machine the
+    # first page of the run was caught mid-redraw twice (a section missing from the body, then back)
     # N = 10, Br = 4, Bc = 3 → 3 × 4 = 12 tiles; A100 fp16 d = 64 → Bc = 384; model 9.13 GB vs 1.64 GB.
-    assert "12" in body and "tiles to visit" in body
-    assert "Step 1 of 12" in body
-    assert "98,304 elements" in body and "9.13 GB" in body and "1.64 GB" in body and "40.3 GB" in body
-    assert "Exact up to fp32 rounding" in body
+    for text in ("tiles to visit", "Step 1 of 12", "98,304 elements", "9.13 GB", "1.64 GB", "40.3 GB",
+                 "Exact up to fp32 rounding"):
+        page.get_by_text(text).first.wait_for(timeout=60_000)
     page.get_by_role("button", name="Next ▶").first.click()  # the one by the tiles (another by the m/ℓ table)
     wait_idle(page)
     page.get_by_text("Step 2 of 12").first.wait_for()
