@@ -6,6 +6,7 @@ UI only: every number comes from ``engine.kv_size``.
 
 from __future__ import annotations
 
+import html
 import math
 
 import plotly.graph_objects as go
@@ -292,9 +293,11 @@ fig.add_scatter(x=rep.curve["batch"], y=rep.curve["step_ms"], name="step time (m
 fig.add_vline(x=rep.batch, line_dash="dash", line_color=REFERENCE_LINE)
 fig.add_annotation(x=math.log10(rep.batch), y=1, yref="paper", showarrow=False, xanchor="left", yanchor="top",
                    text=f" batch {rep.batch}")
-fig.update_layout(title=f"{m.name} on {rep.gpu}, {rep.context:,}-token context",
+# two title lines: one line of model, GPU and context was cut off on a phone (plotly titles do not wrap);
+# the model name is user text (an uploaded config's), escaped for plotly's HTML-like labels
+fig.update_layout(title=f"{html.escape(m.name)}<br>on {rep.gpu}, {rep.context:,}-token context",
                   xaxis_title="batch (sequences)", yaxis_title="ms per decode step", xaxis_type="log",
-                  yaxis_type="log", height=420, margin=dict(t=50, b=40))
+                  yaxis_type="log", height=440, margin=dict(t=70, b=40))
 ys = rep.curve["memory_ms"] + rep.curve["compute_ms"]
 fig.update_xaxes(**log_ticks(1, max(rep.curve["batch"])))
 fig.update_yaxes(**log_ticks(min(ys), max(ys)))

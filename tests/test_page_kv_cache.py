@@ -191,7 +191,7 @@ def test_moved_sliders_rename_the_model_and_restore_brings_the_preset_back():
     at.run()
     assert any("Changed from Llama-3.1-70B's config" in c.value for c in at.caption)
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
-    assert any(t.startswith("Llama-3.1-70B, modified on") for t in titles)
+    assert any(t.startswith("Llama-3.1-70B, modified<br>on") for t in titles)
     at.button(key="kv_restore").click().run()
     # Llama-3.1-70B's config: 80 layers, 64 query heads, 8 KV heads, head dim 128
     assert [at.slider(key=k).value for k in ("layers", "heads", "kv_heads", "head_dim")] == [80, 64, 8, 128]
@@ -210,3 +210,14 @@ def test_a_link_to_an_unchanged_preset_is_not_called_modified():
         fresh.query_params[k] = v
     fresh.run()
     assert not [c.value for c in fresh.caption if "Changed from" in c.value], link
+
+
+def test_an_uploaded_name_is_escaped_in_the_chart_title():
+    # the model name of an upload is user text: plotly titles read tags, so it is escaped
+    at = _app()
+    at.selectbox(key="preset").set_value("Your own config.json or Hugging Face id").run()
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "hidden_size": 64, "intermediate_size": 128, "vocab_size": 1000}
+    at.file_uploader(key="upload").upload("<i>x</i>.json", json.dumps(cfg).encode(), "application/json").run()
+    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+    assert any("&lt;i&gt;x&lt;/i&gt;" in t for t in titles) and not any("<i>" in t for t in titles)
