@@ -169,9 +169,12 @@ def _section_model() -> None:
         fig.add_scatter(x=v.gammas, y=ys, mode="lines", name=f"α = {a:.2f}" + (" (yours)" if is_cur else ""),
                         line={"width": 4 if is_cur else 1.5,
                               "color": YOURS_COLOR if is_cur else ALPHA_COLORS.get(round(a, 2), "#999999")})
-    stars = [max(range(len(ys)), key=lambda i: ys[i]) for ys in v.curves.values()]
-    fig.add_scatter(x=[v.gammas[i] for i in stars], y=[ys[i] for i, ys in zip(stars, v.curves.values())],
-                    mode="markers", name="best γ", marker=BEST_MARKER)
+    # a star marks the best γ of each curve that gains at all (below 1× the best choice is no draft, as the
+    # metric says; those stars piled onto the "no gain" label)
+    best = [(v.gammas[i], ys[i]) for ys in v.curves.values()
+            for i in [max(range(len(ys)), key=lambda j: ys[j])] if ys[i] >= 1]
+    fig.add_scatter(x=[g for g, _ in best], y=[y for _, y in best], mode="markers", name="best γ",
+                    marker=BEST_MARKER)
     fig.add_scatter(x=v.gammas, y=v.curves_realistic[round(alpha, 4)], mode="lines",
                     name="yours, with verify cost", line={"dash": "dash", "width": 3, "color": "#e6550d"})
     # the label sits bottom left: at γ = 1 the curves are above 1× unless α is low (at the right they cross)

@@ -257,7 +257,15 @@ def test_best_gamma_says_none_when_speculation_never_pays():
     m = _metrics(at)
     assert m["Best γ at this α, c"] == "none: decode plainly"
     assert m["Break-even α"] == "never pays"
-    assert _metrics(_app())["Best γ at this α, c"] == "8  (3.09×)"  # the defaults are unchanged
+
+    def stars(at):
+        specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+        return next(t for f in specs for t in f["data"] if t.get("name") == "best γ").get("x", [])
+
+    assert list(stars(at)) == []  # no curve gains at c = 1: no star sits on the "no gain" line
+    at = _app()
+    assert _metrics(at)["Best γ at this α, c"] == "8  (3.09×)"  # the defaults are unchanged
+    assert len(stars(at)) == 5  # the reference α's 0.5 … 0.9 (yours, 0.8, is one of them)
 
 
 def test_unknown_tab_in_a_link_is_named():
