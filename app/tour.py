@@ -134,7 +134,8 @@ def init_modes() -> bool:
         n = len(_stops())
         st.session_state[TOUR_KEY] = min(i, n - 1) if i >= 0 else None
         if i < 0 or i >= n:  # a hand-edited link: say what is shown instead
-            note_replaced("tour", raw, n - 1 if i >= n else "off")
+            # the link counts stops from 0, the banner from 1: name the stop as the banner does
+            note_replaced("tour", raw, n - 1 if i >= n else "off", why=f"stop {n} of {n}" if i >= n else "")
     return bool(st.session_state.get(PRESENT_KEY))
 
 

@@ -247,7 +247,7 @@ def test_out_of_range_tour_stop_in_a_link_is_named():
     at = _main(tour="99")
     assert not at.exception
     assert f"stop {last + 1} of {last + 1}" in _banner(at)
-    assert f"tour=99 → {last}" in _toasts(at)
+    assert f"tour=99 → {last} (stop {last + 1} of {last + 1})" in _toasts(at)  # the banner's numbering too
     at.run()
     assert "tour=99" not in _toasts(at)
     at = _main(tour="abc")
