@@ -150,6 +150,18 @@ def stage_url(key: str, value: str | None) -> None:
         pending[key] = value
 
 
+def stage_text(key: str, text: str | None, limit: int) -> bool:
+    """Put a user's own text (a custom prompt, edited requests) in the URL under ``key`` when it has at most
+    ``limit`` characters; ``text=None`` (a preset's text, named by another key) or a longer text takes
+    ``key`` out of the URL. Returns whether the link carries the text (True for None: nothing to carry)."""
+    fits = text is None or len(text) <= limit
+    if text is not None and fits:
+        stage_url(key, text)
+    elif key in st.query_params:
+        stage_url(key, None)
+    return fits
+
+
 def _apply(changes: dict[str, str | None]) -> None:
     updates = {k: v for k, v in changes.items() if v is not None and st.query_params.get(k) != v}
     if updates:

@@ -110,8 +110,14 @@ except SpeedupLabError as e:
     base = MODEL_PRESETS["Llama-3.1-8B"]
 if base is None:
     base = MODEL_PRESETS["Llama-3.1-8B"]
+def _slider_value(key: str) -> int:
+    """The preset's value of a shape slider, clamped into the slider's range."""
+    attr, lo, hi = FIELDS[key]
+    return min(max(int(getattr(base, attr)), lo), hi)
+
+
 for key, (attr, lo, hi) in FIELDS.items():
-    url_param(key, min(max(int(getattr(base, attr)), lo), hi), int, lo=lo, hi=hi)
+    url_param(key, _slider_value(key), int, lo=lo, hi=hi)
 url_param("params_b", round(base.params / 1e9, 6), float, lo=0.0, hi=1e5)
 url_param("active_b", round((base.active_params or 0) / 1e9, 6), float, lo=0.0, hi=1e5)
 url_param("context", 8192, int, lo=0, hi=1_048_576)
@@ -188,8 +194,7 @@ ss = st.session_state
 name = preset if preset != CUSTOM else (ss["custom_spec"].name if ss.get("custom_spec") else "custom")
 # sliders moved away from the preset's config (or a link that says so): the figures are for that shape,
 # so the name must not claim the preset's
-changed = [attr for key, (attr, lo, hi) in FIELDS.items()
-           if ss[key] != min(max(int(getattr(base, attr)), lo), hi)]
+changed = [attr for key, (attr, lo, hi) in FIELDS.items() if ss[key] != _slider_value(key)]
 changed += [k for k, v in (("params_b", round(base.params / 1e9, 6)),
                            ("active_b", round((base.active_params or 0) / 1e9, 6))) if abs(ss[k] - v) > 1e-9]
 if changed and (preset != CUSTOM or ss.get("custom_spec") is not None):  # else no config to differ from

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.resources import get_model
-from app.state import stage_url, stop_page, sync_url, url_param
+from app.state import stage_text, stop_page, sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
@@ -165,11 +165,7 @@ with st.sidebar:
 sync_url(URL_KEYS)
 # a custom prompt goes in the link too (a preset's is named by lv_preset), unless too long for a URL
 _custom = st.session_state["lv_preset"] == CUSTOM
-if _custom and len(st.session_state["lv_prompt"]) <= PROMPT_URL_MAX:
-    stage_url("lv_prompt", st.session_state["lv_prompt"])
-elif "lv_prompt" in st.query_params:
-    stage_url("lv_prompt", None)
-if _custom and len(st.session_state["lv_prompt"]) > PROMPT_URL_MAX:
+if not stage_text("lv_prompt", st.session_state["lv_prompt"] if _custom else None, PROMPT_URL_MAX):
     st.sidebar.warning(f"This prompt is over {PROMPT_URL_MAX} characters, too long for the page's link: "
                        "a shared link opens without it.")
 

@@ -10,7 +10,7 @@ from plotly.colors import qualitative
 from app.charts import show_chart, show_table
 from app.resources import get_model, get_tokenizer
 from app.teaching import check_yourself, safe_questions
-from app.state import stage_url, stop_page, sync_url, url_param
+from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro
 from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
@@ -88,14 +88,11 @@ with right:
                  key="pc_text", height=300)
 sync_url(["pc_preset", "pc_ts", "pc_block", "pc_capacity", "pc_conc", "pc_ms", "pc_use_measured"])
 _edited = st.session_state["pc_text"] != _preset_text()
-if _edited and len(st.session_state["pc_text"]) <= TEXT_URL_MAX:
-    stage_url("pc_text", st.session_state["pc_text"])
-elif "pc_text" in st.query_params:
-    stage_url("pc_text", None)
+_in_link = stage_text("pc_text", st.session_state["pc_text"] if _edited else None, TEXT_URL_MAX)
 if _edited:
     with right:
         st.caption("Edited requests (not the preset's): " + (
-            "the page's link carries them." if len(st.session_state["pc_text"]) <= TEXT_URL_MAX else
+            "the page's link carries them." if _in_link else
             f"longer than {TEXT_URL_MAX:,} characters, so the page's link gives the preset's text instead."))
 
 ms_per_token = measured["result"].ms_per_prefill_token if use_measured else float(st.session_state["pc_ms"])
@@ -291,8 +288,7 @@ sync_url(["pc_a", "pc_b"])
 pair_ok = st.session_state["pc_a"] < st.session_state["pc_b"]
 if not pair_ok:
     st.warning("The earlier request must come before the later one (a request reuses the cache of one that "
-               "arrived before it)" + (": add a second request above." if n_req < 2 else
-                                       ": pick another pair."))
+               "arrived before it): pick another pair.")
 ta, tb = tokens[st.session_state["pc_a"] - 1], tokens[st.session_state["pc_b"] - 1]
 shared = common_prefix_len(ta, tb)
 reuse = reusable_tokens(len(tb), shared, sim.block_size)
