@@ -30,7 +30,7 @@ pages = [
 ]
 nav = st.navigation(pages)
 keep_page_state()   # settings of the pages not shown in this run survive it
-begin_url_batch()   # the run's URL writes become one update (one browser-history entry)
+begin_url_batch(nav.url_path)   # the run's URL writes become one update (one browser-history entry)
 try:
     tour_banner(nav.url_path)
     nav.run()

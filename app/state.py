@@ -22,6 +22,9 @@ Three more rules make the URL behave like a page's address:
 - A value in the URL that differs from what ``sync_url`` last wrote came from outside (Back/Forward, an
   edited link, a link to the page): it replaces the session's value. So Back undoes the last change.
   A key missing from the URL (the page opened from the sidebar) keeps the session's value.
+  Only a run that opens an address does that (``begin_url_batch`` decides: Back/Forward, another page,
+  the session's first run). A click on the page sends the browser's URL as it was at the click, which
+  can predate the previous run's update: read as an outside change, it undid a quick second click.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ _NOTES = "_url_param_notes"
 _WRITTEN = "_url_param_written"  # {key: the string sync_url last put in the URL}
 _KEYS = "_url_param_keys"        # every key url_param has seeded, on any page
 _PENDING = "_url_pending"        # {key: string, or None to remove} collected during a batch
+_LEADS = "_url_leads"            # whether this run's URL is an address to follow (begin_url_batch)
+_LAST_PAGE = "_url_last_page"    # the page the previous run drew
 
 
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
@@ -72,8 +77,9 @@ def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: A
     st.session_state.setdefault(_KEYS, set()).add(key)
     raw = st.query_params.get(key)
     written = st.session_state.get(_WRITTEN, {})
-    if key in st.session_state and raw is not None and key in written and raw != written[key]:
-        del st.session_state[key]  # changed outside the page (Back/Forward, an edited link): follow the URL
+    if (key in st.session_state and raw is not None and key in written and raw != written[key]
+            and st.session_state.get(_LEADS, True)):
+        del st.session_state[key]  # changed outside the page (Back/Forward, a link to it): follow the URL
     if key in st.session_state:
         # re-assert: a widget not drawn in a run (a closed tab) would otherwise lose its value
         st.session_state[key] = st.session_state[key]
@@ -180,9 +186,27 @@ def keep_page_state() -> None:
             st.session_state[k] = st.session_state[k]
 
 
-def begin_url_batch() -> None:
-    """Collect this run's URL writes until ``flush_url`` (call before the page runs)."""
+def _is_history_navigation() -> bool | None:
+    """Whether the browser's Back/Forward started this run (None: this Streamlit does not say)."""
+    try:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        return getattr(get_script_run_ctx(), "is_history_navigation", None)
+    except Exception:  # noqa: BLE001 - Streamlit internals
+        return None
+
+
+def begin_url_batch(page: str | None = None) -> None:
+    """Collect this run's URL writes until ``flush_url`` (call before the page runs), and decide whether
+    this run's URL is an address to follow (a value in it that differs from what ``sync_url`` wrote
+    replaces the session's): yes after Back/Forward, on another ``page`` than the previous run's, and in a
+    session's first run; no after a click on the same page, whose URL may be older than the last update
+    (two quick clicks on "Previous request" moved one step or none)."""
     st.session_state[_PENDING] = {}
+    history = _is_history_navigation()
+    st.session_state[_LEADS] = (history is None or history
+                                or page is None or page != st.session_state.get(_LAST_PAGE))
+    st.session_state[_LAST_PAGE] = page
 
 
 _SWITCHING = "_url_switching"  # set by discard_url_batch: this run ends in a page switch

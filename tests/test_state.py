@@ -142,6 +142,53 @@ def test_a_url_changed_from_outside_wins_and_a_missing_key_keeps_the_value():
     assert at.slider(key="x").value == 0.7 and at.query_params["x"] == "0.7"
 
 
+def _app_in_a_batch():
+    import streamlit as st
+
+    from app.state import begin_url_batch, flush_url, sync_url, url_param
+
+    begin_url_batch(st.session_state.get("page", "p"))  # as app/main.py does, with the page's name
+    try:
+        url_param("x", 0.5, float, lo=0.0, hi=1.0)
+        st.slider("x", 0.0, 1.0, key="x")
+        st.button("other")
+        sync_url(["x"])
+    finally:
+        flush_url()
+
+
+def test_a_click_with_an_older_url_keeps_the_value_and_back_follows_the_url(monkeypatch):
+    """A user's double click on "Previous request" moved one step or none: the second click's run came
+    with the browser's URL from before the first click's update, and that older value was read as an
+    outside change (Back) and undid both clicks. Only Back/Forward or another page follows the URL."""
+    import app.state
+
+    at = AppTest.from_function(_app_in_a_batch).run()
+    at.slider(key="x").set_value(0.3).run()
+    assert at.query_params["x"] in ("0.3", ["0.3"])
+    at.query_params["x"] = "0.5"          # the URL the browser had before that run's update
+    at.button[0].click().run()            # a click on the same page
+    assert at.slider(key="x").value == 0.3 and at.query_params["x"] in ("0.3", ["0.3"])
+    monkeypatch.setattr(app.state, "_is_history_navigation", lambda: True)
+    at.query_params["x"] = "0.5"          # Back: the URL before the change
+    at.run()
+    assert at.slider(key="x").value == 0.5
+    monkeypatch.setattr(app.state, "_is_history_navigation", lambda: False)
+    at.slider(key="x").set_value(0.2).run()
+    at.query_params["x"] = "0.9"          # a link from another page to this one, with its own x
+    at.session_state["page"] = "q"
+    at.run()
+    assert at.slider(key="x").value == 0.9
+
+
+def test_the_running_streamlit_says_whether_back_started_a_run():
+    """``begin_url_batch`` relies on Streamlit's run context naming history navigation (Streamlit 1.67);
+    without it every run would follow the URL again and a quick second click could be undone."""
+    from streamlit.runtime.scriptrunner_utils.script_run_context import ScriptRunContext
+
+    assert "is_history_navigation" in ScriptRunContext.__dataclass_fields__
+
+
 def test_a_yes_no_value_that_is_neither_is_replaced_and_named():
     def app():
         import streamlit as st

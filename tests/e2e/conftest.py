@@ -81,11 +81,29 @@ def wait_idle(page, timeout_ms: int = 60_000) -> None:
     """Wait until the app has rendered and no script run is in progress."""
     page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
     page.wait_for_timeout(500)
+    # the app root names the run state at once ("running", "rerunRequested", ...); the status widget says
+    # "Running" only after a delay
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
+        "() => { const app = document.querySelector('[data-testid=\"stApp\"]');"
+        " const s = document.querySelector('[data-testid=\"stStatusWidget\"]');"
+        " return app && ['notRunning', 'compilationError'].includes(app.dataset.testScriptState)"
+        " && !(s && s.innerText.includes('Running')); }",
         timeout=timeout_ms)
     page.wait_for_timeout(300)
+
+
+def wait_url(page, *parts: str, absent: tuple[str, ...] = (), timeout_ms: int = 60_000) -> None:
+    """Wait until the page's link (path and query) contains every one of `parts` and none of `absent`.
+
+    The app writes the link at the end of a script run, after what the run draws; asserting on
+    page.url straight after wait_idle failed on a loaded CI machine when the run had not yet started."""
+    import json
+    js = ("([parts, absent]) => { const u = location.pathname + location.search;"
+          " return parts.every(p => u.includes(p)) && !absent.some(p => u.includes(p)); }")
+    try:
+        page.wait_for_function(js, arg=[list(parts), list(absent)], timeout=timeout_ms)
+    except Exception as exc:
+        raise AssertionError(f"link {page.url!r} lacks {json.dumps(parts)} or has {json.dumps(absent)}") from exc
 
 
 def screenshot(page, name: str) -> Path:

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import ROOT, _free_port, screenshot, wait_idle
+from tests.e2e.conftest import ROOT, _free_port, screenshot, wait_idle, wait_url
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ def test_live_step_round(page, app_url):
     assert "Round 2 in detail" in body
     assert "Measured α̂" in body and "Tokens per target pass" in body
     assert "accepted draft token" in body and "target correction" in body  # the legend
-    assert "lv_draft=ngram" in page.url and "lv_gamma=4" in page.url        # settings in the URL
+    wait_url(page, "lv_draft=ngram", "lv_gamma=4")        # settings in the URL
     assert not page.locator('[data-testid="stException"]').count()
     assert screenshot(page, "live").stat().st_size > 20_000
 

@@ -4,7 +4,7 @@ import pytest
 
 from engine.models import load_tokenizer
 from engine.prefix_cache import join_requests, preset_requests, simulate_texts
-from tests.e2e.conftest import screenshot, wait_idle
+from tests.e2e.conftest import screenshot, wait_idle, wait_url
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ def test_prefix_cache_measure_button(page, app_url):
     # the measured cost is offered at the top, and the sliders kept their values (the KV page once lost
     # them after a button's work)
     assert "Use the measured prefill cost" in body
-    assert "pc_block=8" in page.url and "pc_capacity=40" in page.url, page.url
+    wait_url(page, "pc_block=8", "pc_capacity=40")
     assert "whole blocks of 8)" in body
     screenshot(page, "prefix_cache_measured")
 

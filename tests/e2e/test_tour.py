@@ -5,7 +5,7 @@ import re
 import pytest
 
 from engine.teaching import tour_stops
-from tests.e2e.conftest import screenshot, wait_idle
+from tests.e2e.conftest import screenshot, wait_idle, wait_url
 
 pytestmark = pytest.mark.e2e
 
@@ -26,11 +26,9 @@ def test_walk_the_whole_tour(page, app_url):
     for i, stop in enumerate(stops):
         _banner(page).get_by_text(f"stop {i + 1} of {len(stops)}").wait_for(timeout=180_000)
         wait_idle(page, timeout_ms=180_000)
-        assert f"/{stop.link.url_path}" in page.url, page.url
-        assert f"tour={i}" in page.url
-        for k, v in stop.link.query().items():
-            if k != "wi_tab":  # the tab is bound to the URL by Streamlit itself
-                assert f"{k}=" in page.url, (k, page.url)
+        # the tab is bound to the URL by Streamlit itself
+        wait_url(page, f"/{stop.link.url_path}", f"tour={i}",
+                 *(f"{k}=" for k in stop.link.query() if k != "wi_tab"))
         if stop.link.url_path == "live":  # the model loads, then do what the stop says: Step a few times
             step = page.get_by_role("button", name=re.compile(r"^Step one round"))
             step.wait_for(timeout=180_000)
@@ -52,7 +50,7 @@ def test_walk_the_whole_tour(page, app_url):
     page.get_by_role("heading", name="✅ Recap").wait_for(timeout=60_000)
     wait_idle(page)
     assert _banner(page).count() == 0
-    assert "tour=" not in page.url
+    wait_url(page, absent=("tour=",))
     screenshot(page, "tour_recap")
 
 
@@ -71,7 +69,7 @@ def test_presenter_url_opens_page_state_and_stop(page, app_url):
     _banner(page).get_by_role("button", name="Next ▶").click()
     _banner(page).get_by_text("stop 3 of 6").wait_for(timeout=60_000)
     wait_idle(page)
-    assert "present=1" in page.url
+    wait_url(page, "present=1")
 
 
 def test_tour_keys_with_a_focused_widget_and_a_new_stop_at_the_top(page, app_url):
@@ -89,7 +87,7 @@ def test_tour_keys_with_a_focused_widget_and_a_new_stop_at_the_top(page, app_url
     page.get_by_role("radio", name="at the end (the fix)").focus()
     page.keyboard.press("Shift+ArrowRight")
     _banner(page).get_by_text("stop 5 of 6").wait_for(timeout=60_000)
-    assert "/flash-attention" in page.url
+    wait_url(page, "/flash-attention")
     # stop 2 → 3 are both on the what-if page: scroll down at stop 2, then Next
     page.goto(app_url + "/" + stops[1].link.url(present=1, tour=1))
     wait_idle(page)
@@ -104,7 +102,7 @@ def test_tour_keys_with_a_focused_widget_and_a_new_stop_at_the_top(page, app_url
     wait_idle(page)
     page.wait_for_function("() => document.querySelector('[data-testid=\"stMain\"]').scrollTop === 0",
                            timeout=10_000)
-    assert "wi_alpha=0.8" in page.url  # stop 3's α, not stop 2's 0.6 moved by the key
+    wait_url(page, "wi_alpha=0.8")  # stop 3's α, not stop 2's 0.6 moved by the key
     screenshot(page, "tour_stop3_after_keys")
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.e2e.conftest import screenshot, wait_idle
+from tests.e2e.conftest import screenshot, wait_idle, wait_url
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +33,7 @@ def test_whatif_step_and_toy_tab(page, app_url):
     page.get_by_role("button", name="Step ×100").click()
     wait_idle(page)
     page.get_by_text("Round 100:").first.wait_for()
-    assert "wi_steps=100" in page.url
+    wait_url(page, "wi_steps=100")
     screenshot(page, "whatif_simulator")
     page.get_by_role("tab", name="Distribution check").click()
     wait_idle(page)
@@ -59,17 +59,17 @@ def test_closed_tabs_keep_their_settings_and_back_undoes_a_change(page, app_url)
     wait_idle(page)
     page.get_by_role("tab", name="When it does not help").click()
     wait_idle(page)
-    assert "wi_seed=42" in page.url
+    wait_url(page, "wi_seed=42")
     page.get_by_role("tab", name="Step simulator · Try it").click()
     wait_idle(page)
     assert page.get_by_label("Random seed").first.input_value() == "42"
     page.get_by_role("slider", name="Acceptance rate α").focus()
     page.keyboard.press("ArrowRight")
     wait_idle(page)
-    assert "wi_alpha=0.81" in page.url
+    wait_url(page, "wi_alpha=0.81")
     page.go_back()
     wait_idle(page)
-    assert "wi_alpha=0.8&" in page.url
+    wait_url(page, "wi_alpha=0.8&")
     # the α slider's thumb shows 0.80 again (it is the page's first slider)
     page.get_by_test_id("stSliderThumbValue").first.filter(has_text="0.80").wait_for(timeout=10_000)
     for _ in range(4):  # the seed change, the page's first entry; then Home
