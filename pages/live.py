@@ -6,6 +6,7 @@ come from the process-wide resource cache. All numbers come from ``engine.specul
 """
 
 import time
+from typing import NamedTuple
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -170,37 +171,57 @@ if not stage_text("lv_prompt", st.session_state["lv_prompt"] if _custom else Non
                        "a shared link opens without it.")
 
 S = st.session_state
-config = (S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
-          S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
-          float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]))
 
 
-def _proposer(cfg, tgt):
-    kind = cfg[2]
+class LiveConfig(NamedTuple):
+    """Everything a run on this page is built from: a change of any field starts the run again."""
+    target: str
+    prompt: str
+    draft: str             # "draft" (embedded), "model" (any), "ngram", "early-exit", "head"
+    early_exit_k: int
+    draft_model: str
+    gamma: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    max_new_tokens: int
+    confidence_gate: float
+
+
+CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
+                 "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate"}
+config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
+                    S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
+                    float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]))
+
+
+def _proposer(cfg: LiveConfig, tgt):
+    kind = cfg.draft
     if kind == "ngram":
         return make_proposer("ngram", tgt)
     if kind == "early-exit":
         if n_layers < 2:
             raise InputError("Early exit needs a target with at least 2 layers.")
-        return make_proposer(f"early-exit:{cfg[3]}", tgt)
+        return make_proposer(f"early-exit:{cfg.early_exit_k}", tgt)
     if kind == "head":
         proposer = make_proposer(EMBEDDED_HEAD, tgt)
-        proposer.confidence_threshold = cfg[11]
+        proposer.confidence_threshold = cfg.confidence_gate
         return proposer
-    spec = EMBEDDED_DRAFT if kind == "draft" else cfg[4]
+    spec = EMBEDDED_DRAFT if kind == "draft" else cfg.draft_model
     if not spec:
         raise InputError("Type a draft model: a Hugging Face id in the local cache or a local folder.")
     draft = get_model(spec)
     return make_proposer(spec, tgt, draft)
 
 
-def _decoder(cfg, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
+def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
     """Build a decoder for ``cfg`` (raises SpeedupLabError subclasses with user-facing messages)."""
-    sampling = SamplingConfig(temperature=cfg[6], top_k=cfg[7], top_p=cfg[8])
-    ids = encode_prompt(target.tokenizer, cfg[1])
+    sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    ids = encode_prompt(target.tokenizer, cfg.prompt)
     proposer = None if baseline else _proposer(cfg, target)
-    return SpeculativeDecoder(target, proposer, ids, gamma=cfg[5], sampling=sampling, seed=cfg[9],
-                              max_new_tokens=max_new or cfg[10])
+    return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
+                              max_new_tokens=max_new or cfg.max_new_tokens)
 
 
 def _n_rounds(n: int) -> str:
@@ -223,12 +244,10 @@ def _request_rebuild() -> None:
     S["lv_cfg"] = None
 
 
-CONFIG_NAMES = ("target", "prompt", "draft", "early-exit k", "draft model", "γ", "temperature", "top-k", "top-p",
-                "seed", "max new tokens", "confidence gate")
 if target is not None and S.get("lv_cfg") != config:
     old_cfg, old_dec = S.get("lv_cfg"), S.get("lv_dec")
     if old_cfg is not None and old_dec is not None and old_dec.rounds:  # not Reset: a setting moved mid-run
-        changed = ", ".join(n for n, a, b in zip(CONFIG_NAMES, old_cfg, config) if a != b)
+        changed = ", ".join(CONFIG_LABELS.get(f, f) for f, a, b in zip(LiveConfig._fields, old_cfg, config) if a != b)
         changed = changed[:1].upper() + changed[1:] if changed[:1].isascii() else changed  # "γ" stays γ
         st.toast(f"{changed} changed: the run starts again from the prompt (its "
                  f"{_n_rounds(len(old_dec.rounds))} so far are discarded).", icon="🔄")
