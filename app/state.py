@@ -186,6 +186,13 @@ def keep_page_state() -> None:
             st.session_state[k] = st.session_state[k]
 
 
+def url_leads() -> bool:
+    """Whether this run opens an address: Back/Forward, another page, or the session's first run, as
+    ``begin_url_batch`` decided. Then the URL describes the page, including what it leaves out (a page's
+    own text that is not in the link is the preset's). False outside a batch."""
+    return st.session_state.get(_LEADS) is True
+
+
 def _is_history_navigation() -> bool | None:
     """Whether the browser's Back/Forward started this run (None: this Streamlit does not say)."""
     try:

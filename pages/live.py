@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.resources import get_model
-from app.state import stage_text, stop_page, sync_url, url_param
+from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
@@ -89,6 +89,13 @@ if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's c
     # a link made with a prompt too long to travel in it names the custom preset but carries no prompt
     st.session_state["lv_link_without_prompt"] = (st.session_state["lv_preset"] == CUSTOM
                                                   and not st.query_params.get("lv_prompt"))
+elif url_leads() and "lv_preset" in st.query_params:
+    # Back/Forward or a link to the page: its prompt is its preset's, or its own custom one (kept as it is
+    # when the link could not carry it); Back past a preset change kept the later preset's prompt
+    _prompt = (preset_text(st.session_state["lv_preset"]) if st.session_state["lv_preset"] != CUSTOM
+               else str(st.query_params.get("lv_prompt", ""))[:PROMPT_URL_MAX] or st.session_state["lv_prompt"])
+    if st.session_state["lv_prompt"] != _prompt:
+        st.session_state["lv_prompt"] = _prompt
 
 
 def _on_preset() -> None:

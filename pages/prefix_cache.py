@@ -10,7 +10,7 @@ from plotly.colors import qualitative
 from app.charts import show_chart, show_table
 from app.resources import get_model, get_tokenizer
 from app.teaching import check_yourself, safe_questions
-from app.state import stage_text, stop_page, sync_url, url_param
+from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.tour import intro
 from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
@@ -59,8 +59,12 @@ def _reset_text() -> None:
     st.session_state["pc_step"] = None  # all requests of the new text (None, not absent: see pc_step below)
 
 
-if "pc_text" not in st.session_state:  # the preset's text, or a shared link's edited requests
-    st.session_state["pc_text"] = str(st.query_params.get("pc_text") or "")[:TEXT_URL_MAX] or _preset_text()
+if "pc_text" not in st.session_state or (url_leads() and "pc_preset" in st.query_params):
+    # the link's edited requests, or its preset's text: also after Back/Forward, which kept the text of a
+    # later preset under an earlier preset's name (and the link then carried that text as "edited")
+    _text = str(st.query_params.get("pc_text") or "")[:TEXT_URL_MAX] or _preset_text()
+    if st.session_state.get("pc_text") != _text:
+        st.session_state["pc_text"] = _text
 
 left, right = st.columns([1, 2])
 with left:

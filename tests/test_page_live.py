@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.live_view import default_preset
-from engine.presets import CUSTOM, preset_text
+from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from tests.tiny_models import WORDS, save_tiny_llama
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "live.py")
@@ -306,3 +306,28 @@ def test_custom_prompt_link_without_its_prompt_explains_why(tiny):
     at = _app(tiny, prompt=None, lv_preset=CUSTOM)
     assert at.error and "The prompt is empty" in at.error[0].value
     assert any("does not fit in a link" in i.value for i in at.info)
+
+
+def test_back_past_a_prompt_preset_change_brings_its_prompt_back(tiny, monkeypatch):
+    """Back past a change of the prompt preset showed the earlier preset's name over the later preset's
+    prompt (and decoded that). On Back/Forward the link names the prompt: its preset's, or its own."""
+    import app.state
+
+    at = AppTest.from_file(str(Path(PAGE).parent.parent / "app" / "main.py"), default_timeout=120)
+    at.run()
+    at.query_params.update({"lv_target": tiny, "lv_draft": "ngram", "lv_max_new": "4"})
+    at.switch_page("../pages/live.py").run()
+    assert not at.exception, at.exception
+    first = at.session_state["lv_preset"]
+    link = {k: at.query_params[k] for k in at.query_params}
+    other = next(p for p in PROMPT_PRESETS if p != first)
+    at.selectbox(key="lv_preset").set_value(other).run()
+    assert at.session_state["lv_prompt"] == preset_text(other)
+    monkeypatch.setattr(app.state, "_is_history_navigation", lambda: True)  # Back
+    for k in list(at.query_params):
+        del at.query_params[k]
+    at.query_params.update(link)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.session_state["lv_preset"] == first
+    assert at.session_state["lv_prompt"] == preset_text(first)

@@ -154,3 +154,34 @@ def test_pair_out_of_order_is_flagged_and_not_measured():
     at.selectbox(key="pc_b").set_value(2).run()
     assert not any("must come before" in w.value for w in at.warning)
     assert not at.button(key="pc_measure_btn").disabled
+
+
+def test_back_past_a_preset_change_shows_that_presets_requests(monkeypatch):
+    """A user's report: Preset → few-shot, then Back. The box said "system prompt" but the requests stayed
+    the few-shot ones, captioned "Edited requests", and the link then carried them as pc_text; a toast
+    also named pc_step=5 → 4. On Back/Forward the link names the requests: its pc_text, or its preset's."""
+    import app.state
+
+    main = str(Path(PAGE).parent.parent / "app" / "main.py")
+    at = AppTest.from_file(main, default_timeout=120)
+    at.run()
+    at.switch_page("../pages/prefix_cache.py").run()
+    system_link = {k: at.query_params[k] for k in at.query_params}
+    assert "pc_preset" in system_link and "pc_text" not in system_link
+    at.selectbox(key="pc_preset").set_value("fewshot").run()
+    assert at.session_state["pc_text"] == join_requests(preset_requests("fewshot"))
+    monkeypatch.setattr(app.state, "_is_history_navigation", lambda: True)  # Back
+    for k in list(at.query_params):
+        del at.query_params[k]
+    for k, v in system_link.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    assert at.session_state["pc_text"] == join_requests(preset_requests("system"))
+    assert "pc_text" not in at.query_params and not at.toast
+    assert not any("Edited requests" in c.value for c in at.caption)
+    # a click on the page after that is no history step: an edit stays
+    monkeypatch.setattr(app.state, "_is_history_navigation", lambda: False)
+    at.text_area(key="pc_text").set_value("hello world one\n---\nhello world two").run()
+    at.slider(key="pc_block").set_value(8).run()
+    assert at.session_state["pc_text"] == "hello world one\n---\nhello world two"
