@@ -54,7 +54,8 @@ _WRITTEN = "_url_param_written"  # {key: the string sync_url last put in the URL
 _KEYS = "_url_param_keys"        # every key url_param has seeded, on any page
 _PENDING = "_url_pending"        # {key: string, or None to remove} collected during a batch
 _LEADS = "_url_leads"            # whether this run's URL is an address to follow (begin_url_batch)
-_LAST_PAGE = "_url_last_page"    # the page the previous run drew
+_LAST_PAGE = "_url_last_page"    # the page this run draws (the previous run's, until begin_url_batch)
+_PREVIOUS_PAGE = "_url_previous_page"  # the page the previous run drew
 
 
 def url_param(key: str, default: Any, cast: Callable[[str], Any] = str, *, lo: Any = None,
@@ -193,6 +194,11 @@ def url_leads() -> bool:
     return st.session_state.get(_LEADS) is True
 
 
+def is_history_navigation() -> bool:
+    """Whether the browser's Back/Forward started this run (False when Streamlit does not say)."""
+    return bool(_is_history_navigation())
+
+
 def _is_history_navigation() -> bool | None:
     """Whether the browser's Back/Forward started this run (None: this Streamlit does not say)."""
     try:
@@ -211,20 +217,43 @@ def begin_url_batch(page: str | None = None) -> None:
     (two quick clicks on "Previous request" moved one step or none)."""
     st.session_state[_PENDING] = {}
     history = _is_history_navigation()
-    st.session_state[_LEADS] = (history is None or history
-                                or page is None or page != st.session_state.get(_LAST_PAGE))
+    previous = st.session_state.get(_LAST_PAGE)
+    st.session_state[_LEADS] = history is None or history or page is None or page != previous
+    st.session_state[_PREVIOUS_PAGE] = previous
     st.session_state[_LAST_PAGE] = page
 
 
 _SWITCHING = "_url_switching"  # set by discard_url_batch: this run ends in a page switch
+_ARRIVING = "_url_arriving"    # set by discard_url_batch: the next run draws the page the switch opens
 
 
 def discard_url_batch() -> None:
     """Drop the writes collected so far (before switching to another page with its own query). The
-    notes of replaced link values wait for the next run: a toast drawn now would vanish with this one."""
+    notes of replaced link values wait for the next run: a toast drawn now would vanish with this one.
+    The run that draws the new page leaves the URL as the switch set it (the link's own values): each
+    URL update is a browser-history entry, and the page's defaults, written on top, made one Back a
+    press that changed nothing."""
     if st.session_state.get(_PENDING) is not None:
         st.session_state[_PENDING] = {}
         st.session_state[_SWITCHING] = True
+        st.session_state[_ARRIVING] = True
+
+
+def current_page() -> str | None:
+    """The ``page`` this run's ``begin_url_batch`` was given (None outside a batch)."""
+    return st.session_state.get(_LAST_PAGE) if _PENDING in st.session_state else None
+
+
+def previous_page() -> str | None:
+    """The ``page`` the previous run's ``begin_url_batch`` was given (None: none, or outside a batch)."""
+    return st.session_state.get(_PREVIOUS_PAGE)
+
+
+def abandon_run() -> NoReturn:
+    """End this run without writing its URL changes (``st.stop()``): for a run that only passes through
+    a history entry (see ``app.tour``)."""
+    st.session_state[_PENDING] = {}
+    st.stop()
 
 
 def stop_page() -> NoReturn:
@@ -240,7 +269,9 @@ def flush_url() -> None:
     """Apply the run's collected URL writes in one update and end the batch (call after the page runs,
     also when it stopped early)."""
     pending = st.session_state.pop(_PENDING, None)
-    if pending:
+    switching = st.session_state.pop(_SWITCHING, False)
+    arriving = not switching and st.session_state.pop(_ARRIVING, False)
+    if pending and not arriving:
         _apply(pending)
-    if not st.session_state.pop(_SWITCHING, False):
+    if not switching:
         _toast_notes()  # also the values read before a page stopped early (an error shown, st.stop)

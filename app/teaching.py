@@ -20,7 +20,7 @@ from typing import Sequence
 import streamlit as st
 
 from app.registry import PAGES_DIR, available_pages
-from app.state import discard_url_batch
+from app.state import current_page, discard_url_batch, is_history_navigation
 from engine.errors import SpeedupLabError
 from engine.teaching import PageLink, Question
 
@@ -91,7 +91,27 @@ def goto(link: PageLink, extra_clear: Sequence[str] = ()) -> None:
         st.session_state[k] = v
         query.pop(k, None)
     discard_url_batch()  # this page's pending URL writes must not land on the new page's URL
-    st.switch_page(str(PAGES_DIR / file), query_params={**query, **_mode_params()})
+    query = {**query, **_mode_params()}
+    st.session_state[_SWITCH] = (link, tuple(extra_clear), current_page(), query)
+    st.switch_page(str(PAGES_DIR / file), query_params=query)
+
+
+_SWITCH = "_goto_switch"  # (link, extra_clear, the page it left, the query it opened with) until it lands
+
+
+def finish_switch(page: str) -> None:
+    """Call every run before the page draws (app/main.py), with the page's ``url_path``. A second click
+    that reaches the server while ``goto``'s page switch is under way replaces the switch with a run of
+    the page it left (Streamlit keeps the newer request): a quick double "◀ Previous" in the tour left
+    the first stop's banner over the second stop's page. Such a switch is made again; Back/Forward or
+    another page in between drop it."""
+    pending = st.session_state.pop(_SWITCH, None)
+    if pending is None:
+        return
+    link, extra_clear, origin, query = pending
+    landed = page == link.url_path and all(st.query_params.get(k) == v for k, v in query.items())
+    if not landed and not is_history_navigation() and page in (origin, link.url_path):
+        goto(link, extra_clear)
 
 
 def go_button(link: PageLink, label: str, key: str, extra_clear: Sequence[str] = (), **kwargs) -> None:

@@ -35,6 +35,7 @@ MAX_BATCHES = [8, 64, 256, 1024, 4096, 16384, 65536]
 TOY_NS = [1000, 2000, 5000, 10000]  # 20 000 (the engine's cap) can take > 2 s on a busy 2-core CPU
 
 # ------------------------------------------------------------------ state (URL ↔ session)
+url_param("wi_tab", TABS[0], str, choices=list(TABS))  # the open tab: a link opens it
 url_param("wi_alpha", 0.80, float, lo=0.0, hi=1.0, step=0.01)
 url_param("wi_gamma", 4, int, lo=1, hi=GAMMA_MAX)
 url_param("wi_cost", 0.05, float, lo=0.0, hi=1.0, step=0.01)
@@ -54,7 +55,7 @@ url_param("wi_toy_gamma", 4, int, lo=1, hi=TOY_MAX_GAMMA)
 url_param("wi_toy_n", 10000, int, choices=TOY_NS)
 url_param("wi_toy_seed", 0, int, lo=0, hi=10**6)
 url_param("wi_toy_rule", RULES[0], str, choices=RULES)
-URL_KEYS = ["wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps", "wi_seed", "wi_hw", "wi_params_b",
+URL_KEYS = ["wi_tab", "wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps", "wi_seed", "wi_hw", "wi_params_b",
             "wi_bytes", "wi_bw", "wi_peak", "wi_max_batch", "wi_toy_target", "wi_toy_draft", "wi_toy_ctx",
             "wi_toy_gamma", "wi_toy_n", "wi_toy_seed", "wi_toy_rule"]
 
@@ -119,11 +120,11 @@ c3.slider("Draft cost c (fraction of a target pass)", 0.0, 1.0, step=0.01, key="
                "draft model is often 0.05–0.2; prompt lookup costs almost nothing.")
 alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"], st.session_state["wi_cost"]
 
-# Only the open tab's content runs (tabs bound to the URL as ?wi_tab=...), so a rerun builds at most
-# three charts.
-if st.query_params.get("wi_tab", TABS[0]) not in TABS:  # Streamlit opens the first tab: say so
-    note_replaced("wi_tab", st.query_params["wi_tab"], TABS[0])
-tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_tab", bind="query-params")
+# Only the open tab's content runs (on_change="rerun"), so a rerun builds at most three charts. The open
+# tab is in the link as ?wi_tab=… through url_param like every other setting, not Streamlit's binding:
+# that one replaced the history entry (a tab switch was no Back step) and wrote the URL on its own,
+# adding a history entry of its own after a tour stop opened.
+tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_tab", on_change="rerun")
 
 # ------------------------------------------------------------------ analytic model
 def _set_slope() -> None:

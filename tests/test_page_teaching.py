@@ -264,3 +264,61 @@ def test_unreadable_presenter_flag_in_a_link_is_named_and_dropped():
     assert "present" not in at.query_params
     at = _main(present="1")
     assert not at.toast and at.query_params["present"] in ("1", ["1"])
+
+
+def _query(at) -> dict:
+    return {k: at.query_params[k] for k in at.query_params}
+
+
+def _set_query(at, query: dict) -> None:
+    for k in list(at.query_params):
+        del at.query_params[k]
+    for k, v in query.items():
+        at.query_params[k] = v
+
+
+def test_a_stop_opens_with_one_history_entry_and_back_passes_the_switch_entry(monkeypatch):
+    """A user's report: each tour stop added three browser-history entries, and Back in between showed
+    "stop 4: Prefix caching" over the What-if page. The page a stop opens keeps the stop's link as its
+    URL (no second entry), and a history entry left by the switch (the page left, under the next stop's
+    link) is passed through in the reader's direction."""
+    import app.state
+
+    at = _main(tour="2")                       # stop 3, on the What-if page
+    stop4 = tour_stops()[3].link
+    at.button(key="tour_next").click().run()   # → stop 4, Prefix caching
+    assert at.title[0].value.startswith("🧱 Prefix caching")
+    assert _query(at) == {**stop4.query(), "tour": "3"}  # the link as it opened: the page wrote nothing
+    monkeypatch.setattr(app.state, "_is_history_navigation", lambda: True)
+    at.switch_page("../pages/whatif.py")
+    _set_query(at, {**stop4.query(), "tour": "3"})  # Back: the What-if page under stop 4's link
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.title                        # the page is not drawn under the wrong banner...
+    assert any("history.back()" in h.proto.body for h in at.get("html"))  # ...the browser steps on
+    assert _query(at) == {**stop4.query(), "tour": "3"}  # and the entry is left as it was
+
+
+def test_a_click_with_an_older_url_keeps_the_tour_stop():
+    """A quick second click sends the browser's URL as it was before the first click's run updated it
+    (tour=1 after Next went to tour=2): the tour stays at its stop."""
+    at = _main(tour="1")
+    at.button(key="tour_next").click().run()
+    assert "stop 3 of 6" in _banner(at)
+    at.query_params["tour"] = "1"              # the older URL, sent with a click on the page
+    at.slider(key="wi_alpha").set_value(0.7).run()
+    assert "stop 3 of 6" in _banner(at) and at.session_state["wi_alpha"] == 0.7
+
+
+def test_a_switch_swallowed_by_a_quick_second_click_is_made_again():
+    """A quick double "◀ Previous" from stop 2: the second click's run replaced the switch to stop 1's
+    Live page, which left stop 1's banner over the What-if page. The switch is made again."""
+    from app.teaching import _SWITCH
+
+    at = _main(tour="1")                       # stop 2, What-if
+    stop1 = tour_stops()[0].link
+    at.session_state["tour_stop"] = 0          # what the first click's run did before its switch...
+    at.session_state[_SWITCH] = (stop1, (), "whatif", {**stop1.query(), "tour": "0"})
+    at.run()                                   # ...which the second click's run (on What-if) replaced
+    assert not at.exception, at.exception
+    assert "stop 1 of 6" in _banner(at) and "Live speculative decoding" in at.title[0].value

@@ -20,10 +20,7 @@ REG = {"live": "live.py", "whatif": "whatif.py", "prefix-cache": "prefix_cache.p
 
 def _keys(url_path: str) -> list[str]:
     src = (ROOT / "pages" / REG[url_path]).read_text()
-    keys = re.findall(r"""url_param\(\s*["'](\w+)["']""", src)
-    if url_path == "whatif":
-        keys.append("wi_tab")  # the tabs, bound to the URL with bind="query-params"
-    return keys
+    return re.findall(r"""url_param\(\s*["'](\w+)["']""", src)
 
 
 def _q(qs, key):

@@ -23,7 +23,7 @@ def test_prefix_cache_page_renders(page, app_url):
     _wait_text(page, f"{sim.hit_rate:.1%}")
     _wait_text(page, f"{sim.hit_tokens:,} of {sim.prompt_tokens:,}")
     _wait_text(page, f"{sim.saved_ms:,.1f} ms")
-    assert page.locator(".js-plotly-plot").count() >= 2        # block tables and pool
+    page.locator(".js-plotly-plot").nth(1).wait_for(timeout=30_000)   # block tables and pool (drawn last)
     assert screenshot(page, "prefix_cache").stat().st_size > 20_000
 
 
