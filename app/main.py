@@ -15,7 +15,7 @@ import streamlit as st  # noqa: E402
 
 from app.registry import PAGES_DIR, available_pages  # noqa: E402
 from app.state import begin_url_batch, flush_url, keep_page_state  # noqa: E402
-from app.teaching import finish_switch  # noqa: E402
+from app.teaching import finish_switch, pass_through_switch_entry  # noqa: E402
 from app.tour import init_modes, tour_banner  # noqa: E402
 
 # ?present=1 (presenter mode) collapses the sidebar; the tour banner and presenter styling are drawn
@@ -33,6 +33,7 @@ nav = st.navigation(pages)
 keep_page_state()   # settings of the pages not shown in this run survive it
 begin_url_batch(nav.url_path)   # the run's URL writes become one update (one browser-history entry)
 try:
+    pass_through_switch_entry(nav.url_path)  # Back/Forward onto the entry a page switch left behind
     tour_banner(nav.url_path)
     finish_switch(nav.url_path)  # a tour/page button's switch that a quick second click swallowed
     nav.run()

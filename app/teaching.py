@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from functools import lru_cache
 from typing import Sequence
 
 import streamlit as st
 
 from app.registry import PAGES_DIR, available_pages
-from app.state import current_page, discard_url_batch, is_history_navigation
+from app.state import abandon_run, current_page, discard_url_batch, is_history_navigation, previous_page
 from engine.errors import SpeedupLabError
 from engine.teaching import PageLink, Question
 
@@ -92,11 +93,48 @@ def goto(link: PageLink, extra_clear: Sequence[str] = ()) -> None:
         query.pop(k, None)
     discard_url_batch()  # this page's pending URL writes must not land on the new page's URL
     query = {**query, **_mode_params()}
-    st.session_state[_SWITCH] = (link, tuple(extra_clear), current_page(), query)
+    origin = current_page()
+    st.session_state[_SWITCH] = (link, tuple(extra_clear), origin, query)
+    if origin is not None and origin != link.url_path and set(query) - _MODES:
+        # st.switch_page first puts the new query on the page being left: a history entry of its own
+        transits = st.session_state.setdefault(_TRANSITS, [])
+        transits[:] = [*transits[-49:], _entry(origin, query)]
     st.switch_page(str(PAGES_DIR / file), query_params=query)
 
 
 _SWITCH = "_goto_switch"  # (link, extra_clear, the page it left, the query it opened with) until it lands
+_TRANSITS = "_goto_transits"  # the history entries goto's switches left behind: (page, query items)
+_PASSED_BACK = "_goto_passed_back"  # the previous run passed such an entry going back
+_MODES = {"tour", "present"}
+# A fixed script (no user or model text; the direction is one of two words): see pass_through_switch_entry.
+_HISTORY_STEP = """<script>/* NONCE */ window.history.DIRECTION();</script>"""
+
+
+def _entry(page: str | None, query) -> tuple:
+    return page, tuple(sorted((str(k), str(v)) for k, v in query.items()))
+
+
+def pass_through_switch_entry(page: str) -> None:
+    """Call every run before anything is drawn (app/main.py), with the page's ``url_path``. Back/Forward
+    onto a history entry that ``goto``'s switch left behind (the page being left, under the new page's
+    query: ``/whatif?pc_preset=…&tour=3``) passes through it in the reader's direction: forward when the
+    previous run drew this same page (the entry before it), back otherwise. Such an entry showed a tour
+    stop's banner over another stop's page, and every opened link cost two or three Back presses."""
+    if not is_history_navigation():
+        return
+    if _entry(page, st.query_params.to_dict()) not in st.session_state.get(_TRANSITS, ()):
+        return
+    forward = previous_page() == page
+    st.session_state[_PASSED_BACK] = not forward
+    st.caption("…")
+    st.html(_HISTORY_STEP.replace("DIRECTION", "forward" if forward else "back")
+            .replace("NONCE", str(time.time_ns())), unsafe_allow_javascript=True)
+    abandon_run()
+
+
+def passed_back_through_a_switch() -> bool:
+    """Whether the previous run passed back through a switch's entry (read once per run)."""
+    return bool(st.session_state.pop(_PASSED_BACK, False))
 
 
 def finish_switch(page: str) -> None:

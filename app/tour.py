@@ -11,12 +11,10 @@ in that state, at tour stop 2.
 
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
-from app.state import abandon_run, is_history_navigation, note_replaced, previous_page, stage_url, url_leads
-from app.teaching import goto, page_file
+from app.state import is_history_navigation, note_replaced, stage_url, url_leads
+from app.teaching import goto, page_file, passed_back_through_a_switch
 from engine.teaching import PageLink, tour_stops
 
 TOUR_KEY = "tour_stop"
@@ -136,6 +134,8 @@ def _read_tour_stop() -> None:
     the first run). A click sends the URL the browser had then, which may predate the last update: a
     quick second click on "◀ Previous" took the tour back to the stop it had just left."""
     qp = st.query_params
+    if passed_back_through_a_switch() and "tour" not in qp and is_history_navigation():
+        st.session_state[TOUR_KEY] = None  # Back past the tour's start: the entry from before it
     if "tour" in qp and qp["tour"] != str(st.session_state.get(TOUR_KEY)) and (
             url_leads() or TOUR_KEY not in st.session_state):
         raw = qp["tour"]
@@ -148,36 +148,6 @@ def _read_tour_stop() -> None:
         if i < 0 or i >= n:  # a hand-edited link: say what is shown instead
             # the link counts stops from 0, the banner from 1: name the stop as the banner does
             note_replaced("tour", raw, n - 1 if i >= n else "off", why=f"stop {n} of {n}" if i >= n else "")
-
-
-# A fixed script (no user or model text; the direction is one of two words): see _pass_through_switch.
-_HISTORY_STEP = """<script>/* NONCE */ window.history.DIRECTION();</script>"""
-
-
-def _pass_through_switch(page_url_path: str) -> None:
-    """Back/Forward onto the history entry that ``st.switch_page`` adds when a tour stop opens: the page
-    being left, under the next stop's link (``/whatif?pc_preset=…&tour=3``). It showed a stop's banner
-    over another stop's page, and Back took three presses per stop. Such an entry is passed through, in
-    the direction the reader was going: forward when the previous run drew this same page (the entry
-    before it), back when it came from the stop's page (the entry after it)."""
-    if not is_history_navigation():
-        return
-    try:
-        i = int(st.query_params.get("tour", ""))
-    except ValueError:
-        return
-    stops = _stops()
-    if not 0 <= i < len(stops):
-        return
-    link = stops[i].link
-    keys = set(st.query_params.keys()) - {"tour", PRESENT_KEY}
-    if page_url_path == link.url_path or not keys or not keys <= set(link.params):
-        return
-    direction = "forward" if previous_page() == page_url_path else "back"
-    st.caption("…")
-    st.html(_HISTORY_STEP.replace("DIRECTION", direction).replace("NONCE", str(time.time_ns())),
-            unsafe_allow_javascript=True)
-    abandon_run()
 
 
 def _keep_modes_in_url() -> None:
@@ -249,7 +219,6 @@ def tour_banner(page_url_path: str) -> None:
     """The app's small base style sheet, presenter styling and, while the tour is on, its banner: where
     we are, what to look at, and Previous / Next / Leave. Call from app/main.py after ``st.navigation``
     and before ``.run()``, with the page's ``url_path`` ("" for the home page)."""
-    _pass_through_switch(page_url_path)
     _read_tour_stop()
     _keep_modes_in_url()
     st.html(_BASE_CSS)

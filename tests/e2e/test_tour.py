@@ -163,3 +163,10 @@ def test_browser_back_and_forward_step_one_stop_at_a_time(page, app_url):
     page.go_forward()
     _banner(page).get_by_text("stop 2 of 6").wait_for(timeout=60_000)
     wait_url(page, "/whatif?", "tour=1")
+    for _ in range(2):  # back past the tour's start: Home as it was, without the tour
+        page.go_back()
+        wait_idle(page)
+    page.get_by_role("button", name="▶ Start the guided tour").wait_for(timeout=60_000)
+    wait_url(page, absent=("tour=",))
+    wait_idle(page)
+    assert _banner(page).count() == 0
