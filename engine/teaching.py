@@ -573,8 +573,17 @@ class TradeOff:
     stops_helping: str
     changes_outputs: str
     example: str          # a number the engine computes for a stated setting
-    page: str             # url_path of the page that shows it
+    link: PageLink        # the page that shows the example, in the example's setting
     source: str
+
+    @property
+    def page(self) -> str:
+        """url_path of the page that shows the example."""
+        return self.link.url_path
+
+
+def _analytic_link(alpha: float, gamma: int, cost: float) -> PageLink:
+    return PageLink("whatif", {"wi_alpha": alpha, "wi_gamma": gamma, "wi_cost": cost, "wi_tab": "Analytic model"})
 
 
 def trade_offs() -> list[TradeOff]:
@@ -583,7 +592,8 @@ def trade_offs() -> list[TradeOff]:
     s_pl = speedup(0.5, 4, 0.0)
     s_heads = speedup(0.7, 3, 0.02)
     la = long_answer_mistake()
-    br, bc = block_sizes(sram_elements(FLASH_HW["NVIDIA A100 (SXM4 40GB)"].sram_kib * 1024, 2), 64)
+    a100 = "NVIDIA A100 (SXM4 40GB)"
+    br, bc = block_sizes(sram_elements(FLASH_HW[a100].sram_kib * 1024, 2), 64)
     ratio = standard_traffic(4096, 64, 2).bytes / flash_traffic(4096, 64, br, bc, bytes_per_element=2).bytes
     llama = model_preset("Llama-3.1-8B")
     mha = dataclasses.replace(llama, num_kv_heads=llama.num_heads)
@@ -595,36 +605,40 @@ def trade_offs() -> list[TradeOff]:
                  "large batches (the verify pass becomes compute-bound); low acceptance α; an expensive draft",
                  "No: the acceptance rule keeps the target's distribution",
                  f"α 0.8, γ 4, c 0.05, 7 B on H100: {lb.speedup_at_1:.2f}× at batch 1; {cross}",
-                 "whatif", "Leviathan et al. 2023, Theorem 3.8; roofline (engine.analytic)"),
+                 MISTAKE_LINKS["large_batch"], "Leviathan et al. 2023, Theorem 3.8; roofline (engine.analytic)"),
         TradeOff("Prompt lookup (n-gram)", "decode steps, when the answer copies the prompt",
                  "almost nothing (a string match, c ≈ 0)",
                  "answers that do not copy the context (α near 0); large batches",
                  "No (same verification)",
-                 f"α 0.5, γ 4, c 0: {s_pl:.2f}×", "live", "Saxena 2023 (prompt lookup); engine.analytic"),
+                 f"α 0.5, γ 4, c 0: {s_pl:.2f}×", _analytic_link(0.5, 4, 0.0),
+                 "Saxena 2023 (prompt lookup); engine.analytic"),
         TradeOff("Self-drafting heads (Medusa, EAGLE, multi-token heads)", "decode steps",
                  "training extra heads on the target; a model change to serve",
                  "large batches; heads trained on other data accept less",
                  "No with a distribution-preserving acceptance rule (Medusa's typical acceptance can differ)",
-                 f"assumed α 0.7, γ 3, c 0.02: {s_heads:.2f}×", "whatif",
+                 f"assumed α 0.7, γ 3, c 0.02: {s_heads:.2f}×", _analytic_link(0.7, 3, 0.02),
                  "Cai et al. 2024 (Medusa); Li et al. 2024 (EAGLE); engine.analytic"),
         TradeOff("Prefix caching", "prefill of the shared prefix (time to first token)",
                  "GPU memory holding cached blocks (evicted when needed)",
                  "prompts that differ near the start; long answers (decode is untouched)",
                  "No: the same keys and values, up to floating-point rounding",
                  f"8 B on H100, 2,000-token prompt, {la.cached_tokens:,} cached, 500-token answer: "
-                 f"{la.saved_share:.1%} of the total saved", "prefix-cache", "engine.prefix_cache, engine.kv_size"),
+                 f"{la.saved_share:.1%} of the total saved", PageLink("mistakes"),  # its mistake 5
+                 "engine.prefix_cache, engine.kv_size"),
         TradeOff("FlashAttention", "main-memory traffic and the N × N memory of attention",
                  "a fused kernel per GPU; recomputation in the backward pass",
                  "short sequences (Q, K, V, O dominate the traffic); decode with one query per step gains less",
                  "No: exact, up to floating-point rounding",
-                 f"N 4,096, d 64, fp16, A100: {ratio:.1f}× less traffic", "flash-attention",
+                 f"N 4,096, d 64, fp16, A100: {ratio:.1f}× less traffic",
+                 PageLink("flash-attention", {"fa_gpu": a100, "sram": FLASH_HW[a100].sram_kib, "td": 64, "bpe": 2,
+                                              "nmax": 4096}),
                  "Dao et al. 2022, Algorithms 0 and 1 (engine.flash)"),
         TradeOff("GQA / MQA", "KV-cache memory and the KV bytes every decode step reads",
                  "a model change, made in training (or uptraining); possibly some quality",
                  "short contexts and small batches, where the weights dominate each step's reads",
                  "Yes: it is a different model",
                  f"Llama-3.1-8B (8 KV heads) vs the same model with 32: {kv_ratio:g}× smaller KV cache",
-                 "kv-cache", "Shazeer 2019; Ainslie et al. 2023 (engine.kv_size)"),
+                 PageLink("kv-cache", {"preset": "Llama-3.1-8B"}), "Shazeer 2019; Ainslie et al. 2023 (engine.kv_size)"),
     ]
 
 

@@ -5,7 +5,7 @@ import streamlit as st
 
 from app.registry import available_pages
 from app.teaching import page_link
-from engine.teaching import PageLink, trade_offs
+from engine.teaching import trade_offs
 
 st.title("⚖️ Trade-offs")
 st.markdown(
@@ -30,7 +30,7 @@ for i, r in enumerate(rows):
                     f"{r.stops_helping}  \n**Changes outputs?** {r.changes_outputs}")
         st.markdown(f"**Example (engine):** {r.example}")
         st.caption(f"Source: {r.source}")
-        page_link(PageLink(r.page), f"Open: {titles.get(r.page, r.page)}")
+        page_link(r.link, f"Open: {titles.get(r.page, r.page)}")
 with st.expander("The same comparison as one table (download as CSV from its toolbar)"):
     st.dataframe(
         [{"speedup": r.technique, "saves": r.saves, "costs": r.costs, "stops helping when": r.stops_helping,

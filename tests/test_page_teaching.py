@@ -322,3 +322,23 @@ def test_a_switch_swallowed_by_a_quick_second_click_is_made_again():
     at.run()                                   # ...which the second click's run (on What-if) replaced
     assert not at.exception, at.exception
     assert "stop 1 of 6" in _banner(at) and "Live speculative decoding" in at.title[0].value
+
+
+@pytest.mark.parametrize("row", [r for r in __import__("engine.teaching", fromlist=["trade_offs"]).trade_offs()
+                                 if r.page in ("whatif", "flash-attention", "kv-cache")],
+                         ids=lambda r: r.technique[:24])
+def test_a_trade_off_card_opens_its_example(row):
+    """A user's report: the cards' "Open:" links carried no settings, so "2.39×" for self-drafting heads
+    opened What-if at its defaults (2.80×), and GQA's Llama example opened on SmolLM2. Each link now
+    opens its page in the example's setting, and the page shows the card's number."""
+    import re
+
+    at = _main(**row.link.query())
+    files = {"whatif": "whatif.py", "flash-attention": "flash_attention.py", "kv-cache": "kv_cache.py"}
+    at.switch_page(f"../pages/{files[row.page]}")
+    at.run()
+    assert not at.exception, at.exception
+    shown = " ".join([m.value for m in at.metric] + [m.value for m in at.markdown] + [c.value for c in at.caption]
+                     + [t.value.to_string() for t in [*at.table, *at.dataframe]])
+    number = re.search(r"(\d+(?:\.\d+)?)×", row.example).group(1)
+    assert f"{number}×" in shown or f"{float(number):.2f}×" in shown, (row.technique, number)  # KV's table: 4.00×
