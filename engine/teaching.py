@@ -710,14 +710,15 @@ def recap() -> list[RecapItem]:
                   "KV-cache size: the roofline table"),
         RecapItem(f"Speculative decoding turns spare compute into fewer target passes: at α = 0.8 and γ = 4 one "
                   f"pass yields {e:.2f} tokens on average, and the output distribution does not change.",
-                  PageLink("live", {"lv_preset": "code", "lv_draft": "ngram"}), "Live speculative decoding"),
+                  PageLink("whatif", {"wi_alpha": 0.8, "wi_gamma": 4, "wi_tab": "Step simulator · Try it"}),
+                  "What-if: step simulator"),
         RecapItem("It pays only when the draft agrees often and costs little"
                   + (f": with c = 0.3 it needs α above {be:.2f}." if be is not None else "."),
                   PageLink("whatif", {"wi_alpha": 0.6, "wi_cost": 0.3, "wi_tab": "Analytic model"}),
                   "What-if: analytic model"),
         RecapItem(f"It stops paying at large batches ({lb.speedup_at_1:.2f}× at batch 1 on a 7 B model, "
                   f"{lb.speedup_at_large:.2f}× at batch {lb.large_batch}).",
-                  PageLink("whatif", {"wi_tab": "When it does not help"}), "What-if: when it does not help"),
+                  MISTAKE_LINKS["large_batch"], "What-if: when it does not help"),
         RecapItem("Prefix caching skips the prefill of a shared beginning; keep stable text first.",
                   PageLink("prefix-cache", {"pc_preset": "timestamp", "pc_ts": "end"}), "Prefix caching"),
         RecapItem("FlashAttention computes exact attention in tiles and never writes the N × N matrix to main "

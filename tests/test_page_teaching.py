@@ -342,3 +342,19 @@ def test_a_trade_off_card_opens_its_example(row):
                      + [t.value.to_string() for t in [*at.table, *at.dataframe]])
     number = re.search(r"(\d+(?:\.\d+)?)×", row.example).group(1)
     assert f"{number}×" in shown or f"{float(number):.2f}×" in shown, (row.technique, number)  # KV's table: 4.00×
+
+
+def test_recap_links_open_the_numbers_they_quote():
+    """A user's report: the recap quoted α = 0.8, γ = 4 → 3.36 tokens per pass and linked to Live (code
+    preset, γ 2), where that number is nowhere; its large-batch line linked to What-if at the defaults."""
+    from engine.teaching import recap
+
+    items = recap()
+    for item, number in ((items[1], "3.36"), (items[3], "2.80×")):
+        assert number in item.idea and item.link.url_path == "whatif"
+        at = _main(**item.link.query())
+        at.switch_page("../pages/whatif.py").run()
+        assert not at.exception, at.exception
+        shown = " ".join([m.value for m in at.metric] + [m.value for m in at.markdown]
+                         + [i.value for i in at.info])
+        assert number in shown, (item.where, number)
