@@ -181,7 +181,7 @@ for t in range(r1 - r0):
     rows.append({
         "row": r0 + t,
         "m before": _f(step.m_before[t]), "tile max m̃": _f(step.m_tile[t]), "m after": _f(step.m_after[t]),
-        "old terms × e^(m−m_new)": rescale,
+        "rescale e^(m before − m after)": rescale,
         "ℓ before": f"{step.l_before[t]:.4f}", "tile sum ℓ̃": f"{step.l_tile[t]:.4f}",
         "ℓ after": f"{step.l_after[t]:.4f}",
         "output row before": "[" + ", ".join(f"{x:.3f}" for x in step.out_before[t][:3])

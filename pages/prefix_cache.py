@@ -116,6 +116,10 @@ n_req = len(sim.requests)
 url_param("pc_step", n_req, int, lo=1, hi=n_req)  # "Show requests 1 to": a link shows the same ones
 if st.session_state.get("pc_step") is None or not 1 <= st.session_state["pc_step"] <= n_req:
     st.session_state["pc_step"] = n_req
+elif (not url_leads() and st.session_state["pc_step"] == st.session_state.get("pc_n_before", n_req)
+      and n_req > st.session_state["pc_step"]):
+    st.session_state["pc_step"] = n_req  # the view was at the last request: an added one is shown too
+st.session_state["pc_n_before"] = n_req
 
 
 def _step(delta: int) -> None:

@@ -191,7 +191,7 @@ def test_running_statistics_table_is_consistent():
     table = find_table(at, "m before")
     # Step 1: rows 0–3 meet their first tile: nothing to rescale yet.
     assert list(table["row"]) == [0, 1, 2, 3]
-    assert set(table["m before"]) == {"−∞"} and set(table["old terms × e^(m−m_new)"]) == {"— (first tile)"}
+    assert set(table["m before"]) == {"−∞"} and set(table["rescale e^(m before − m after)"]) == {"— (first tile)"}
     at.slider(key="step").set_value(4).run()   # Algorithm 1 order: step 4 = Q block 0 against K/V block 1
     table = find_table(at, "m before")
     assert list(table["row"]) == [0, 1, 2, 3]
@@ -199,6 +199,6 @@ def test_running_statistics_table_is_consistent():
         mb, mt, ma = float(r["m before"]), float(r["tile max m̃"]), float(r["m after"])
         lb, lt, la = float(r["ℓ before"]), float(r["tile sum ℓ̃"]), float(r["ℓ after"])
         assert ma == pytest.approx(max(mb, mt), abs=1e-4)                      # m_new = max(m, m̃)
-        assert float(r["old terms × e^(m−m_new)"]) == pytest.approx(math.exp(mb - ma), abs=1e-4)
+        assert float(r["rescale e^(m before − m after)"]) == pytest.approx(math.exp(mb - ma), abs=1e-4)
         # ℓ_new = e^(m − m_new) ℓ + e^(m̃ − m_new) ℓ̃ (values shown to 4 decimals)
         assert la == pytest.approx(math.exp(mb - ma) * lb + math.exp(mt - ma) * lt, abs=2e-3)

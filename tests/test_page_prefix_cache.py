@@ -185,3 +185,20 @@ def test_back_past_a_preset_change_shows_that_presets_requests(monkeypatch):
     at.text_area(key="pc_text").set_value("hello world one\n---\nhello world two").run()
     at.slider(key="pc_block").set_value(8).run()
     assert at.session_state["pc_text"] == "hello world one\n---\nhello world two"
+
+
+def test_a_request_added_while_the_last_was_shown_is_shown_too():
+    """A user's report: at "Show requests 1 to 5 (of 5)", a sixth request typed into the box was not
+    drawn (the slider stayed at 5 of 6), as if the page ignored it. Stepped back, the view stays put."""
+    main = str(Path(PAGE).parent.parent / "app" / "main.py")
+    at = AppTest.from_file(main, default_timeout=120)
+    at.run()
+    at.switch_page("../pages/prefix_cache.py").run()
+    n = at.session_state["pc_step"]
+    at.text_area(key="pc_text").set_value(at.session_state["pc_text"] + "\n---\nA brand new request.").run()
+    assert not at.exception, at.exception
+    assert at.session_state["pc_step"] == n + 1
+    at.button[0].click().run()  # ◀ Previous request: now at n of n + 1
+    assert at.session_state["pc_step"] == n
+    at.text_area(key="pc_text").set_value(at.session_state["pc_text"] + "\n---\nAnother one.").run()
+    assert at.session_state["pc_step"] == n
