@@ -4,10 +4,11 @@
 import streamlit as st
 
 from app.state import note_replaced
+from app.tour import intro
 from engine.teaching import IN_THE_WILD
 
 st.title("🌍 In the wild")
-st.markdown(
+intro(
     "The speedups on these pages are not research curiosities: the widely used inference engines ship "
     "them. Each line below is stated only as far as the named documentation page (or the installed "
     "library's source) says; versions move fast, so check the current page before relying on a flag.")

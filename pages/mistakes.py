@@ -6,12 +6,13 @@ import streamlit as st
 from app.charts import show_table
 from app.resources import get_tokenizer
 from app.teaching import go_button
+from app.tour import intro
 from engine.errors import SpeedupLabError
 from engine.teaching import (MISTAKE_LINKS, large_batch_mistake, long_answer_mistake, quality_mistake,
                              timestamp_mistake, tokenizer_mistake)
 
 st.title("🚧 Common mistakes, live")
-st.markdown("Five mistakes people make with these speedups. Each shows its effect with the engine's "
+intro("Five mistakes people make with these speedups. Each shows its effect with the engine's "
             "numbers; a button opens the page in the state that reproduces it (the tokenizer mistake is "
             "reproduced right here).")
 

@@ -5,10 +5,11 @@ import streamlit as st
 
 from app.registry import available_pages
 from app.teaching import page_link
+from app.tour import intro
 from engine.teaching import trade_offs
 
 st.title("⚖️ Trade-offs")
-st.markdown(
+intro(
     "Every speedup in this app removes a different kind of waste, and each one pays for it somewhere. "
     "The cards set them side by side; each **example** is computed by the engine for the setting it "
     "names, and each card opens the page that shows it.")
