@@ -1,6 +1,8 @@
 """In the wild: which widely used engines document which of these speedups (facts from
 ``engine.teaching.IN_THE_WILD``, each with its documentation page)."""
 
+import re
+
 import streamlit as st
 
 from app.state import note_replaced
@@ -19,15 +21,26 @@ for raw in st.query_params.get_all("wild_engines"):
     if raw not in engines:
         note_replaced("wild_engines", raw, "(not offered: left out)")
 pick = st.multiselect("Engines", engines, default=engines, key="wild_engines", bind="query-params")
+# a documentation address in a source ("docs.vllm.ai/en/v0.9.1/…") becomes a link; the text is our own
+# curated text (engine.teaching), never user or model text
+_ADDRESS = re.compile(r"\b((?:docs\.[\w.-]+|[\w-]+\.github\.io|github\.com|huggingface\.co)/[^\s;,()]*[^\s;,().])")
+
+
+def _linked(source: str) -> str:
+    return _ADDRESS.sub(r"[\1](https://\1)", source)
+
+
+shown = [f for e in engines if e in pick for f in IN_THE_WILD if f.engine == e]  # the sections' order
 for engine in [e for e in engines if e in pick]:
     st.subheader(engine)
-    # our own curated text (engine.teaching), written as Markdown so flags show as code
-    st.markdown("\n".join(f"- **{f.technique}**: {f.how}. *Documented at* {f.source}."
-                           for f in IN_THE_WILD if f.engine == engine))
+    # written as Markdown so flags show as code
+    st.markdown("\n".join(f"- **{f.technique}**: {f.how}. *Documented at* "
+                           f"{_linked(f.source)}."
+                           for f in shown if f.engine == engine))
 with st.expander("The same facts as a table (download as CSV from its toolbar)"):
     st.dataframe(
-        [{"engine": f.engine, "what": f.technique, "how it is switched on": f.how, "as documented at": f.source}
-         for f in IN_THE_WILD if f.engine in pick],
+        [{"engine": f.engine, "what": f.technique, "how it is switched on": f.how.replace("`", ""),
+          "as documented at": f.source} for f in shown],
         hide_index=True, width="stretch")
 st.caption("FlashAttention-style fused attention kernels are the default attention path in these engines' "
            "GPU builds; only the transformers line is stated here because it was checked against the "

@@ -358,3 +358,17 @@ def test_recap_links_open_the_numbers_they_quote():
         shown = " ".join([m.value for m in at.metric] + [m.value for m in at.markdown]
                          + [i.value for i in at.info])
         assert number in shown, (item.where, number)
+
+
+def test_in_the_wild_links_its_sources_and_orders_its_table_as_its_sections():
+    """A user's report: the documentation pages were plain text, the table showed raw backticks, and its
+    rows came in another order than the sections."""
+    at = AppTest.from_file(str(ROOT / "pages" / "in_the_wild.py"), default_timeout=60).run()
+    assert not at.exception, at.exception
+    text = " ".join(m.value for m in at.markdown)
+    assert "](https://docs.vllm.ai/en/v0.9.1/features/spec_decode.html)" in text
+    assert "](https://nvidia.github.io/TensorRT-LLM/advanced/speculative-decoding.html)" in text
+    table = at.dataframe[0].value
+    assert not table["how it is switched on"].str.contains("`").any()
+    engines = list(dict.fromkeys(table["engine"]))
+    assert engines == sorted(engines) == [h.value for h in at.subheader]
