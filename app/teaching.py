@@ -65,8 +65,8 @@ def _mode_params() -> dict[str, str]:
 
 
 def _is_bound(key: str) -> bool:
-    """Whether a query parameter is bound to a widget (``bind="query-params"``, e.g. the what-if tabs):
-    such a parameter cannot be set directly, only through the widget's session value."""
+    """Whether a query parameter is bound to a widget (``bind="query-params"``, e.g. In the wild's engine
+    filter): such a parameter cannot be set directly, only through the widget's session value."""
     try:
         from streamlit.runtime.state.session_state_proxy import get_session_state
 

@@ -55,8 +55,8 @@ url_param("wi_toy_gamma", 4, int, lo=1, hi=TOY_MAX_GAMMA)
 url_param("wi_toy_n", 10000, int, choices=TOY_NS)
 url_param("wi_toy_seed", 0, int, lo=0, hi=10**6)
 url_param("wi_toy_rule", RULES[0], str, choices=RULES)
-URL_KEYS = ["wi_tab", "wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps", "wi_seed", "wi_hw", "wi_params_b",
-            "wi_bytes", "wi_bw", "wi_peak", "wi_max_batch", "wi_toy_target", "wi_toy_draft", "wi_toy_ctx",
+URL_KEYS = ["wi_tab", "wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps", "wi_seed", "wi_hw",
+            "wi_params_b", "wi_bytes", "wi_bw", "wi_peak", "wi_max_batch", "wi_toy_target", "wi_toy_draft", "wi_toy_ctx",
             "wi_toy_gamma", "wi_toy_n", "wi_toy_seed", "wi_toy_rule"]
 
 
