@@ -13,9 +13,9 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
+from app.navigation import finish_switch, pass_through_switch_entry  # noqa: E402
 from app.registry import PAGES_DIR, available_pages  # noqa: E402
 from app.state import begin_url_batch, flush_url, keep_page_state  # noqa: E402
-from app.teaching import finish_switch, pass_through_switch_entry  # noqa: E402
 from app.tour import init_modes, tour_banner  # noqa: E402
 
 # ?present=1 (presenter mode) collapses the sidebar; the tour banner and presenter styling are drawn

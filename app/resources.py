@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.models import LoadedModel, load_model, load_tokenizer
+from engine.decoding.models import LoadedModel, load_model, load_tokenizer
 
 
 @st.cache_resource(show_spinner=False, max_entries=6)
 def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load ``spec`` once per process (see ``engine.models.load_model``); raises ModelLoadError."""
+    """Load ``spec`` once per process (see ``engine.decoding.models.load_model``); raises ModelLoadError."""
     bar = st.progress(0.0, text=f"Loading {spec}…")
     try:
         return load_model(spec, device=device, dtype=dtype,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.navigation import goto, page_file, passed_back_through_a_switch
 from app.state import is_history_navigation, note_replaced, stage_url, url_leads
-from app.teaching import goto, page_file, passed_back_through_a_switch
-from engine.teaching import PageLink, tour_stops
+from engine.explain.teaching import PageLink, tour_stops
 
 TOUR_KEY = "tour_stop"
 PRESENT_KEY = "present"

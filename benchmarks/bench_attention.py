@@ -28,8 +28,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.flash import (DEFAULT_PRESET, HARDWARE_PRESETS, flash_report, format_bytes,  # noqa: E402
-                          measure_attention, traffic_curve)
+from engine.explain.flash import (  # noqa: E402
+    DEFAULT_PRESET,
+    HARDWARE_PRESETS,
+    flash_report,
+    format_bytes,
+    measure_attention,
+    traffic_curve,
+)
 
 OUT = ROOT / "benchmarks" / "results"
 
@@ -103,7 +109,7 @@ def main() -> None:
     lines += ["", "The CPU has no HBM/SRAM split like a GPU; the time gap here comes from the fused kernel "
               "keeping its tiles in cache and never writing the N×N matrices, so its size is not the GPU "
               "model's ratio. The memory columns are directly comparable to the model.", "",
-              "Page rerun (engine.flash.flash_report), median of 5: "
+              "Page rerun (engine.explain.flash.flash_report), median of 5: "
               + "; ".join(f"{k}: {v} ms" for k, v in res["page_rerun_ms"].items()), ""]
     (OUT / "attention.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -44,7 +44,7 @@ def main() -> int:
     import torch
     from transformers import DynamicCache
 
-    from engine.models import load_model
+    from engine.decoding.models import load_model
 
     torch.set_num_threads(args.threads)
     target = load_model("embedded")

@@ -1,7 +1,7 @@
 """The shipped draft (assets/smollm2-draft) against the embedded target: acceptance and step cost.
 
 1. Held-out acceptance, teacher-forced along the target's own answers to held-out prompts (topics never
-   used in training; ``engine.train_draft.evaluate_draft``): greedy α on greedy answers, α at T = 0.7
+   used in training; ``engine.training.train_draft.evaluate_draft``): greedy α on greedy answers, α at T = 0.7
    (Σ min(p, q) of the T = 0.7 distributions, averaged over positions) along sampled answers (sampled at
    the training run's data temperature 0.8 when its cached held-out set is reused, else at 0.7; the JSON
    says which).
@@ -32,9 +32,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.draft_data import build_prompts, chat_ids, generate_samples, load_samples  # noqa: E402
-from engine.models import load_model  # noqa: E402
-from engine.train_draft import evaluate_draft  # noqa: E402
+from engine.decoding.models import load_model  # noqa: E402
+from engine.training.draft_data import build_prompts, chat_ids, generate_samples, load_samples  # noqa: E402
+from engine.training.train_draft import evaluate_draft  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 
@@ -69,8 +69,8 @@ def step_costs(target, draft, prompt_ids: list[int], steps: int) -> dict:
 
 def engine_runs(target, draft, prompts: list[str], gamma: int, max_new: int) -> dict:
     """Greedy speculative decoding vs plain decoding with the engine, alternating, same prompts."""
-    from engine.proposers import make_proposer
-    from engine.speculative import encode_prompt, generate
+    from engine.decoding.proposers import make_proposer
+    from engine.decoding.speculative import encode_prompt, generate
 
     rows, plain_ms, spec_ms, acc, judged, passes, new = [], 0.0, 0.0, 0, 0, 0, 0
     for p in prompts:

@@ -1,6 +1,6 @@
 """The shipped draft head (assets/smollm2-head) on held-out prompts: acceptance, step cost, speedup.
 
-Held-out prompts come from ``engine.draft_data.build_prompts(n, "heldout")``: topics never used in
+Held-out prompts come from ``engine.training.draft_data.build_prompts(n, "heldout")``: topics never used in
 training. Everything runs through the engine, alternating methods prompt by prompt:
 
 1. greedy: plain decoding, then the head at each γ in ``--gammas``; per γ the acceptance rate
@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.draft_data import build_prompts  # noqa: E402
-from engine.models import load_model  # noqa: E402
-from engine.proposers import make_proposer  # noqa: E402
-from engine.sampling import SamplingConfig  # noqa: E402
-from engine.speculative import encode_prompt, generate  # noqa: E402
+from engine.decoding.models import load_model  # noqa: E402
+from engine.decoding.proposers import make_proposer  # noqa: E402
+from engine.decoding.sampling import SamplingConfig  # noqa: E402
+from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
+from engine.training.draft_data import build_prompts  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "head"
 

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.kv_size import MODEL_PRESETS, kv_report, measure_this_machine, real_kv_check  # noqa: E402
-from engine.models import load_model  # noqa: E402
+from engine.decoding.models import load_model  # noqa: E402
+from engine.explain.kv_size import MODEL_PRESETS, kv_report, measure_this_machine, real_kv_check  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 

@@ -23,9 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.models import load_model, load_tokenizer  # noqa: E402
-from engine.prefix_cache import (  # noqa: E402
-    PRESETS, estimate_ttft_ms, join_requests, measure_prefix_reuse, preset_requests, simulate_texts,
+from engine.decoding.models import load_model, load_tokenizer  # noqa: E402
+from engine.explain.prefix_cache import (  # noqa: E402
+    PRESETS,
+    estimate_ttft_ms,
+    join_requests,
+    measure_prefix_reuse,
+    preset_requests,
+    simulate_texts,
     tokenize_requests,
 )
 

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, EMBEDDED_HEAD_DIR, load_model  # noqa: E402
-from engine.proposers import PromptLookupProposer, make_proposer  # noqa: E402
-from engine.speculative import encode_prompt, generate  # noqa: E402
+from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, EMBEDDED_HEAD_DIR, load_model  # noqa: E402
+from engine.decoding.proposers import PromptLookupProposer, make_proposer  # noqa: E402
+from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 
 PROMPTS = {
     "chat": "Explain in a few sentences why the sky is blue.",

@@ -24,9 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.analytic import (analytic_view, batch_speedup_curve, simulate_rounds,  # noqa: E402
-                             try_it_exercises)
-from engine.toy import run_toy_rounds  # noqa: E402
+from engine.explain.analytic import analytic_view, batch_speedup_curve, simulate_rounds, try_it_exercises  # noqa: E402
+from engine.explain.toy import run_toy_rounds  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 

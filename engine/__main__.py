@@ -7,7 +7,7 @@ import sys
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from engine.models import prepare_embedded
+    from engine.decoding.models import prepare_embedded
 
     def progress(msg: str, frac: float) -> None:
         print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)

@@ -7,8 +7,8 @@ import itertools
 import json
 import sys
 
+from engine.decoding.trace import token_origins
 from engine.errors import InputError, ModelLoadError
-from engine.trace import token_origins
 
 COLORS = {"accepted": "\033[32m", "correction": "\033[31m", "bonus": "\033[34m", "plain": ""}
 # without colour: accepted draft tokens are bare text; a run of plain target steps (no draft that round)
@@ -54,13 +54,13 @@ def add_generate(sub) -> None:
 
 def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
     """Load the target and build the proposer for ``draft_spec`` (None proposer for "none")."""
-    from engine.models import load_model
-    from engine.proposers import make_proposer
+    from engine.decoding.models import load_model
+    from engine.decoding.proposers import make_proposer
 
     kw = {"progress": progress} if progress else {}
     target = load_model(target_spec, device=device, dtype=dtype, **kw)
-    from engine.draft_head import is_head_folder
-    from engine.models import EMBEDDED_HEAD
+    from engine.decoding.draft_head import is_head_folder
+    from engine.decoding.models import EMBEDDED_HEAD
 
     if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD) or draft_spec.startswith("early-exit")
             or is_head_folder(draft_spec)):
@@ -74,7 +74,7 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
 
 
 def marked_text(tokenizer, origins: list[tuple[int, str]], color: bool) -> str:
-    """The generated text with each token marked by origin (``engine.trace.ORIGINS``): ANSI colours, or
+    """The generated text with each token marked by origin (``engine.decoding.trace.ORIGINS``): ANSI colours, or
     without colour the ``MARKS`` brackets (a run of consecutive plain target steps shares one pair)."""
     def text(t: int) -> str:
         return tokenizer.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -90,29 +90,29 @@ def marked_text(tokenizer, origins: list[tuple[int, str]], color: bool) -> str:
 
 
 def _default_draft_help() -> str:
-    from engine.models import default_draft_spec
+    from engine.decoding.models import default_draft_spec
 
     return f"{default_draft_spec()} for the embedded target, ngram for any other"
 
 
 def _default_gamma_help() -> str:
-    from engine.models import EMBEDDED_HEAD, default_gamma
+    from engine.decoding.models import EMBEDDED_HEAD, default_gamma
 
     return f"{default_gamma(EMBEDDED_HEAD)} for embedded-head, {default_gamma('ngram')} for the others"
 
 
-BASELINE_REPS = 3  # --baseline: timed runs of each kind, alternating (engine.live_view.measure_speedup_ab)
+BASELINE_REPS = 3  # --baseline: timed runs of each kind, alternating (engine.decoding.measure.measure_speedup_ab)
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from engine.sampling import SamplingConfig
-    from engine.live_view import compare_baseline
-    from engine.speculative import encode_prompt, generate
+    from engine.decoding.measure import compare_baseline
+    from engine.decoding.sampling import SamplingConfig
+    from engine.decoding.speculative import encode_prompt, generate
 
     def progress(msg, frac):
         print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
 
-    from engine.models import default_draft_spec
+    from engine.decoding.models import default_draft_spec
 
     draft_spec = args.draft or default_draft_spec(args.target)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
@@ -128,7 +128,7 @@ def run_generate(args: argparse.Namespace) -> int:
                              "folder).")
         proposer.confidence_threshold = args.draft_confidence
     ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
-    from engine.models import default_gamma
+    from engine.decoding.models import default_gamma
 
     args.gamma = args.gamma if args.gamma is not None else default_gamma(draft_spec)
     kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
@@ -139,8 +139,8 @@ def run_generate(args: argparse.Namespace) -> int:
         # warm-up): the shown run warms up, then the kinds alternate and the medians are compared
         import dataclasses
 
-        from engine.live_view import measure_speedup_ab
-        from engine.speculative import SpeculativeDecoder
+        from engine.decoding.measure import measure_speedup_ab
+        from engine.decoding.speculative import SpeculativeDecoder
 
         ab = measure_speedup_ab(lambda: SpeculativeDecoder(target, proposer, ids, **kw),
                                 lambda: SpeculativeDecoder(target, None, ids, **kw), reps=BASELINE_REPS)
@@ -179,7 +179,7 @@ def run_generate(args: argparse.Namespace) -> int:
           + (f"confidence gate = {proposer.confidence_threshold:g}   "
              if getattr(proposer, "confidence_threshold", 0) else "") + f"T = {args.temperature}")
     if s.acceptance_rate is not None:
-        from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
+        from engine.explain.analytic import expected_tokens_per_pass, expected_tokens_per_round
 
         e = expected_tokens_per_pass(s.acceptance_rate, args.gamma)
         e_rounds = expected_tokens_per_round(s.acceptance_rate, [r.n_drafted for r in res.rounds])

@@ -1,7 +1,7 @@
 """FlashAttention page: attention in tiles with a running softmax, step by step; the main-memory traffic
 it saves; and a measurement of naive vs fused attention on this machine.
 
-UI only: every number comes from ``engine.flash``.
+UI only: every number comes from ``engine.explain.flash``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,19 @@ from app.state import stop_page, sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.errors import SpeedupLabError
-from engine.teaching import flash_questions
-from engine.flash import (CURVE_N_MAX, DEFAULT_PRESET, HARDWARE_PRESETS, PAPER_EXAMPLE, STEP_BLOCK_MAX,
-                          STEP_D_MAX, STEP_N_MAX, flash_report, format_bytes, measure_attention)
+from engine.explain.flash import (
+    CURVE_N_MAX,
+    DEFAULT_PRESET,
+    HARDWARE_PRESETS,
+    PAPER_EXAMPLE,
+    STEP_BLOCK_MAX,
+    STEP_D_MAX,
+    STEP_N_MAX,
+    flash_report,
+    format_bytes,
+    measure_attention,
+)
+from engine.explain.teaching import flash_questions
 
 ORDERS = {"kv_outer": "K/V blocks outside (FlashAttention, Algorithm 1)",
           "q_outer": "Q blocks outside (FlashAttention-2)"}

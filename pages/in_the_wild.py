@@ -1,5 +1,5 @@
 """In the wild: which widely used engines document which of these speedups (facts from
-``engine.teaching.IN_THE_WILD``, each with its documentation page)."""
+``engine.explain.teaching.IN_THE_WILD``, each with its documentation page)."""
 
 import re
 
@@ -7,7 +7,7 @@ import streamlit as st
 
 from app.state import note_replaced
 from app.tour import intro
-from engine.teaching import IN_THE_WILD
+from engine.explain.teaching import IN_THE_WILD
 
 st.title("🌍 In the wild")
 intro(
@@ -22,7 +22,7 @@ for raw in st.query_params.get_all("wild_engines"):
         note_replaced("wild_engines", raw, "(not offered: left out)")
 pick = st.multiselect("Engines", engines, default=engines, key="wild_engines", bind="query-params")
 # a documentation address in a source ("docs.vllm.ai/en/v0.9.1/…") becomes a link; the text is our own
-# curated text (engine.teaching), never user or model text
+# curated text (engine.explain.teaching), never user or model text
 _ADDRESS = re.compile(r"\b((?:docs\.[\w.-]+|[\w-]+\.github\.io|github\.com|huggingface\.co)/[^\s;,()]*[^\s;,().])")
 
 

@@ -1,7 +1,7 @@
 """KV-cache size page: bytes per token/sequence/batch for MHA, GQA, MQA, MLA and sliding windows, what
 fits in a GPU, the decode roofline, and a check against the embedded model's real cache.
 
-UI only: every number comes from ``engine.kv_size``.
+UI only: every number comes from ``engine.explain.kv_size``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,21 @@ from app.state import stop_page, sync_url, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.errors import SpeedupLabError
-from engine.teaching import kv_questions
-from engine.kv_size import (HARDWARE_PRESETS, KV_DTYPES, MODEL_PRESETS, WEIGHT_DTYPES, ModelSpec,
-                            embedded_model_spec, format_bytes, kv_report, load_hub_config,
-                            measure_this_machine, model_from_config_json, real_kv_check)
+from engine.explain.kv_size import (
+    HARDWARE_PRESETS,
+    KV_DTYPES,
+    MODEL_PRESETS,
+    WEIGHT_DTYPES,
+    ModelSpec,
+    embedded_model_spec,
+    format_bytes,
+    kv_report,
+    load_hub_config,
+    measure_this_machine,
+    model_from_config_json,
+    real_kv_check,
+)
+from engine.explain.teaching import kv_questions
 
 EMBEDDED = "SmolLM2-135M-Instruct (embedded)"
 CUSTOM = "Your own config.json or Hugging Face id"

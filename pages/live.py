@@ -1,8 +1,9 @@
 """Live speculative decoding: real rounds on a real model, every probability behind every decision.
 
 The decoder lives in this browser session's state (its KV caches and traces are never shared); models
-come from the process-wide resource cache. All numbers come from ``engine.speculative`` /
-``engine.trace``; ``engine.live_view`` turns traces into escaped Markdown, rows and chart data.
+come from the process-wide resource cache. All numbers come from ``engine.decoding.speculative`` /
+``engine.decoding.trace``; ``app.live_view`` turns traces into escaped Markdown, rows and chart data; ``engine.decoding.measure`` times
+the A/B baseline comparison.
 """
 
 import time
@@ -13,23 +14,34 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
+from app.live_view import (
+    chart_labels,
+    default_draft_kind,
+    default_preset,
+    focus_position,
+    generated_markdown,
+    generated_pieces,
+    history_rows,
+    legend_markdown,
+    round_frames,
+    round_rows,
+    round_summary,
+    verdict_frame,
+    visible,
+)
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
-from engine.analytic import expected_tokens_per_pass, expected_tokens_per_round
+from engine.decoding.measure import measure_speedup_ab, measured_run
+from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
+from engine.decoding.proposers import make_proposer
+from engine.decoding.sampling import SamplingConfig
+from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
 from engine.errors import InputError, SpeedupLabError
-from engine.live_view import (
-    chart_labels, default_draft_kind, default_preset, focus_position, generated_markdown,
-    generated_pieces, history_rows, legend_markdown, measure_speedup_ab, measured_run, round_frames, round_rows,
-    round_summary, verdict_frame, visible,
-)
-from engine.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
-from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
-from engine.proposers import make_proposer
-from engine.sampling import SamplingConfig
-from engine.teaching import live_questions
-from engine.speculative import SpeculativeDecoder, encode_prompt
+from engine.explain.analytic import expected_tokens_per_pass, expected_tokens_per_round
+from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
+from engine.explain.teaching import live_questions
 
 GAMMA_MAX = 16
 CONF_MAX = 0.95  # the draft head's confidence gate slider (the engine accepts [0, 1))
@@ -47,7 +59,7 @@ DRAFT_KINDS = {
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
-AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.live_view):
+AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]

@@ -1,15 +1,21 @@
 """Common mistakes, live: each mistake from the explainer reproduced with the engine's numbers, with a
-one-click button that opens the page showing it. Numbers come from ``engine.teaching``."""
+one-click button that opens the page showing it. Numbers come from ``engine.explain.teaching``."""
 
 import streamlit as st
 
 from app.charts import show_table
+from app.navigation import go_button
 from app.resources import get_tokenizer
-from app.teaching import go_button
 from app.tour import intro
 from engine.errors import SpeedupLabError
-from engine.teaching import (MISTAKE_LINKS, large_batch_mistake, long_answer_mistake, quality_mistake,
-                             timestamp_mistake, tokenizer_mistake)
+from engine.explain.teaching import (
+    MISTAKE_LINKS,
+    large_batch_mistake,
+    long_answer_mistake,
+    quality_mistake,
+    timestamp_mistake,
+    tokenizer_mistake,
+)
 
 st.title("🚧 Common mistakes, live")
 intro("Five mistakes people make with these speedups. Each shows its effect with the engine's "
@@ -61,7 +67,7 @@ else:
     if tm.engine_error:  # the expected outcome, shown as such (a red error box read as the app failing)
         st.info(f"✅ As it should, the engine refuses the pair: {tm.engine_error}")
     st.caption(f"Sentence: “{tm.text}” The live page runs the same check "
-               "(engine.models.check_tokenizers_compatible) before it accepts any draft model.")
+               "(engine.decoding.models.check_tokenizers_compatible) before it accepts any draft model.")
 
 # 3 ------------------------------------------------------------------------------------------------
 st.header("3 · “Speculative decoding trades quality for speed”")

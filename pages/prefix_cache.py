@@ -1,5 +1,5 @@
 """Prefix caching page: paged KV blocks shared between requests (simulated on real tokens), and the real
-prefill time saved on the embedded model. All numbers come from ``engine.prefix_cache``."""
+prefill time saved on the embedded model. All numbers come from ``engine.explain.prefix_cache``."""
 
 import html
 
@@ -8,17 +8,25 @@ import streamlit as st
 from plotly.colors import qualitative
 
 from app.charts import show_chart, show_table
+from app.live_view import escape_markdown, visible
 from app.resources import get_model, get_tokenizer
-from app.teaching import check_yourself, safe_questions
 from app.state import stage_text, stop_page, sync_url, url_leads, url_param
+from app.teaching import check_yourself, safe_questions
 from app.tour import intro
-from engine.teaching import prefix_questions
 from engine.errors import SpeedupLabError
-from engine.live_view import escape_markdown, visible
-from engine.prefix_cache import (
-    MAX_BLOCK_SIZE, MAX_CONCURRENCY, PRESETS, common_prefix_len, estimate_ttft_ms, join_requests,
-    measure_prefix_reuse, preset_requests, reusable_tokens, simulate_texts,
+from engine.explain.prefix_cache import (
+    MAX_BLOCK_SIZE,
+    MAX_CONCURRENCY,
+    PRESETS,
+    common_prefix_len,
+    estimate_ttft_ms,
+    join_requests,
+    measure_prefix_reuse,
+    preset_requests,
+    reusable_tokens,
+    simulate_texts,
 )
+from engine.explain.teaching import prefix_questions
 
 MAX_CAPACITY_UI = 512
 PALETTE = qualitative.Light24

@@ -1,10 +1,10 @@
 """Recap: the few ideas to remember, each linked to the page (and state) that shows it
-(``engine.teaching.recap``)."""
+(``engine.explain.teaching.recap``)."""
 
 import streamlit as st
 
-from app.teaching import page_link
-from engine.teaching import recap
+from app.navigation import page_link
+from engine.explain.teaching import recap
 
 st.title("✅ Recap")
 st.markdown("Seven ideas to take away. Each link opens the page in a state that shows it.")

@@ -1,12 +1,12 @@
 """Trade-offs page: one table comparing the speedups; every example number comes from
-``engine.teaching.trade_offs`` (which calls engine.analytic / kv_size / flash / prefix_cache)."""
+``engine.explain.teaching.trade_offs`` (which calls engine.explain.analytic / kv_size / flash / prefix_cache)."""
 
 import streamlit as st
 
+from app.navigation import page_link
 from app.registry import available_pages
-from app.teaching import page_link
 from app.tour import intro
-from engine.teaching import trade_offs
+from engine.explain.teaching import trade_offs
 
 st.title("⚖️ Trade-offs")
 intro(

@@ -2,7 +2,7 @@
 explainer's three "Try it" exercises, when it stops paying (batch roofline), and the toy distribution
 check run through the engine's own sampling code.
 
-UI only: every number comes from ``engine.analytic`` or ``engine.toy``. Widget keys start with ``wi_``
+UI only: every number comes from ``engine.explain.analytic`` or ``engine.explain.toy``. Widget keys start with ``wi_``
 (session state is shared between pages) and are mirrored in the URL.
 """
 
@@ -17,13 +17,19 @@ from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
 from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
-from engine.analytic import (GAMMA_MAX, HARDWARE_PRESETS, SIM_MAX_ROUNDS, analytic_view,
-                             batch_speedup_curve, compare_with_measured, simulate_rounds,
-                             try_it_exercises)
 from engine.errors import SpeedupLabError
-from engine.teaching import whatif_questions
-from engine.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, \
-    verify_always_accept
+from engine.explain.analytic import (
+    GAMMA_MAX,
+    HARDWARE_PRESETS,
+    SIM_MAX_ROUNDS,
+    analytic_view,
+    batch_speedup_curve,
+    compare_with_measured,
+    simulate_rounds,
+    try_it_exercises,
+)
+from engine.explain.teaching import whatif_questions
+from engine.explain.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, verify_always_accept
 
 CUSTOM_HW = "Custom"
 RULES = ("Speculative sampling (engine)", "Naive: accept every draft token")
@@ -97,7 +103,7 @@ def _fmt_alpha(a: float | None) -> str:
     return "never pays" if a is None else f"{a:.3f}"  # a fraction, as the α slider shows it
 
 
-# the γ chart's reference curves (engine.analytic.CHART_ALPHAS), light to dark, and the user's α
+# the γ chart's reference curves (engine.explain.analytic.CHART_ALPHAS), light to dark, and the user's α
 # light to mid blues: the darkest (0.9) must still show on the dark theme's background
 ALPHA_COLORS = {0.5: "#c6dbef", 0.6: "#9ecae1", 0.7: "#6baed6", 0.8: "#4292c6", 0.9: "#2171b5"}
 YOURS_COLOR = "#2ca02c"  # green: apart from the blues, the gold stars and the orange dashed line

@@ -15,6 +15,6 @@ if str(ROOT) not in sys.path:
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct (fp32, CPU), loaded once per test session."""
-    from engine.models import load_model
+    from engine.decoding.models import load_model
 
     return load_model("embedded", device="cpu")

@@ -1,4 +1,4 @@
-"""engine.analytic against hand-computed values (arithmetic in the comments)."""
+"""engine.explain.analytic against hand-computed values (arithmetic in the comments)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,23 @@ import types
 import numpy as np
 import pytest
 
-from engine.analytic import (HARDWARE_PRESETS, analytic_view, batch_speedup_curve, best_gamma,
-                             break_even_alpha, compare_with_measured, expected_tokens_per_pass,
-                             expected_tokens_per_round,
-                             roofline_step_s, simulate_rounds, speedup, tokens_per_pass_distribution,
-                             try_it_exercises, verify_cost_ratio)
 from engine.errors import InputError
+from engine.explain.analytic import (
+    HARDWARE_PRESETS,
+    analytic_view,
+    batch_speedup_curve,
+    best_gamma,
+    break_even_alpha,
+    compare_with_measured,
+    expected_tokens_per_pass,
+    expected_tokens_per_round,
+    roofline_step_s,
+    simulate_rounds,
+    speedup,
+    tokens_per_pass_distribution,
+    try_it_exercises,
+    verify_cost_ratio,
+)
 
 
 def test_seed_values_from_the_explainer():

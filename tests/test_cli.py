@@ -80,8 +80,8 @@ def test_default_draft_for_another_target_is_prompt_lookup(tiny_dir, capsys):
 def test_generate_with_a_head_folder(tiny_dir, tmp_path, capsys):
     import torch
 
-    from engine.draft_head import FeatureHead, save_head
-    from engine.models import load_model
+    from engine.decoding.draft_head import FeatureHead, save_head
+    from engine.decoding.models import load_model
 
     target = load_model(tiny_dir, device="cpu")
     head = FeatureHead(target.model.config, 1, torch.arange(32))
@@ -133,7 +133,7 @@ def test_help_names_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "engine.models" not in out
+    assert "engine.decoding.models" not in out
     assert "default: embedded-head for the embedded target" in out and "2 for embedded-head" in out
 
 
@@ -179,7 +179,7 @@ def test_baseline_difference_is_explained_by_mode(tiny_dir, capsys, monkeypatch)
     tokens), never on "sampling"; a sampled run that differs is blamed on the random draws."""
     import dataclasses
 
-    import engine.live_view as live_view
+    import engine.decoding.measure as live_view
 
     real = live_view.compare_baseline
     monkeypatch.setattr(live_view, "compare_baseline", lambda *a: dataclasses.replace(
@@ -198,7 +198,7 @@ def test_baseline_line_names_each_rate_and_flags_noise(tiny_dir, capsys, monkeyp
     which, and gave a speedup for a run that drafted nothing, with runs 8× apart."""
     import dataclasses
 
-    import engine.live_view as live_view
+    import engine.decoding.measure as live_view
 
     base = ["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--gamma", "2",
             "--max-new-tokens", "8", "--baseline", "--no-chat", "--color", "never"]

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from engine.draft_head import FeatureHead, is_head_folder, load_head, save_head
+from engine.decoding.draft_head import FeatureHead, is_head_folder, load_head, save_head
+from engine.decoding.models import load_model
+from engine.decoding.proposers import FeatureHeadProposer, make_proposer
+from engine.decoding.sampling import SamplingConfig, warp_probs
+from engine.decoding.speculative import SpeculativeDecoder, generate
 from engine.errors import InputError, ModelLoadError
-from engine.models import load_model
-from engine.proposers import FeatureHeadProposer, make_proposer
-from engine.sampling import SamplingConfig, warp_probs
-from engine.speculative import SpeculativeDecoder, generate
 from tests.test_sampling import g_test_pvalue
 from tests.tiny_models import save_tiny_llama
 

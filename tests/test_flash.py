@@ -1,4 +1,4 @@
-"""engine.flash: tiled attention == standard attention, the running statistics, the traffic model."""
+"""engine.explain.flash: tiled attention == standard attention, the running statistics, the traffic model."""
 
 from __future__ import annotations
 
@@ -9,9 +9,20 @@ import pytest
 import torch
 
 from engine.errors import InputError
-from engine.flash import (HARDWARE_PRESETS, block_sizes, flash_report, flash_traffic, measure_attention,
-                          paper_comparison, sram_elements, standard_attention, standard_traffic,
-                          tiled_attention, trace_tiled_attention, traffic_curve)
+from engine.explain.flash import (
+    HARDWARE_PRESETS,
+    block_sizes,
+    flash_report,
+    flash_traffic,
+    measure_attention,
+    paper_comparison,
+    sram_elements,
+    standard_attention,
+    standard_traffic,
+    tiled_attention,
+    trace_tiled_attention,
+    traffic_curve,
+)
 
 
 def _qkv(shape_q, n_k=None, seed=0, dtype=torch.float32):

@@ -1,4 +1,4 @@
-"""engine.kv_size against hand-computed values."""
+"""engine.explain.kv_size against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,12 +7,29 @@ import json
 import pytest
 
 from engine.errors import InputError, ModelLoadError
-from engine.kv_size import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec,
-                            attention_flops_per_token, compute_bound_batch, decode_step,
-                            decode_step_time, estimate_params, fit_in_memory, format_bytes, kv_bytes,
-                            kv_bytes_per_sequence, kv_bytes_per_token, kv_report, load_hub_config, cache_check,
-                            measure_this_machine, model_from_config, model_from_config_json,
-                            real_kv_check, weights_bytes)
+from engine.explain.kv_size import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    HardwareSpec,
+    attention_flops_per_token,
+    cache_check,
+    compute_bound_batch,
+    decode_step,
+    decode_step_time,
+    estimate_params,
+    fit_in_memory,
+    format_bytes,
+    kv_bytes,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_report,
+    load_hub_config,
+    measure_this_machine,
+    model_from_config,
+    model_from_config_json,
+    real_kv_check,
+    weights_bytes,
+)
 
 KiB = 1024
 L8 = MODEL_PRESETS["Llama-3.1-8B"]
@@ -280,7 +297,7 @@ def test_config_json_errors():
 
 def test_hub_id_offline_gives_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from engine import models
+    from engine.decoding import models
 
     models.hub_reachable.cache_clear()
     try:
@@ -322,7 +339,7 @@ def test_measure_this_machine_is_quick_and_plausible():
 # ------------------------------------------------------------------------------------------ real model
 @pytest.mark.slow
 def test_real_cache_matches_calculator(embedded):
-    from engine.kv_size import embedded_model_spec
+    from engine.explain.kv_size import embedded_model_spec
 
     spec = embedded_model_spec()
     assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (30, 9, 3, 64)

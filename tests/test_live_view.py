@@ -1,5 +1,5 @@
-"""engine.live_view: Markdown escaping of untrusted token text, round rows/frames, baseline comparison,
-the measured-run record; engine.presets."""
+"""app.live_view and engine.decoding.measure: Markdown escaping of untrusted token text, round rows/frames, baseline comparison,
+the measured-run record; engine.explain.presets."""
 
 from __future__ import annotations
 
@@ -10,15 +10,28 @@ import statistics
 import pytest
 from markdown_it import MarkdownIt
 
-from engine.errors import InputError
-from engine.live_view import (
-    NBSP, STYLE, ZWSP, chart_labels, chip, compare_baseline, default_draft_kind, escape_markdown,
-    focus_position, generated_markdown, generated_pieces, history_rows, measure_speedup_ab, measured_run,
+from app.live_view import (
+    NBSP,
+    STYLE,
+    ZWSP,
+    chart_labels,
+    chip,
+    default_draft_kind,
+    escape_markdown,
+    focus_position,
+    generated_markdown,
+    generated_pieces,
+    history_rows,
     round_frames,
-    round_rows, text_span, verdict_frame, visible,
+    round_rows,
+    text_span,
+    verdict_frame,
+    visible,
 )
-from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
-from engine.trace import DraftPosition, Round, TopToken, run_stats
+from engine.decoding.measure import compare_baseline, measure_speedup_ab, measured_run
+from engine.decoding.trace import DraftPosition, Round, TopToken, run_stats
+from engine.errors import InputError
+from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
 
 MD = MarkdownIt("commonmark").enable("strikethrough")
 
@@ -223,9 +236,9 @@ def test_measure_speedup_ab_alternates_and_takes_medians():
 def test_measure_speedup_ab_on_a_real_model(tmp_path):
     """On a tiny model: the timed speculative runs repeat the same tokens, the baseline matches them
     (greedy), and the speedup is the ratio of the median ms per token."""
-    from engine.models import load_model
-    from engine.proposers import make_proposer
-    from engine.speculative import SpeculativeDecoder
+    from engine.decoding.models import load_model
+    from engine.decoding.proposers import make_proposer
+    from engine.decoding.speculative import SpeculativeDecoder
     from tests.tiny_models import save_tiny_llama
 
     target = load_model(str(save_tiny_llama(tmp_path / "t", vocab_size=32, layers=2)), device="cpu")
@@ -295,7 +308,7 @@ def test_measured_run_record():
 
 
 def test_measured_run_takes_t1_from_the_baseline():
-    from engine.trace import run_stats
+    from engine.decoding.trace import run_stats
 
     spec = _stats(4, 100.0)
     base = run_stats([Round(index=i, context_len=5 + i, drafted=[], n_accepted=0, next_token_id=1, next_text="x",
@@ -307,7 +320,7 @@ def test_measured_run_takes_t1_from_the_baseline():
 
 
 def test_default_draft_kind_follows_assets_and_flag(tmp_path, monkeypatch):
-    import engine.models as models
+    import engine.decoding.models as models
 
     monkeypatch.setattr(models, "EMBEDDED_HEAD_IS_DEFAULT", False)
     monkeypatch.setattr(models, "EMBEDDED_DRAFT_DIR", tmp_path)
@@ -341,7 +354,7 @@ def test_presets():
 
 
 def test_round_summary_counts():
-    from engine.live_view import round_summary
+    from app.live_view import round_summary
 
     s = round_summary(_round())
     # 3 drafted, 1 accepted, 2 emitted (accepted + correction), 4 tokens fed to the target
@@ -350,7 +363,7 @@ def test_round_summary_counts():
 
 
 def test_measured_run_feeds_the_whatif_comparison():
-    from engine.analytic import compare_with_measured, expected_tokens_per_pass
+    from engine.explain.analytic import compare_with_measured, expected_tokens_per_pass
 
     rec = measured_run(_stats(4, 100.0), gamma=4, measured_speedup=1.5)
     mc = compare_with_measured(rec)
@@ -361,7 +374,7 @@ def test_measured_run_feeds_the_whatif_comparison():
 
 
 def test_round_summary_of_a_round_without_a_target_pass():
-    from engine.live_view import round_summary
+    from app.live_view import round_summary
 
     rnd = Round(index=0, context_len=5, drafted=[], n_accepted=0, next_token_id=9, next_text="Z",
                 next_kind="plain", next_top_p=[TopToken(9, "Z", 0.5)], residual_top=None, emitted_ids=[9],
@@ -371,7 +384,7 @@ def test_round_summary_of_a_round_without_a_target_pass():
 
 
 def test_round_summary_of_a_pass_that_also_prefilled_the_prompt():
-    from engine.live_view import round_summary
+    from app.live_view import round_summary
 
     rnd = Round(index=0, context_len=5, drafted=[_pos(5, "a", "accepted", acc=1.0)], n_accepted=1,
                 next_token_id=8, next_text="b", next_kind="bonus", next_top_p=[], residual_top=None,
@@ -384,7 +397,7 @@ def test_round_summary_of_a_pass_that_also_prefilled_the_prompt():
 def test_round_summary_of_a_first_pass_after_the_prefill():
     """After a separate prefill pass, the first verify pass feeds only the draft tokens (the prefill gave p
     for the first one); later passes also feed the last emitted token."""
-    from engine.live_view import round_summary
+    from app.live_view import round_summary
 
     def rnd(fed):
         return Round(index=0, context_len=5, drafted=[_pos(5, "a", "accepted", acc=1.0)] * 2, n_accepted=2,

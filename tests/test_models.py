@@ -5,9 +5,15 @@ import time
 import pytest
 import torch
 
+from engine.decoding.models import (
+    check_tokenizers_compatible,
+    embedded_gguf_path,
+    load_model,
+    load_tokenizer,
+    prepare_embedded,
+    resolve_dtype,
+)
 from engine.errors import ModelLoadError, TokenizerMismatchError
-from engine.models import (check_tokenizers_compatible, embedded_gguf_path, load_model, load_tokenizer,
-                           prepare_embedded, resolve_dtype)
 from tests.tiny_models import WORDS, make_tokenizer, save_tiny_llama
 
 
@@ -35,7 +41,7 @@ def test_tokenizer_check():
 def test_tokenizer_check_is_remembered_per_pair(monkeypatch):
     """A pair that passed is not checked again (building a proposer per run must not re-read two
     49 k-token vocabularies); a mismatching pair still raises every time; a new pair is checked."""
-    import engine.models as models
+    import engine.decoding.models as models
 
     a, b, bad = make_tokenizer(WORDS), make_tokenizer(WORDS), make_tokenizer(list(reversed(WORDS)))
     calls = []

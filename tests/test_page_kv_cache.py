@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+
 from tests.tables import find_table
 
 TIMEOUT = 120
@@ -127,7 +128,7 @@ def test_upload_config_json_and_bad_upload():
 
 def test_hub_id_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from engine import models
+    from engine.decoding import models
 
     models.hub_reachable.cache_clear()
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.live_view import default_preset
-from engine.presets import CUSTOM, PROMPT_PRESETS, preset_text
+from app.live_view import default_preset
+from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from tests.tiny_models import WORDS, save_tiny_llama
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "live.py")
@@ -89,7 +89,7 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     s, t = dec.stats(), ab.spec_stats
     assert (t.rounds, t.accepted, t.drafted) == (s.rounds, s.accepted, s.drafted)
     # tokens per pass is compared with Eq. 1 at each round's own draft length (not at γ every round)
-    from engine.analytic import expected_tokens_per_round
+    from engine.explain.analytic import expected_tokens_per_round
     tp = next(m for m in at.metric if m.label == "Tokens per target pass")
     e_rounds = expected_tokens_per_round(s.acceptance_rate, [r.n_drafted for r in dec.rounds])
     assert tp.delta == f"formula at α̂: {e_rounds:.2f}" and f"With γ = {dec.gamma} drafted every round" in tp.help
@@ -215,7 +215,7 @@ def test_embedded_model_step_and_baseline():
 
 
 def test_trained_draft_kind(tiny):
-    from engine.models import EMBEDDED_DRAFT_DIR
+    from engine.decoding.models import EMBEDDED_DRAFT_DIR
 
     at = _app(tiny, lv_draft="draft")
     if (EMBEDDED_DRAFT_DIR / "config.json").is_file():

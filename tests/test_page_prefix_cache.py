@@ -3,13 +3,13 @@ and check that bad input shows st.error instead of raising."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.models import load_tokenizer
-from engine.prefix_cache import join_requests, preset_requests, simulate_texts
-
-from pathlib import Path
+from engine.decoding.models import load_tokenizer
+from engine.explain.prefix_cache import join_requests, preset_requests, simulate_texts
 from tests.tables import find_table
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "prefix_cache.py")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.teaching import tour_stops
+from engine.explain.teaching import tour_stops
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = str(ROOT / "app" / "main.py")
@@ -111,7 +111,7 @@ def _check(at, page_key, qkey, questions, right: bool):
 
 @pytest.mark.parametrize("right", [True, False])
 def test_whatif_questions_right_and_wrong(right):
-    from engine.teaching import whatif_questions
+    from engine.explain.teaching import whatif_questions
 
     at = AppTest.from_file(str(ROOT / "pages" / "whatif.py"), default_timeout=60)
     at.query_params.update({"wi_alpha": "0.6", "wi_gamma": "4", "wi_cost": "0.3"})
@@ -130,8 +130,8 @@ def test_whatif_questions_right_and_wrong(right):
 
 @pytest.mark.parametrize("right", [True, False])
 def test_flash_and_kv_questions_right_and_wrong(right):
-    from engine.kv_size import model_preset
-    from engine.teaching import flash_questions, kv_questions
+    from engine.explain.kv_size import model_preset
+    from engine.explain.teaching import flash_questions, kv_questions
 
     at = AppTest.from_file(str(ROOT / "pages" / "flash_attention.py"), default_timeout=60).run()
     qs = flash_questions(64, at.session_state["sram"], 2, 16384, seed=0)
@@ -198,6 +198,7 @@ def test_presenter_mode_folds_the_intro_and_enlarges_chart_text():
     assert len(tab) == 1 and "spare compute" in tab[0].markdown[0].value
     at.button(key="tour_prev").click().run()
     import json
+
     from app.tour import PRESENTER_CHART_FONT
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert spec["layout"]["xaxis"]["tickfont"]["size"] == PRESENTER_CHART_FONT
@@ -313,7 +314,7 @@ def test_a_click_with_an_older_url_keeps_the_tour_stop():
 def test_a_switch_swallowed_by_a_quick_second_click_is_made_again():
     """A quick double "◀ Previous" from stop 2: the second click's run replaced the switch to stop 1's
     Live page, which left stop 1's banner over the What-if page. The switch is made again."""
-    from app.teaching import _SWITCH
+    from app.navigation import _SWITCH
 
     at = _main(tour="1")                       # stop 2, What-if
     stop1 = tour_stops()[0].link
@@ -324,7 +325,7 @@ def test_a_switch_swallowed_by_a_quick_second_click_is_made_again():
     assert "stop 1 of 6" in _banner(at) and "Live speculative decoding" in at.title[0].value
 
 
-@pytest.mark.parametrize("row", [r for r in __import__("engine.teaching", fromlist=["trade_offs"]).trade_offs()
+@pytest.mark.parametrize("row", [r for r in __import__("engine.explain.teaching", fromlist=["trade_offs"]).trade_offs()
                                  if r.page in ("whatif", "flash-attention", "kv-cache")],
                          ids=lambda r: r.technique[:24])
 def test_a_trade_off_card_opens_its_example(row):
@@ -347,7 +348,7 @@ def test_a_trade_off_card_opens_its_example(row):
 def test_recap_links_open_the_numbers_they_quote():
     """A user's report: the recap quoted α = 0.8, γ = 4 → 3.36 tokens per pass and linked to Live (code
     preset, γ 2), where that number is nowhere; its large-batch line linked to What-if at the defaults."""
-    from engine.teaching import recap
+    from engine.explain.teaching import recap
 
     items = recap()
     for item, number in ((items[1], "3.36"), (items[3], "2.80×")):

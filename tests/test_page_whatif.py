@@ -219,7 +219,7 @@ def test_quality_mistake_link_reproduces_the_mistakes_numbers():
     """The mistakes page's "Reproduce" link for the naive rule opens this page's check with the same toy
     settings, so the page shows the same total variation distance (it showed 0.1690 at 10 000 rounds
     against the mistakes page's 0.158 at 2 000)."""
-    from engine.teaching import MISTAKE_LINKS, quality_mistake
+    from engine.explain.teaching import MISTAKE_LINKS, quality_mistake
 
     at = _app(**MISTAKE_LINKS["quality"].params)
     assert not at.exception

@@ -1,4 +1,4 @@
-"""Tests for engine/prefix_cache.py: block hashing, the paged prefix-cache simulator, presets, and the
+"""Tests for engine/explain/prefix_cache.py: block hashing, the paged prefix-cache simulator, presets, and the
 real-model KV reuse (slow)."""
 
 from __future__ import annotations
@@ -10,9 +10,19 @@ import struct
 import pytest
 
 from engine.errors import InputError
-from engine.prefix_cache import (
-    ROOT_HASH, block_hashes, common_prefix_len, estimate_ttft_ms, hash_block, join_requests,
-    preset_requests, reusable_tokens, simulate, simulate_texts, split_requests, tokenize_requests,
+from engine.explain.prefix_cache import (
+    ROOT_HASH,
+    block_hashes,
+    common_prefix_len,
+    estimate_ttft_ms,
+    hash_block,
+    join_requests,
+    preset_requests,
+    reusable_tokens,
+    simulate,
+    simulate_texts,
+    split_requests,
+    tokenize_requests,
 )
 
 # ------------------------------------------------------------------------------------------ hashing
@@ -206,7 +216,7 @@ def test_empty_requests():
 
 @pytest.fixture(scope="module")
 def tok():
-    from engine.models import load_tokenizer
+    from engine.decoding.models import load_tokenizer
 
     return load_tokenizer("embedded")
 
@@ -263,7 +273,7 @@ def test_simulate_texts_labels_blocks(tok):
 
 @pytest.mark.slow
 def test_real_model_reuse_matches_full_prefill(embedded):
-    from engine.prefix_cache import measure_prefix_reuse
+    from engine.explain.prefix_cache import measure_prefix_reuse
 
     tokens = tokenize_requests(preset_requests("system"), embedded.tokenizer)
     a, b = tokens[0], tokens[1]
@@ -284,7 +294,7 @@ def test_real_model_reuse_matches_full_prefill(embedded):
 
 @pytest.mark.slow
 def test_real_model_rejects_pair_without_shared_block(embedded):
-    from engine.prefix_cache import measure_prefix_reuse
+    from engine.explain.prefix_cache import measure_prefix_reuse
 
     with pytest.raises(InputError, match="share"):
         measure_prefix_reuse(embedded, [1, 2, 3], [9, 8, 7, 6], block_size=16)

@@ -6,9 +6,15 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
+from engine.decoding.sampling import (
+    SamplingConfig,
+    residual_distribution,
+    sample,
+    verify_greedy,
+    verify_sampling,
+    warp_probs,
+)
 from engine.errors import InputError
-from engine.sampling import (SamplingConfig, residual_distribution, sample, verify_greedy,
-                             verify_sampling, warp_probs)
 
 
 def g_test_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -7,13 +7,13 @@ import itertools
 import pytest
 import torch
 
+from app.live_view import round_summary, verdict_frame
+from engine.decoding.models import load_model
+from engine.decoding.proposers import DraftModelProposer, EarlyExitProposer, PromptLookupProposer, make_proposer
+from engine.decoding.sampling import SamplingConfig, warp_probs
+from engine.decoding.speculative import SpeculativeDecoder, encode_prompt, generate
+from engine.decoding.trace import AFTER_END, token_origins
 from engine.errors import InputError, ModelLoadError, TokenizerMismatchError
-from engine.models import load_model
-from engine.proposers import (DraftModelProposer, EarlyExitProposer, PromptLookupProposer, make_proposer)
-from engine.sampling import SamplingConfig, warp_probs
-from engine.speculative import SpeculativeDecoder, encode_prompt, generate
-from engine.live_view import round_summary, verdict_frame
-from engine.trace import AFTER_END, token_origins
 from tests.test_sampling import g_test_pvalue
 from tests.tiny_models import WORDS, bigram_loaded, save_tiny_llama, toy_cycle_table
 
@@ -492,7 +492,7 @@ def test_first_verify_pass_also_prefills_the_prompt(tiny, kind):
 
 
 def test_cached_lm_reuses_the_last_logits_only_while_valid(tiny):
-    from engine.proposers import CachedLM
+    from engine.decoding.proposers import CachedLM
 
     model = tiny["target"].model
     seq = [5, 6, 7, 8, 9]

@@ -1,4 +1,4 @@
-"""engine.teaching: answers against hand-computed values, links against the pages' URL keys."""
+"""engine.explain.teaching: answers against hand-computed values, links against the pages' URL keys."""
 
 from __future__ import annotations
 
@@ -8,10 +8,23 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InputError
-from engine.kv_size import model_preset
-from engine.teaching import (IN_THE_WILD, MISTAKE_LINKS, PageLink, check_link_keys, flash_questions, kv_questions,
-                             large_batch_mistake, live_questions, long_answer_mistake, recap, tokenizer_mistake,
-                             tour_stops, trade_offs, whatif_questions)
+from engine.explain.kv_size import model_preset
+from engine.explain.teaching import (
+    IN_THE_WILD,
+    MISTAKE_LINKS,
+    PageLink,
+    check_link_keys,
+    flash_questions,
+    kv_questions,
+    large_batch_mistake,
+    live_questions,
+    long_answer_mistake,
+    recap,
+    tokenizer_mistake,
+    tour_stops,
+    trade_offs,
+    whatif_questions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 REG = {"live": "live.py", "whatif": "whatif.py", "prefix-cache": "prefix_cache.py",
@@ -80,7 +93,7 @@ def test_flash_questions():
     q = _q(qs, "exact")
     assert q.options[q.correct].startswith("Yes")
     q = _q(qs, "traffic")
-    assert q.options[q.correct] == "2× to 8×"  # 7.6× at N 16,384 (engine.flash, Algorithms 0 and 1)
+    assert q.options[q.correct] == "2× to 8×"  # 7.6× at N 16,384 (engine.explain.flash, Algorithms 0 and 1)
 
 
 def test_kv_questions_llama():
@@ -146,8 +159,8 @@ def test_tour_stops_use_real_page_keys():
 def test_flash_tour_stop_uses_the_pages_units():
     """The FlashAttention page writes traffic in decimal GB/MB (as the paper does); the tour banner over it
     said the same numbers in GiB/MiB ("2.01 GiB" above the page's "2.16 GB")."""
-    from engine.flash import format_bytes as flash_bytes
-    from engine.flash import standard_traffic
+    from engine.explain.flash import format_bytes as flash_bytes
+    from engine.explain.flash import standard_traffic
 
     (stop,) = [s for s in tour_stops() if s.link.url_path == "flash-attention"]
     assert flash_bytes(standard_traffic(16384, 64, 2).bytes) in stop.text

@@ -1,14 +1,20 @@
-"""engine.toy: the explainer's toy check, run through engine.sampling.verify_sampling."""
+"""engine.explain.toy: the explainer's toy check, run through engine.decoding.sampling.verify_sampling."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import toy
 from engine.errors import InputError
-from engine.toy import (acceptance_rate, bigram_matrix, run_toy_rounds, toy_draft, toy_target,
-                        verify_always_accept)
+from engine.explain import toy
+from engine.explain.toy import (
+    acceptance_rate,
+    bigram_matrix,
+    run_toy_rounds,
+    toy_draft,
+    toy_target,
+    verify_always_accept,
+)
 
 
 def test_toy_models_match_the_explainer():
@@ -49,7 +55,7 @@ def test_uses_the_engines_verify_function(monkeypatch):
     r = run_toy_rounds(7, gamma=3, verify=spy)
     assert calls == [(3, (3, 5), (4, 5))] * 7
     assert r.rule == "spy"
-    assert run_toy_rounds.__defaults__[-1] is real   # the default rule IS engine.sampling's
+    assert run_toy_rounds.__defaults__[-1] is real   # the default rule IS engine.decoding.sampling's
 
 
 def test_wrong_rule_is_detected():

@@ -1,4 +1,4 @@
-"""The draft-training pipeline (engine.draft_data, engine.train_draft) and the shipped draft.
+"""The draft-training pipeline (engine.training.draft_data, engine.training.train_draft) and the shipped draft.
 
 Fast tests run the whole command on a tiny random target (a few steps, a handful of prompts); the
 shipped draft's tests load the embedded model and are marked slow.
@@ -13,14 +13,13 @@ import re
 import pytest
 import torch
 
-from engine.draft_data import TOPICS, _is_heldout_topic, build_prompts, generate_batch
+from engine.decoding.models import load_model
+from engine.decoding.proposers import make_proposer
+from engine.decoding.speculative import encode_prompt, generate
 from engine.errors import InputError
-from engine.models import load_model
-from engine.proposers import make_proposer
-from engine.speculative import encode_prompt, generate
-from engine.train_draft import (Sample, distill_loss, evaluate_draft, main, make_batches, pca_embeddings)
+from engine.training.draft_data import TOPICS, _is_heldout_topic, build_prompts, generate_batch
+from engine.training.train_draft import Sample, distill_loss, evaluate_draft, main, make_batches, pca_embeddings
 from tests.tiny_models import save_tiny_llama
-
 
 # ---------------------------------------------------------------------------------------------- prompts
 
@@ -42,7 +41,7 @@ def test_prompts_deterministic_distinct_and_topics_disjoint():
 
 
 def test_prompt_set_2_is_broader_and_keeps_held_out_topics_out():
-    from engine.draft_data import TOPICS_2
+    from engine.training.draft_data import TOPICS_2
 
     a = build_prompts(2000, "train", seed=3, prompt_set=2)
     assert a == build_prompts(2000, "train", seed=3, prompt_set=2)
@@ -118,7 +117,7 @@ def test_make_batches_cover_every_sample_once_within_budget():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """Run ``python -m engine.train_draft`` end to end on a tiny random target (a few seconds)."""
+    """Run ``python -m engine.training.train_draft`` end to end on a tiny random target (a few seconds)."""
     root = tmp_path_factory.mktemp("train_draft")
     target_dir = save_tiny_llama(root / "target", vocab_size=32, layers=2, seed=0, init=0.5)
     out = root / "draft"

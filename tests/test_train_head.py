@@ -1,16 +1,16 @@
-"""Training the EAGLE-style draft head (engine.train_head) on a tiny random target, and the shipped head."""
+"""Training the EAGLE-style draft head (engine.training.train_head) on a tiny random target, and the shipped head."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.draft_data import Sample, generate_samples
-from engine.draft_head import FeatureHead, load_head, save_head
-from engine.models import EMBEDDED_HEAD_DIR, load_model
-from engine.proposers import make_proposer
-from engine.speculative import encode_prompt, generate
-from engine.train_head import compute_features, draft_vocabulary, evaluate_head, make_items, train_head
+from engine.decoding.draft_head import FeatureHead, load_head, save_head
+from engine.decoding.models import EMBEDDED_HEAD_DIR, load_model
+from engine.decoding.proposers import make_proposer
+from engine.decoding.speculative import encode_prompt, generate
+from engine.training.draft_data import Sample, generate_samples
+from engine.training.train_head import compute_features, draft_vocabulary, evaluate_head, make_items, train_head
 from tests.tiny_models import save_tiny_llama
 
 
@@ -98,7 +98,7 @@ def test_shipped_head_is_exact_and_accepts_on_the_embedded_target():
                                        (["--draft-vocab", "0"], "--draft-vocab must be at least 1"),
                                        (["--init", "/no/such/head"], "not a folder holding a saved draft head")])
 def test_bad_arguments_stop_before_any_work(args, msg, capsys):
-    from engine.train_head import main
+    from engine.training.train_head import main
 
     with pytest.raises(SystemExit) as e:
         main(args)

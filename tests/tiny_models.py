@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.models import LoadedModel
+from engine.decoding.models import LoadedModel
 
 
 def make_tokenizer(words: list[str], eos: str = "<eos>"):
     """A word-level tokenizer over ``words`` (+ eos and unk), as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {eos: 0, "<unk>": 1}

@@ -9,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import streamlit as st  # noqa: E402
 
-from engine.live_view import chip, generated_markdown, verdict_frame  # noqa: E402
-from engine.trace import DraftPosition, Round  # noqa: E402
+from app.live_view import chip, generated_markdown, verdict_frame  # noqa: E402
+from engine.decoding.trace import DraftPosition, Round  # noqa: E402
 
 NASTY = ["*bold*", "_em_", "[x](javascript:alert(1))", "<script>alert(1)</script>", "`code`", "$x^2$",
          "# head", "1. item", "a\\b", "~~s~~", ":+1:", "<- -> --", "{foreground=red}", "| a | b |",

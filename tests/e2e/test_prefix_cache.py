@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.models import load_tokenizer
-from engine.prefix_cache import join_requests, preset_requests, simulate_texts
+from engine.decoding.models import load_tokenizer
+from engine.explain.prefix_cache import join_requests, preset_requests, simulate_texts
 from tests.e2e.conftest import screenshot, wait_idle, wait_url
 
 pytestmark = pytest.mark.e2e

@@ -2,9 +2,10 @@
 presenter mode from a URL; the export toolbars (Plotly PNG, dataframe CSV); a check-yourself answer."""
 
 import re
+
 import pytest
 
-from engine.teaching import tour_stops
+from engine.explain.teaching import tour_stops
 from tests.e2e.conftest import screenshot, wait_idle, wait_url
 
 pytestmark = pytest.mark.e2e

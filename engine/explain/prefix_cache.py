@@ -706,7 +706,7 @@ def measure_prefix_reuse(lm, tokens_a: Sequence[int], tokens_b: Sequence[int], b
     decode time per token is the same: prefix caching only skips prefill.
 
     Args:
-        lm: an ``engine.models.LoadedModel`` (model, device).
+        lm: an ``engine.decoding.models.LoadedModel`` (model, device).
         tokens_a, tokens_b: token ids of the earlier and the later request; shapes [n_A], [n_B].
         block_size: the simulator's block size (reuse is whole blocks only).
         repeats: timed repetitions of each variant (1..20); medians are reported.

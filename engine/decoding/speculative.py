@@ -4,7 +4,7 @@ One round (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2):
 
 1. Draft: the proposer gives k ≤ γ tokens x_1..x_k and the distributions q_1..q_k they came from.
 2. Verify: one target pass over the uncached context plus x_1..x_k gives p_1..p_{k+1}.
-3. Judge left to right (``engine.sampling``): greedy accepts x_i iff it is argmax p_i; sampling accepts
+3. Judge left to right (``engine.decoding.sampling``): greedy accepts x_i iff it is argmax p_i; sampling accepts
    with probability min(1, p_i(x_i)/q_i(x_i)). The first rejection is replaced by the target's
    correction; after k acceptances the target adds a bonus token from p_{k+1}.
 4. KV rollback: both caches are cropped back to the kept prefix at the start of the next pass.
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decoding.models import LoadedModel
+from engine.decoding.proposers import CachedLM, Proposer
+from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, sample, verify_greedy, verify_sampling, warp_probs
+from engine.decoding.trace import AFTER_END, DraftPosition, Round, RunStats, TopToken, run_stats
 from engine.errors import InputError
-from engine.models import LoadedModel
-from engine.proposers import CachedLM, Proposer
-from engine.sampling import MAX_GAMMA, SamplingConfig, sample, verify_greedy, verify_sampling, warp_probs
-from engine.trace import AFTER_END, DraftPosition, Round, RunStats, TopToken, run_stats
 
 MAX_NEW_TOKENS = 4096
 

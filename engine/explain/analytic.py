@@ -25,7 +25,7 @@ import numpy as np
 from engine.errors import InputError
 
 GAMMA_MAX = 16           # the largest draft length the model searches / the page offers
-GAMMA_LIMIT = 64         # the largest γ any function accepts (engine.sampling.MAX_GAMMA)
+GAMMA_LIMIT = 64         # the largest γ any function accepts (engine.decoding.sampling.MAX_GAMMA)
 SIM_MAX_ROUNDS = 10_000  # bound for the step simulator (keeps a rerun fast)
 
 

@@ -1,8 +1,8 @@
 """Train the embedded draft: a small Llama-style causal LM distilled from the target.
 
-Run ``python -m engine.train_draft --help``. The pipeline (all on CPU, progress printed):
+Run ``python -m engine.training.train_draft --help``. The pipeline (all on CPU, progress printed):
 
-1. prompts: ``engine.draft_data.build_prompts`` (train and held-out topics are disjoint);
+1. prompts: ``engine.training.draft_data.build_prompts`` (train and held-out topics are disjoint);
 2. data: the target's own answers (a share greedy, the rest sampled at T=0.8) with its top-k
    log-probabilities at every answer position, cached under ``--work-dir``;
 3. student: ``LlamaConfig`` with few layers, a small hidden size and tied embeddings, sharing the target's
@@ -13,7 +13,7 @@ Run ``python -m engine.train_draft --help``. The pipeline (all on CPU, progress 
    what greedy speculative decoding accepts);
 5. held-out evaluation (``evaluate_draft``): greedy α and α at T=0.7; see that function for definitions;
 6. the weights are written as safetensors (fp16) with config.json into ``--out``, which
-   ``engine.models.load_model(path)`` (or ``"embedded-draft"`` for ``assets/smollm2-draft``) loads.
+   ``engine.decoding.models.load_model(path)`` (or ``"embedded-draft"`` for ``assets/smollm2-draft``) loads.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.draft_data import (Sample, build_prompts, generate_samples, load_samples, save_samples)
 from engine.errors import InputError
+from engine.training.draft_data import Sample, build_prompts, generate_samples, load_samples, save_samples
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _log(msg: str) -> None:
@@ -311,7 +311,7 @@ def evaluate_draft(target_model, draft_model, samples: list[Sample], temperature
 def save_draft(student, out: Path, dtype: str = "fp16", meta: dict | None = None, tokenizer=None) -> Path:
     """Write config.json + model.safetensors (+ the tokenizer, train_meta.json) into ``out``.
 
-    With the tokenizer saved too, ``engine.models.load_model(str(out))`` loads the folder on its own.
+    With the tokenizer saved too, ``engine.decoding.models.load_model(str(out))`` loads the folder on its own.
     """
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(dtype)
     if dt is None:
@@ -350,8 +350,8 @@ def get_samples(target, tok, eos, split: str, n: int, path: Path, args, budget_m
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.train_draft", description=__doc__.split("\n")[0])
-    ap.add_argument("--target", default="embedded", help="target spec for engine.models.load_model")
+    ap = argparse.ArgumentParser(prog="python -m engine.training.train_draft", description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="embedded", help="target spec for engine.decoding.models.load_model")
     ap.add_argument("--out", default=str(ROOT / "assets" / "smollm2-draft"), help="output folder")
     ap.add_argument("--work-dir", default=str(ROOT / ".cache" / "draft-train"), help="data cache folder")
     ap.add_argument("--prompts", type=int, default=6000, help="training prompts to generate from")
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.models import load_model
+    from engine.decoding.models import load_model
 
     t_start = time.perf_counter()
     target_lm = load_model(args.target, device="cpu")

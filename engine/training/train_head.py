@@ -1,8 +1,8 @@
-"""Train the EAGLE-style draft head (``engine.draft_head``) for the embedded target.
+"""Train the EAGLE-style draft head (``engine.decoding.draft_head``) for the embedded target.
 
-Run ``python -m engine.train_head --help``. The pipeline (CPU, progress printed):
+Run ``python -m engine.training.train_head --help``. The pipeline (CPU, progress printed):
 
-1. data: the target's own answers to generated prompts (``engine.draft_data``; held-out prompts come from
+1. data: the target's own answers to generated prompts (``engine.training.draft_data``; held-out prompts come from
    topics never used in training), cached under ``--work-dir``. Every ``train*.pt`` file there is used,
    so earlier runs' data add up. ``--gen-dtype bf16`` generates with a bf16 copy of the target (about 3×
    faster on CPUs with AMX; ~97% of its greedy choices equal fp32's);
@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.draft_data import Sample, build_prompts, generate_samples, load_samples, save_samples
-from engine.draft_head import FeatureHead, save_head
+from engine.decoding.draft_head import FeatureHead, save_head
 from engine.errors import InputError
-from engine.train_draft import length_batches
+from engine.training.draft_data import Sample, build_prompts, generate_samples, load_samples, save_samples
+from engine.training.train_draft import length_batches
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _log(msg: str) -> None:
@@ -243,13 +243,13 @@ def _train_files(work: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.train_head", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.training.train_head", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "smollm2-head"), help="output folder")
     ap.add_argument("--work-dir", default=str(ROOT / ".cache" / "draft-train"), help="data cache folder")
     ap.add_argument("--prompts", type=int, default=8000, help="new training prompts to generate from")
     ap.add_argument("--heldout", type=int, default=64, help="held-out prompts (unseen topics)")
     ap.add_argument("--prompt-set", type=int, default=1, choices=[1, 2],
-                    help="generator for new training prompts (engine.draft_data.build_prompts); the held-out "
+                    help="generator for new training prompts (engine.training.draft_data.build_prompts); the held-out "
                          "prompts always come from set 1")
     ap.add_argument("--data-minutes", type=float, default=25.0, help="time budget for new training data "
                     "(0: only reuse cached train*.pt files)")
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--init {args.init!r} is not a folder holding a saved draft head")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.models import load_model
+    from engine.decoding.models import load_model
 
     t_start = time.perf_counter()
     target = load_model("embedded", device="cpu")
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
          f"{len(held)} held-out; {data_min:.1f} min generating, {feat_min:.1f} min features")
 
     if args.init:
-        from engine.draft_head import load_head
+        from engine.decoding.draft_head import load_head
 
         head = load_head(args.init, model).float()
         head.bind(model)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-
 AFTER_END = "after the end"
 """Verdict of draft positions after an accepted end-of-sequence draft token (the output ended there)."""
 

@@ -6,9 +6,9 @@ normalised. The target is more confident (default peak 8) than the draft (defaul
 defaults α = Σ min(p, q) = 4·(1/12) + 4/8 = 5/6 ≈ 0.83 after every word.
 
 :func:`run_toy_rounds` drafts γ tokens autoregressively from q (batched torch.multinomial, the
-vectorised form of :func:`engine.sampling.sample`), builds the target's p rows at the same contexts
+vectorised form of :func:`engine.decoding.sampling.sample`), builds the target's p rows at the same contexts
 plus the bonus row, and decides every round with
-:func:`engine.sampling.verify_sampling` — the same code the live engine uses — so the histogram of the
+:func:`engine.decoding.sampling.verify_sampling` — the same code the live engine uses — so the histogram of the
 first emitted token tests the real rule (Leviathan et al. 2023, Theorem 3.5 / Appendix A.1: the
 output is distributed exactly as p).
 """
@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from engine.decoding.sampling import Verdict, sample, verify_sampling
 from engine.errors import InputError
-from engine.sampling import Verdict, sample, verify_sampling
 
 VOCAB: tuple[str, ...] = ("the", "cat", "sat", "on", "mat")
 TOY_MAX_ROUNDS = 20_000
@@ -135,9 +135,9 @@ def run_toy_rounds(n_rounds: int = 20_000, gamma: int = 4, target_peak: float = 
 
     Each round: draft γ tokens autoregressively from the toy draft q (rows [γ, 5] at contexts
     context, x1, …, x_{γ−1}; drawn for all rounds at once with torch.multinomial, the batched form of
-    :func:`engine.sampling.sample`, from the same generator); take the
+    :func:`engine.decoding.sampling.sample`, from the same generator); take the
     target's rows p [γ + 1, 5] at the same contexts plus the one after x_γ (the bonus row); call
-    ``verify`` (by default :func:`engine.sampling.verify_sampling`, the engine's rule) with one seeded
+    ``verify`` (by default :func:`engine.decoding.sampling.verify_sampling`, the engine's rule) with one seeded
     ``torch.Generator`` for the whole run. Emitted tokens = accepted draft tokens + the correction or
     bonus token. Cost: about 0.1 ms per round, dominated by the per-round verify call (10 000 rounds:
     1.5 s measured on a busy 2-core CPU, see benchmarks/results/whatif_rerun.md).
@@ -173,7 +173,7 @@ def run_toy_rounds(n_rounds: int = 20_000, gamma: int = 4, target_peak: float = 
     accepted = evaluated = total_tokens = 0
     n = int(n_rounds)
     # Draft: γ autoregressive draws from q for all rounds at once, one torch.multinomial per position
-    # (the batched form of engine.sampling.sample, same generator): ctx[:, i] is the word before
+    # (the batched form of engine.decoding.sampling.sample, same generator): ctx[:, i] is the word before
     # draft token i, so ctx[:, 0] = context and ctx[:, i + 1] = x_i.
     ctx = torch.full((n, gamma + 1), c0, dtype=torch.long)
     for i in range(gamma):
@@ -199,7 +199,7 @@ def run_toy_rounds(n_rounds: int = 20_000, gamma: int = 4, target_peak: float = 
     chi2, chi2_p = chisquare(first, expected)
     tvd = 0.5 * sum(abs(f - float(pi)) for f, pi in zip(freq, p0))
     tokens_formula = sum(alpha ** k for k in range(gamma + 1))  # = (1 − α^(γ+1))/(1 − α), Eq. 1
-    rule = "speculative sampling (engine.sampling.verify_sampling)" if verify is verify_sampling \
+    rule = "speculative sampling (engine.decoding.sampling.verify_sampling)" if verify is verify_sampling \
         else getattr(verify, "__name__", "custom rule")
     return ToyResult(
         vocab=list(VOCAB), context=context, gamma=int(gamma), n_rounds=n, seed=int(seed),

@@ -347,7 +347,7 @@ def measure_this_machine(device: str | None = None, budget_s: float = 1.0) -> Ha
     """
     import torch
 
-    from engine.models import resolve_device
+    from engine.decoding.models import resolve_device
 
     dev = resolve_device(device)
     gpu = dev.type == "cuda"
@@ -828,7 +828,7 @@ def load_hub_config(model_id: str) -> ModelSpec:
     """
     from transformers import AutoConfig
 
-    from engine.models import _from_pretrained
+    from engine.decoding.models import _from_pretrained
 
     model_id = (model_id or "").strip()
     if not model_id:
@@ -845,7 +845,7 @@ def embedded_model_spec() -> ModelSpec:
     """
     from transformers import AutoConfig
 
-    from engine.models import prepare_embedded
+    from engine.decoding.models import prepare_embedded
 
     folder = prepare_embedded()
     cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
@@ -972,7 +972,7 @@ class RealKVCheck:
 
 
 def real_kv_check(lm, n_tokens: int = 64, decode_steps: int = 4) -> RealKVCheck:
-    """Run ``lm`` (a :class:`engine.models.LoadedModel`) on ``n_tokens`` tokens and measure its cache.
+    """Run ``lm`` (a :class:`engine.decoding.models.LoadedModel`) on ``n_tokens`` tokens and measure its cache.
 
     Prefills ``n_tokens − decode_steps`` tokens of a fixed text (repeated as needed), then feeds
     ``decode_steps`` tokens one at a time (greedy); see :func:`cache_check`.

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decoding.models import LoadedModel, check_tokenizers_compatible
+from engine.decoding.sampling import SamplingConfig, sample, warp_probs
 from engine.errors import InputError, ModelLoadError
-from engine.models import LoadedModel, check_tokenizers_compatible
-from engine.sampling import SamplingConfig, sample, warp_probs
 
 
 @dataclass
@@ -254,7 +254,7 @@ class EarlyExitProposer(_ModelProposer):
 
 
 class FeatureHeadProposer(Proposer):
-    """EAGLE-style drafting from the target's own hidden states (``engine.draft_head``).
+    """EAGLE-style drafting from the target's own hidden states (``engine.decoding.draft_head``).
 
     State: the head's KV cache over pairs (h_i, x_{i+1}). Pairs built from the target's true features
     of committed positions stay valid for the whole run; pairs built while drafting (from the head's own
@@ -456,7 +456,7 @@ _HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]"
 
 def _cached_head(folder: str, target_model: torch.nn.Module):
     """Load a draft head once per (target model, folder) in this process (read-only while drafting)."""
-    from engine.draft_head import load_head
+    from engine.decoding.draft_head import load_head
 
     heads = _HEADS.setdefault(target_model, {})
     if folder not in heads:
@@ -466,14 +466,14 @@ def _cached_head(folder: str, target_model: torch.nn.Module):
 
 def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
     """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", "embedded-head" or a folder
-    with a saved draft head (``engine.draft_head``), or a draft model (pass ``draft``).
+    with a saved draft head (``engine.decoding.draft_head``), or a draft model (pass ``draft``).
 
     Raises:
         InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model;
         ModelLoadError for a draft head that cannot be loaded for this target.
     """
-    from engine.draft_head import is_head_folder
-    from engine.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR
+    from engine.decoding.draft_head import is_head_folder
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR
 
     kind = (kind or "").strip()
     if kind in ("none", "baseline"):

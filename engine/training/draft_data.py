@@ -364,8 +364,8 @@ class Sample:
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
     """Token ids of ``prompt`` exactly as the engine encodes it (chat template with one user turn when
-    the tokenizer has one; see ``engine.speculative.encode_prompt``)."""
-    from engine.speculative import encode_prompt
+    the tokenizer has one; see ``engine.decoding.speculative.encode_prompt``)."""
+    from engine.decoding.speculative import encode_prompt
 
     return encode_prompt(tokenizer, prompt, chat=True)
 

@@ -882,10 +882,10 @@ def measure_attention(ns: list[int], d: int = 64, heads: int = 4, causal: bool =
         raise InputError(f"threads must be between 1 and 64, got {threads}.")
     args = dict(ns=[int(n) for n in ns], d=int(d), heads=int(heads), causal=bool(causal), repeats=int(repeats),
                 memory_limit_bytes=int(memory_limit_bytes), seed=int(seed))
-    code = ("import json, sys, torch; from engine.flash import _measure_points; "
+    code = ("import json, sys, torch; from engine.explain.flash import _measure_points; "
             f"torch.set_num_threads({int(threads)}); "
             "print(json.dumps(_measure_points(**json.loads(sys.argv[1]))))")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=root, capture_output=True,
                               text=True, timeout=timeout_s)

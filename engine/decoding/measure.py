@@ -1,0 +1,174 @@
+"""Measuring a speculative run against plain decoding: the A/B timing (alternating runs, medians) and
+the baseline comparison that the Live page, the command line and What-if's "My measured numbers" use.
+
+Speed claims follow one rule: both kinds run to the end with nothing drawn in between, in alternating
+order (A B B A …), and the medians are compared (see ``measure_speedup_ab``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from engine.decoding.trace import Round, RunStats
+
+
+@dataclass
+class BaselineComparison:
+    """A speculative run against the plain (no-draft) run of the same prompt, settings and seed.
+
+    Attributes:
+        speedup: baseline ms per token ÷ speculative ms per token, prefill included in both; equal to
+            baseline total_ms ÷ speculative total_ms when both generated the same number of tokens.
+        identical: the two token sequences are equal (expected under greedy decoding, up to ties
+            in floating point; under sampling they differ and only the distribution is the same).
+        same_length: both generated the same number of tokens.
+        spec_tokens_per_s, base_tokens_per_s: throughput of each run.
+        first_difference: index of the first differing token (None if identical / prefix).
+    """
+
+    speedup: float | None
+    identical: bool
+    same_length: bool
+    spec_tokens_per_s: float | None
+    base_tokens_per_s: float | None
+    first_difference: int | None
+
+
+def compare_baseline(spec_ids: list[int], spec: RunStats, base_ids: list[int],
+                     base: RunStats) -> BaselineComparison:
+    """Measured speedup of a speculative run over its baseline (see ``BaselineComparison``)."""
+    speedup = None
+    if spec.new_tokens and base.new_tokens and spec.total_ms > 0 and base.total_ms > 0:
+        speedup = (base.total_ms / base.new_tokens) / (spec.total_ms / spec.new_tokens)
+    return BaselineComparison(speedup=speedup, identical=list(spec_ids) == list(base_ids),
+                              same_length=len(spec_ids) == len(base_ids),
+                              spec_tokens_per_s=spec.tokens_per_s, base_tokens_per_s=base.tokens_per_s,
+                              first_difference=_first_difference(spec_ids, base_ids))
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length if one is a prefix of the other), or None."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None and len(a) != len(b):
+        first = min(len(a), len(b))
+    return first
+
+
+@dataclass
+class SpeedupAB:
+    """Speculative and plain decoding of the same prompt, settings and seed, timed back to back.
+
+    Attributes:
+        order: "spec" / "base" for each run, in the order they ran (A B B A …).
+        spec_ms_per_token, base_ms_per_token: each run's total time (prefill included) ÷ its new tokens,
+            in ms, in run order.
+        spec_ids, base_ids: the tokens of each kind's median run (every run of a kind gives the same
+            tokens: the decoders are seeded).
+        spec_stats, base_stats: ``RunStats`` of each kind's median run, the run whose ms per token is
+            the median (the middle one for an odd number of runs; the faster middle one for an even
+            number), so that its tokens/s, prefill and total time agree with the medians shown.
+        spec_rounds: the rounds of the median speculative run (their draft and verify times).
+    """
+
+    order: list[str]
+    spec_ms_per_token: list[float]
+    base_ms_per_token: list[float]
+    spec_ids: list[int]
+    base_ids: list[int]
+    spec_stats: RunStats
+    base_stats: RunStats
+    spec_rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def reps(self) -> int:
+        return min(len(self.spec_ms_per_token), len(self.base_ms_per_token))
+
+    SPREAD_WARN = 1.5  # runs of one kind further apart than this (slowest ÷ fastest): the machine was busy
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the runs of one kind differed by more than ``SPREAD_WARN`` (the speedup is unsure)."""
+        return self.spread > self.SPREAD_WARN
+
+    @property
+    def spread(self) -> float:
+        """The larger, over the two kinds, of slowest ÷ fastest run (ms per token): 1 on a quiet machine;
+        well above 1 means the machine was busy and the medians are unsure."""
+        return max(max(v) / min(v) for v in (self.spec_ms_per_token, self.base_ms_per_token))
+
+    @property
+    def speedup(self) -> float:
+        """Median baseline ms per token ÷ median speculative ms per token."""
+        return statistics.median(self.base_ms_per_token) / statistics.median(self.spec_ms_per_token)
+
+    def comparison(self, spec_ids: list[int] | None = None) -> BaselineComparison:
+        """A ``BaselineComparison`` from the medians; ``spec_ids`` (default: the timed run's) are the tokens
+        compared with the baseline's."""
+        spec_ids = self.spec_ids if spec_ids is None else list(spec_ids)
+        return BaselineComparison(
+            speedup=self.speedup, identical=spec_ids == self.base_ids, same_length=len(spec_ids) == len(self.base_ids),
+            spec_tokens_per_s=1000.0 / statistics.median(self.spec_ms_per_token),
+            base_tokens_per_s=1000.0 / statistics.median(self.base_ms_per_token),
+            first_difference=_first_difference(spec_ids, self.base_ids))
+
+
+def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) -> SpeedupAB:
+    """Time speculative against plain decoding: ``reps`` runs of each, alternating A B B A A B …, each run
+    to its end with nothing drawn between rounds (a page that redraws while a run computes slows the run
+    it measures; the draft's many small steps the most). The guide's rule for speed claims, in small.
+
+    Args:
+        make_spec, make_base: build a fresh, seeded ``SpeculativeDecoder`` (the speculative one and the
+            baseline, ``proposer=None``); called once per run.
+        reps: runs of each kind, ≥ 1.
+        on_progress: ``on_progress(done, total, kind)`` before each run ("spec" or "base").
+
+    Raises:
+        ValueError: if reps < 1. Errors of the builders and decoders propagate (InputError, …).
+    """
+    if reps < 1:
+        raise ValueError(f"reps must be ≥ 1, got {reps}")
+    order = [k for i in range(reps) for k in (("spec", "base") if i % 2 == 0 else ("base", "spec"))]
+    ms = {"spec": [], "base": []}
+    runs = {"spec": [], "base": []}
+    for i, kind in enumerate(order):
+        if on_progress is not None:
+            on_progress(i, len(order), kind)
+        dec = (make_spec if kind == "spec" else make_base)()
+        dec.run()
+        st = dec.stats()
+        ms[kind].append(st.total_ms / max(st.new_tokens, 1))
+        runs[kind].append((list(dec.new_ids), st, list(getattr(dec, "rounds", []))))
+
+    def median_run(kind: str):
+        by_time = sorted(range(len(ms[kind])), key=ms[kind].__getitem__)
+        return runs[kind][by_time[(len(by_time) - 1) // 2]]
+
+    spec, base = median_run("spec"), median_run("base")
+    return SpeedupAB(order=order, spec_ms_per_token=ms["spec"], base_ms_per_token=ms["base"],
+                     spec_ids=spec[0], base_ids=base[0], spec_stats=spec[1], base_stats=base[1],
+                     spec_rounds=spec[2])
+
+
+def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
+                 base_stats: RunStats | None = None) -> SimpleNamespace | None:
+    """The record the what-if page reads from ``st.session_state["measured_run"]``, or None while the
+    run has no measured α or c yet (nothing judged, or no draft time).
+
+    ``base_stats`` (the baseline's, after Run baseline) supplies t(1), the plain decode step's median
+    time, as the curve's 1-token point: what-if needs it for the verify-cost prediction and to express
+    c per decode step (``engine.explain.analytic.compare_with_measured``)."""
+    if stats.acceptance_rate is None or stats.draft_cost_ratio is None:
+        return None
+    sp = measured_speedup if measured_speedup is not None and math.isfinite(measured_speedup) else None
+    curve = {int(k): float(v) for k, v in stats.verify_ms_by_tokens.items()}
+    if base_stats is not None and 1 in base_stats.verify_ms_by_tokens:
+        curve[1] = float(base_stats.verify_ms_by_tokens[1])
+    return SimpleNamespace(acceptance_rate=float(stats.acceptance_rate),
+                           draft_cost_ratio=float(stats.draft_cost_ratio),
+                           draft_ms_per_token=stats.draft_ms_per_token,
+                           verify_ms_by_tokens=dict(sorted(curve.items())),
+                           measured_speedup=sp, gamma=int(gamma))
