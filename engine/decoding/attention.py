@@ -1,0 +1,121 @@
+"""Which cached positions a fed token may see: one mechanism for token trees and ragged batches.
+
+A target pass feeds Q new tokens after a KV cache of C entries. Who sees whom is a boolean matrix
+``visible[b, i, j]`` (row b of the batch, fed token i, key position j in 0..C+Q−1): True = attend.
+
+- A chain (plain decoding, a draft chain): every fed token sees every valid cached entry and the fed tokens
+  up to itself (causal).
+- A token tree (Medusa, Cai et al. 2024, §2.1.2 "tree attention"; SpecInfer, Miao et al. 2024, §4.2): the
+  tree's nodes are fed together; node i sees the cached context, its ancestors and itself, never a sibling
+  branch (``tree_visibility``). Its position id is context length + depth, so RoPE places it where it
+  would sit in its own branch.
+- A ragged batch: rows hold different numbers of valid cache entries (tokens a row rejected are left in the
+  cache as holes, or rows are padded); ``cached_valid[b, j]`` False hides entry j from row b.
+
+transformers 5.24 passes an attention mask that is already 4D, [batch, 1, q_len, kv_len], to the attention
+function as is (``masking_utils._preprocess_mask_arguments``: "If the mask is already 4D, simply return
+as-is"). The SDPA path (``integrations/sdpa_attention.py``) hands it to
+``torch.nn.functional.scaled_dot_product_attention``, where a boolean mask means True = attend; the eager
+path (``eager_attention_forward``) *adds* it to the scores, so it needs an additive float mask (0 = attend,
+the dtype's minimum = blocked). ``model_mask`` builds the right one for the model's attention implementation.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from engine.errors import InputError
+
+_SUPPORTED = ("sdpa", "eager")
+
+
+def tree_visibility(parents: Sequence[int]) -> torch.Tensor:
+    """Ancestor-or-self matrix of a token tree.
+
+    Args:
+        parents: N entries; ``parents[i]`` is the index of node i's parent node, or −1 for a node whose
+            parent is the last context token (a root of the tree). Parents must come before children
+            (``parents[i] < i``).
+
+    Returns:
+        [N, N] bool: ``out[i, j]`` is True iff node j is node i or one of its ancestors.
+
+    Raises:
+        InputError: if a parent index is not an earlier node (or −1).
+    """
+    n = len(parents)
+    out = torch.zeros(n, n, dtype=torch.bool)
+    for i, par in enumerate(parents):
+        par = int(par)
+        if not -1 <= par < i:
+            raise InputError(f"Node {i}'s parent must be an earlier node or −1 (the context), got {par}.")
+        if par >= 0:
+            out[i] = out[par]
+        out[i, i] = True
+    return out
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node (a root, whose parent is the context, has depth 1). See ``tree_visibility``."""
+    depth: list[int] = []
+    for i, par in enumerate(parents):
+        if not -1 <= int(par) < i:
+            raise InputError(f"Node {i}'s parent must be an earlier node or −1 (the context), got {par}.")
+        depth.append(1 if par < 0 else depth[par] + 1)
+    return depth
+
+
+def fed_visibility(new_visible: torch.Tensor, cached_valid: torch.Tensor) -> torch.Tensor:
+    """Full visibility of a pass: each fed token sees the valid cached entries plus ``new_visible``.
+
+    Args:
+        new_visible: [B, Q, Q] or [Q, Q] bool, which fed tokens each fed token sees (causal for a chain,
+            ``tree_visibility`` for a tree). Each token should see itself.
+        cached_valid: [B, C] bool, which cache entries each row may see (all True without holes).
+
+    Returns:
+        [B, Q, C + Q] bool.
+    """
+    b, c = cached_valid.shape
+    if new_visible.dim() == 2:
+        new_visible = new_visible.unsqueeze(0).expand(b, -1, -1)
+    q = new_visible.shape[-1]
+    cached = cached_valid[:, None, :].expand(b, q, c)
+    return torch.cat([cached.to(torch.bool), new_visible.to(torch.bool)], dim=-1)
+
+
+def attn_implementation(model: torch.nn.Module) -> str:
+    """The attention implementation a transformers model runs ("sdpa", "eager", ...)."""
+    cfg = getattr(model, "config", None)
+    return str(getattr(cfg, "_attn_implementation", None) or "eager")
+
+
+def model_mask(visible: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The 4D attention mask a transformers 5.24 model takes for a visibility matrix.
+
+    Args:
+        visible: [B, Q, K] bool (True = attend); K = cached entries + fed tokens.
+        model: the model the mask is for (its attention implementation decides the format).
+        dtype: dtype of an additive mask (default: the model's parameter dtype).
+
+    Returns:
+        [B, 1, Q, K]: bool (True = attend) for SDPA; additive float (0 or the dtype's minimum) for eager.
+
+    Raises:
+        InputError: for an attention implementation that takes no custom mask this way
+            (FlashAttention-2, flex attention): load the model with ``attn_implementation="sdpa"``.
+    """
+    impl = attn_implementation(model)
+    if impl not in _SUPPORTED:
+        raise InputError(f"Token trees and ragged batches need a custom attention mask, which the {impl!r} "
+                         f"attention implementation does not take here; load the model with "
+                         f"attn_implementation='sdpa' or 'eager'.")
+    vis = visible.to(torch.bool)[:, None]
+    if impl == "sdpa":
+        return vis
+    if dtype is None:
+        dtype = next(model.parameters()).dtype
+    out = torch.zeros(vis.shape, dtype=dtype)
+    return out.masked_fill(~vis, torch.finfo(dtype).min)

@@ -1,0 +1,101 @@
+"""engine.decoding.attention: the 4D mask transformers 5.24 takes, pinned against plain causal passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.decoding.attention import fed_visibility, model_mask, tree_depths, tree_visibility
+from engine.errors import InputError
+from tests.tiny_models import save_tiny_llama
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def tiny(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny_llama(tmp_path_factory.mktemp("attn") / "m", layers=2, seed=3, init=0.5)
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation=request.param,
+                                                dtype=torch.float32).eval()
+
+
+def test_tree_visibility_hand_example():
+    # roots 0 and 1; 2 under 0; 3 under 2; 4 under 1
+    vis = tree_visibility([-1, -1, 0, 2, 1])
+    expect = torch.tensor([[1, 0, 0, 0, 0],
+                           [0, 1, 0, 0, 0],
+                           [1, 0, 1, 0, 0],
+                           [1, 0, 1, 1, 0],
+                           [0, 1, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(vis, expect)
+    assert tree_depths([-1, -1, 0, 2, 1]) == [1, 1, 2, 3, 2]
+
+
+@pytest.mark.parametrize("bad", [[0], [-1, 1], [-2], [-1, 5]])
+def test_tree_parent_must_come_first(bad):
+    with pytest.raises(InputError, match="parent"):
+        tree_visibility(bad)
+    with pytest.raises(InputError, match="parent"):
+        tree_depths(bad)
+
+
+def test_model_mask_formats(tiny):
+    vis = torch.tensor([[[True, False], [True, True]]])
+    m = model_mask(vis, tiny)
+    assert m.shape == (1, 1, 2, 2)
+    if tiny.config._attn_implementation == "sdpa":
+        assert m.dtype == torch.bool and torch.equal(m[0, 0], vis[0])
+    else:
+        assert m.dtype == torch.float32
+        assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == torch.finfo(torch.float32).min
+
+
+def test_model_mask_refuses_other_implementations(tiny):
+    class Fake(torch.nn.Module):
+        config = type("C", (), {"_attn_implementation": "flash_attention_2"})()
+
+    with pytest.raises(InputError, match="sdpa"):
+        model_mask(torch.ones(1, 1, 1, dtype=torch.bool), Fake())
+
+
+@torch.inference_mode()
+def test_tree_pass_equals_each_branch_alone(tiny):
+    """One pass over a cached context + a tree gives, at every node, the logits of a plain causal pass over
+    context + the node's root-to-node path (the mechanism trees are verified with)."""
+    from transformers import DynamicCache
+
+    ctx = [3, 7, 5, 9]
+    tokens = [4, 6, 8, 10, 12, 14]
+    parents = [-1, -1, 0, 0, 2, 1]
+    cache = DynamicCache()
+    tiny(input_ids=torch.tensor([ctx]), cache=cache, use_cache=True)
+    vis = fed_visibility(tree_visibility(parents), torch.ones(1, len(ctx), dtype=torch.bool))
+    pos = torch.tensor([[len(ctx) - 1 + d for d in tree_depths(parents)]])
+    out = tiny(input_ids=torch.tensor([tokens]), cache=cache, use_cache=True,
+               attention_mask=model_mask(vis, tiny), position_ids=pos).logits[0]
+    for i in range(len(tokens)):
+        path, j = [], i
+        while j >= 0:
+            path.insert(0, tokens[j])
+            j = parents[j]
+        ref = tiny(input_ids=torch.tensor([ctx + path])).logits[0, -1]
+        torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_holes_in_the_cache_are_invisible(tiny):
+    """A cache entry masked out for a row (a rejected token left in place) changes nothing: the row's
+    logits equal a pass over the sequence without it, when position ids skip the hole."""
+    from transformers import DynamicCache
+
+    seq = [3, 7, 5]
+    junk = 11
+    cache = DynamicCache()
+    tiny(input_ids=torch.tensor([seq + [junk]]), cache=cache, use_cache=True)
+    valid = torch.tensor([[True, True, True, False]])
+    causal = torch.ones(2, 2, dtype=torch.bool).tril()
+    out = tiny(input_ids=torch.tensor([[9, 2]]), cache=cache, use_cache=True,
+               attention_mask=model_mask(fed_visibility(causal, valid), tiny),
+               position_ids=torch.tensor([[3, 4]])).logits[0]
+    ref = tiny(input_ids=torch.tensor([seq + [9, 2]])).logits[0, -2:]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
