@@ -51,6 +51,53 @@ class DraftPosition:
     top_q: list[TopToken] = field(default_factory=list)
 
 
+TREE_VERDICTS = ("accepted", "rejected", "unvisited")
+"""Verdicts of tree nodes: on the accepted path; judged and rejected (its parent was accepted); never judged
+(its parent was not accepted, or a sibling was accepted first)."""
+
+
+@dataclass
+class TreeNode:
+    """One node of a token tree as the verify pass judged it.
+
+    Attributes:
+        token_id, text: the node's token.
+        parent: index of the parent node, −1 for a root (child of the last context token).
+        depth: 1 for a root.
+        q: the draft's probability of the token (the q row it was drawn from; 1.0 for a deterministic pick).
+        p: the target's probability of the token at the parent's position.
+        accept_prob: the acceptance probability the rule used when judging this node (1/0 under greedy),
+            None if never judged.
+        u: the uniform draw compared with it (sampling only).
+        verdict: one of ``TREE_VERDICTS``.
+    """
+
+    token_id: int
+    text: str
+    parent: int
+    depth: int
+    q: float
+    p: float
+    accept_prob: float | None
+    u: float | None
+    verdict: str
+
+
+@dataclass
+class TreeTrace:
+    """A round's token tree: its nodes and the accepted path (node indices, root first).
+
+    The verify pass's attention mask is ``engine.decoding.attention.tree_visibility`` of the parents.
+    """
+
+    nodes: list[TreeNode]
+    accepted_path: list[int]
+
+    @property
+    def parents(self) -> list[int]:
+        return [n.parent for n in self.nodes]
+
+
 @dataclass
 class Round:
     """One round: the draft phase, one target verify pass, and what was emitted.
@@ -74,6 +121,9 @@ class Round:
             (prefill fused into the verify pass); 0 otherwise. Such a pass is left out of the verify-time
             statistics (its time is mostly the prompt's).
         stop_reason: "eos", "max_new_tokens" or None.
+        tree: for a tree draft, every node as the verify pass judged it (``TreeTrace``); ``drafted`` then
+            lists the nodes of the accepted path and the first rejected node on it, so the chain statistics
+            read the path. None for a chain draft.
     """
 
     index: int
@@ -91,6 +141,7 @@ class Round:
     tokens_verified: int
     prefill_tokens: int = 0
     stop_reason: str | None = None
+    tree: "TreeTrace | None" = None
 
     @property
     def n_drafted(self) -> int:
