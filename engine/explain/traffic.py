@@ -560,7 +560,8 @@ def fetch_scrape(url: str, timeout: float = FETCH_TIMEOUT_S, env: Mapping[str, s
 # This app's own runs
 
 
-def profile_from_run(run: Any, model: str | None = None, gamma: int | None = None) -> AcceptanceProfile:
+def profile_from_run(run: Any, model: str | None = None, gamma: int | None = None,
+                     allow_empty: bool = False) -> AcceptanceProfile:
     """The profile of a run of this app's engine, in vLLM's terms.
 
     ``run`` is an ``engine.decoding.trace.RunStats``, a ``SpeculativeDecoder`` (its ``stats()``), or the
@@ -570,7 +571,8 @@ def profile_from_run(run: Any, model: str | None = None, gamma: int | None = Non
     ``gamma`` positions (as vLLM counts every position up to ``num_speculative_tokens``).
 
     Raises:
-        InputError: not a run, or a run whose draft proposed nothing (zero drafts).
+        InputError: not a run, or a run whose draft proposed nothing (zero drafts; allowed with
+            ``allow_empty``, for writing a plain run's zero counters).
     """
     judged: list[float] | None = None
     if hasattr(run, "stats") and callable(getattr(run, "stats")):
@@ -604,13 +606,13 @@ def profile_from_run(run: Any, model: str | None = None, gamma: int | None = Non
         per, judged = list(run.accepted_at_position), list(run.judged_at_position)
     else:
         raise InputError("Not a run of this app's engine (expected RunStats, a decoder or generate --json output).")
-    if not drafts:
+    if not drafts and not allow_empty:
         raise InputError("Zero drafts: the run proposed no draft tokens (plain decoding, or a lookup that never "
                          "matched), so there is no acceptance to measure.")
     if gamma is not None and int(gamma) > len(per):
         pad = int(gamma) - len(per)
         per, judged = per + [0] * pad, (judged + [0] * pad if judged is not None else None)
-    notes = () if gamma is None or drafted == drafts * len(per) else (
+    notes = () if gamma is None or not drafts or drafted == drafts * len(per) else (
         "Some rounds drafted fewer than γ tokens (lookup without a match, a confidence gate, the end of the "
         "run): α̂ uses the judged counts, the per-position α_i the vLLM-style counts.",)
     return AcceptanceProfile("speedup-lab", model, float(drafts), float(drafted), float(accepted),
@@ -663,7 +665,8 @@ def run_to_prometheus(profile: AcceptanceProfile, model_name: str = "speedup-lab
 def run_metrics_text(stats: Any, gamma: int | None, model_name: str) -> str:
     """``python -m engine generate --metrics-out``: a RunStats as vLLM-named Prometheus text (see
     :func:`run_to_prometheus`)."""
-    return run_to_prometheus(profile_from_run(stats, model=model_name, gamma=gamma), model_name=model_name)
+    return run_to_prometheus(profile_from_run(stats, model=model_name, gamma=gamma, allow_empty=True),
+                             model_name=model_name)
 
 
 # ---------------------------------------------------------------------------------------------
