@@ -387,7 +387,7 @@ def _check_and_build(raw: _Raw, window: str, source: str) -> AcceptanceProfile:
         if rate is None or rate <= 0:
             notes.append("sglang:spec_accept_rate is missing or 0, so γ cannot be inferred: enter γ by hand.")
         return AcceptanceProfile("sglang", raw.model, None, None, None, mean_length_gauge=length,
-                                 accept_rate_gauge=rate, window="SGLang's last logging interval (gauges)",
+                                 accept_rate_gauge=rate, window="SGLang's last logging interval, gauges",
                                  source=source, notes=tuple(notes))
     t = raw.totals
     table = _VLLM if raw.engine == "vllm" else _LLAMA
@@ -462,12 +462,85 @@ def profile_from_scrapes(before: str, after: str, model: str | None = None,
     down += [f"{table['per_pos']}{{position=\"{i}\"}} {a.per_pos[i]:g} → {b.per_pos.get(i, 0.0):g}"
              for i in sorted(a.per_pos) if b.per_pos.get(i, 0.0) < a.per_pos[i]]
     if down:
-        raise InputError("A counter went down between the two scrapes (" + "; ".join(down) + "): the server "
+        shown = "; ".join(down[:3]) + (f"; and {len(down) - 3} more" if len(down) > 3 else "")
+        raise InputError("A counter went down between the two scrapes (" + shown + "): the server "
                          "restarted in between, so the difference means nothing. Take both scrapes after the "
                          "restart, or use the second scrape alone.")
     diff = _Raw(b.engine, b.model, {k: b.totals[k] - a.totals[k] for k in b.totals},
                 {i: v - a.per_pos.get(i, 0.0) for i, v in b.per_pos.items()}, {}, b.notes)
     return _check_and_build(diff, "between the two scrapes", source)
+
+
+def list_models(text: str) -> list[str]:
+    """The ``model_name`` values that carry speculative metrics in a scrape (empty for llama.cpp, which has
+    no labels). Raises InputError for text that is not Prometheus format."""
+    names = set(_VLLM.values()) | set(_SGLANG.values())
+    return [m for m in _models_in(_samples(text), names) if m]
+
+
+_SPEC_NAMES = (*_VLLM.values(), *_LLAMA.values(), *_SGLANG.values())
+
+
+def compact_scrape(text: str) -> str:
+    """Only the speculative-decoding sample lines of a scrape, as written (no HELP/TYPE, no ``_created``, no
+    other metrics): what the page puts in its link. Reads back to the same profile."""
+    keep = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s and not s.startswith("#") and s.split("{", 1)[0].split(" ", 1)[0] in _SPEC_NAMES:
+            keep.append(s)
+    return "\n".join(keep) + ("\n" if keep else "")
+
+
+EXAMPLE_MODEL = "example/llama-8b-eagle"
+_EXAMPLE_COUNTS = ((1000, 3000, 1700, (700, 550, 450)), (3000, 9000, 5000, (2100, 1620, 1280)))
+
+
+def example_scrapes() -> tuple[str, str]:
+    """Two vLLM scrapes of one server, some traffic apart (γ = 3), written by :func:`run_to_prometheus` and
+    compacted: the page's example. Between them: 2000 drafts, 6000 draft tokens, 3300 accepted."""
+    out = []
+    for d, t, a, per in _EXAMPLE_COUNTS:
+        prof = AcceptanceProfile("vllm", EXAMPLE_MODEL, float(d), float(t), float(a), tuple(float(x) for x in per))
+        out.append(compact_scrape(run_to_prometheus(prof, model_name=EXAMPLE_MODEL)))
+    return out[0], out[1]
+
+
+@dataclass
+class PositionView:
+    """Chart data by draft position (index i = vLLM's ``position`` label).
+
+    Attributes:
+        positions: [P] 0..P−1. kept: [P] per_pos[i]. reached: [P] per_pos[i − 1] (drafts for i = 0).
+        survival: [P] measured P(A ≥ i + 1). survival_geometric: [P] α̂^(i+1).
+        conditional: [P] measured α_i (None where nobody reached i). alpha_hat: the constant α̂.
+        ci_low, ci_high: [P] Wilson 95 % interval of α_i (None where not computable).
+    """
+
+    positions: list[int]
+    kept: list[float]
+    reached: list[float]
+    survival: list[float]
+    survival_geometric: list[float]
+    conditional: list[float | None]
+    alpha_hat: float
+    ci_low: list[float | None]
+    ci_high: list[float | None]
+
+
+def position_view(profile: AcceptanceProfile) -> PositionView | None:
+    """Per-position chart data (measured vs the geometric model at α̂); None without per-position counts."""
+    if not profile.per_position or not profile.drafts or profile.alpha_hat is None:
+        return None
+    a = float(profile.alpha_hat)
+    n = len(profile.accepted_per_pos)
+    cis = wilson_intervals(profile)
+    return PositionView(positions=list(range(n)), kept=list(profile.accepted_per_pos),
+                        reached=[profile.drafts, *profile.accepted_per_pos[:-1]], survival=profile.survival,
+                        survival_geometric=[a ** (i + 1) for i in range(n)],
+                        conditional=profile.conditional_alpha, alpha_hat=a,
+                        ci_low=[None if c is None else c[0] for c in cis],
+                        ci_high=[None if c is None else c[1] for c in cis])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -842,7 +915,8 @@ def settings_for(gamma: int) -> list[EngineSetting]:
     """Serving flags for draft length γ for vLLM, SGLang and llama.cpp.
 
     - vLLM: ``--speculative-config '{"num_speculative_tokens": γ, ...}'`` (docs.vllm.ai, Features →
-      Speculative Decoding; ``vllm/config/speculative.py``); keep your method and draft model in the JSON.
+      Speculative Decoding, ``docs/features/speculative_decoding/``; ``vllm/config/speculative.py``); keep your
+      method and draft model in the JSON.
     - SGLang: ``--speculative-num-steps γ --speculative-eagle-topk 1 --speculative-num-draft-tokens γ+1``
       (docs.sglang.io, Advanced features → Speculative decoding: num-steps is the drafting depth; with top-k 1
       the draft is a chain of γ tokens and the verify pass checks γ + 1).
@@ -858,11 +932,11 @@ def settings_for(gamma: int) -> list[EngineSetting]:
     g = int(gamma)
     return [
         EngineSetting("vLLM", f"--speculative-config '{{\"num_speculative_tokens\": {g}}}'",
-                      "https://docs.vllm.ai/en/latest/features/spec_decode.html",
+                      "https://docs.vllm.ai/en/latest/features/speculative_decoding/",
                       "Add your \"method\" and \"model\" (draft) to the same JSON."),
         EngineSetting("SGLang", f"--speculative-num-steps {g} --speculative-eagle-topk 1 "
                                 f"--speculative-num-draft-tokens {g + 1}",
-                      "https://docs.sglang.io/advanced_features/speculative_decoding.html",
+                      "https://docs.sglang.io/docs/advanced_features/speculative_decoding",
                       "With --speculative-algorithm and --speculative-draft-model-path as you run it now; top-k 1 "
                       "makes the draft a chain, as the model here assumes."),
         EngineSetting("llama.cpp", f"--draft-max {g} --draft-min {g}",
