@@ -146,7 +146,7 @@ else:
         stop_page()
     with st.expander("This run's counters in vLLM's names (paste them into the box above, or feed them to "
                      "`python -m engine traffic`)"):
-        st.code(run_to_prometheus(prof, model_name=prof.model or "speedup-lab"), language="text")
+        st.code(run_to_prometheus(prof, model_name=prof.model or "speedup-lab"), language="text", wrap_lines=True)
 
 c1, c2 = st.columns(2)
 c1.slider("Draft cost c (one draft step ÷ one target decode step)", 0.0, 1.0, step=0.01, key="yt_cost",
@@ -203,7 +203,7 @@ else:
                    error_y=err, line={"color": MEASURED, "width": 3})
     fa.add_scatter(x=xs, y=[pv.alpha_hat] * len(xs), mode="lines", name=f"geometric: α̂ = {pv.alpha_hat:.3f}",
                    line={"color": GEOMETRIC, "dash": "dash"})
-    fa.update_layout(title="Conditional α_i: P(token i kept | tokens before it kept)", xaxis_title="draft position i",
+    fa.update_layout(title="Conditional α_i (kept | all before kept)", xaxis_title="draft position i",
                      yaxis={"title": "α_i", "range": [0, 1.02]}, xaxis_dtick=1, height=CHART_H,
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fa, key="yt_fig_alpha", where=left)
@@ -212,14 +212,14 @@ else:
                    line={"color": MEASURED, "width": 3})
     fs.add_scatter(x=xs, y=pv.survival_geometric, mode="lines+markers", name="geometric: α̂^(i+1)",
                    line={"color": GEOMETRIC, "dash": "dash"})
-    fs.update_layout(title="Survival: P(at least i + 1 tokens kept)", xaxis_title="draft position i",
+    fs.update_layout(title="Survival P(A ≥ i + 1)", xaxis_title="draft position i",
                      yaxis={"title": "share of drafts", "range": [0, 1.02]}, xaxis_dtick=1, height=CHART_H,
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fs, key="yt_fig_survival", where=right)
     show_table({"position i": xs, "kept at i": pv.kept, "reached i": pv.reached, "survival": pv.survival,
-                "conditional α_i": pv.conditional, "α_i 95 % low": pv.ci_low, "α_i 95 % high": pv.ci_high},
-               formats={"kept at i": "%.0f", "reached i": "%.0f", "survival": "%.3f", "conditional α_i": "%.3f",
-                        "α_i 95 % low": "%.3f", "α_i 95 % high": "%.3f"})
+                "conditional α_i": pv.conditional,
+                "α_i 95 % (Wilson)": ["—" if lo is None else f"{lo:.3f}–{hi:.3f}" for lo, hi in zip(pv.ci_low, pv.ci_high)]},
+               formats={"kept at i": "%.0f", "reached i": "%.0f", "survival": "%.3f", "conditional α_i": "%.3f"})
     if not prof.full_length_drafts and prof.engine != "speedup-lab":
         st.caption("Some drafts were shorter than γ (draft tokens < drafts × γ), so \"reached i\" over-counts the "
                    "drafts that had a token i and α_i past position 0 reads low.")
@@ -293,7 +293,7 @@ else:
                    f"{pred.best_gamma_measured} ({pred.best_speedup_measured:.2f}×). Try γ = {best}, then scrape again.")
     for s in settings_for(best):
         st.markdown(f"**{s.engine}** · [flags documented here]({s.doc}) · {s.note}")
-        st.code(s.flags, language="bash")
+        st.code(s.flags, language="bash", wrap_lines=True)
 st.caption("Model: speedup = E / (γc + t(γ+1)/t(1)) (Leviathan et al. 2023, Theorem 3.8, with the verify-cost "
            "slope); E from the measured α_i. Code: engine/explain/traffic.py (predict, settings_for).")
 

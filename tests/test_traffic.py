@@ -454,3 +454,37 @@ def test_generate_metrics_out_round_trip(tmp_path, capsys):
     assert main(["traffic", str(tmp_path / "run.json"), "--json"]) == 0
     same = json.loads(capsys.readouterr().out)
     assert same["drafts"] == out["drafts"] and same["accepted_per_pos"] == out["accepted_per_pos"]
+
+
+# ------------------------------------------------------------------ what the page uses
+
+
+def test_compact_scrape_keeps_only_speculative_lines_and_reads_the_same():
+    full = fx("vllm_after.txt")
+    small = tr.compact_scrape(full)
+    assert "_created" not in small and "# HELP" not in small and "num_requests_running" not in small
+    assert len(small) < len(full) / 3
+    assert tr.profile_from_text(small).counts_dict() == tr.profile_from_text(full).counts_dict()
+    assert tr.compact_scrape("hello") == ""
+
+
+def test_list_models():
+    assert tr.list_models(fx("vllm_two_models.txt")) == ["llama-8b", "qwen-7b"]
+    assert tr.list_models(fx("llamacpp_after.txt")) == []  # llama.cpp has no model label
+    assert tr.list_models(fx("sglang_after.txt")) == ["Qwen/Qwen3-8B"]
+
+
+def test_example_scrapes_are_vllm_text_with_hand_counts():
+    a, b = tr.example_scrapes()
+    p = tr.profile_from_scrapes(a, b)
+    assert (p.engine, p.drafts, p.draft_tokens, p.accepted_tokens, p.accepted_per_pos) == \
+        ("vllm", 2000, 6000, 3300, (1400, 1070, 830))
+
+
+def test_position_view_by_hand():
+    v = tr.position_view(tr.profile_from_scrapes(fx("vllm_before.txt"), fx("vllm_after.txt")))
+    a = 3300 / 4470
+    assert v.positions == [0, 1, 2] and v.kept == [1400, 1070, 830] and v.reached == [2000, 1400, 1070]
+    assert v.survival_geometric == pytest.approx([a, a * a, a ** 3])
+    assert all(lo < c < hi for lo, c, hi in zip(v.ci_low, v.conditional, v.ci_high))
+    assert tr.position_view(tr.profile_from_text(fx("sglang_after.txt"))) is None
