@@ -97,7 +97,7 @@ if S["yt_source"] == SOURCES[0]:
     u4.button("Example", key="yt_btn_example", on_click=_example, help="Two vLLM scrapes of an example server.")
     note = S.pop("yt_fetch_note", None)
     if note is not None:
-        (st.success if note[0] == "ok" else st.error)(note[1])
+        (st.success if note[0] == "ok" else st.error)(escape_markdown(note[1]))  # quotes the typed address
     b1, b2 = st.columns(2)
     b1.text_area("Scrape (Prometheus text), or the first of two", key="yt_scrape", height=140,
                  placeholder="vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"…\"} 1200\n…")
@@ -128,7 +128,7 @@ if S["yt_source"] == SOURCES[0]:
         prof = (profile_from_scrapes(first, second, model) if second.strip()
                 else profile_from_text(first, model))
     except SpeedupLabError as e:
-        st.error(str(e))
+        st.error(escape_markdown(str(e)))
         sync_url(URL_KEYS)
         stop_page()
 else:
@@ -141,7 +141,7 @@ else:
     try:
         prof = profile_from_run(dec, model=getattr(getattr(dec, "target", None), "name", None))
     except SpeedupLabError as e:
-        st.error(str(e))
+        st.error(escape_markdown(str(e)))
         sync_url(URL_KEYS)
         stop_page()
     with st.expander("This run's counters in vLLM's names (paste them into the box above, or feed them to "
@@ -156,7 +156,7 @@ c2.slider("Verify-cost slope s: t(n) = t(1)·(1 + s·(n − 1))", 0.0, 1.0, step
 try:
     pred = predict(prof, S["yt_cost"], S["yt_slope"], GAMMA_MAX)
 except SpeedupLabError as e:
-    st.error(str(e))
+    st.error(escape_markdown(str(e)))
     sync_url(URL_KEYS)
     stop_page()
 
@@ -180,7 +180,7 @@ m3.metric("α̂ (the analytic model's α)", "—" if ah is None else f"{ah:.3f}"
 m4.metric("γ the server ran", "—" if prof.gamma is None else str(prof.gamma),
           help="The number of draft positions counted (vLLM: num_speculative_tokens).")
 for n in prof.notes:
-    st.caption("ℹ️ " + n)
+    st.caption("ℹ️ " + escape_markdown(n))  # notes quote label values of the scrape
 
 # ------------------------------------------------------------------ per position
 pv = position_view(prof)
@@ -192,7 +192,8 @@ else:
     st.markdown("**Survival** P(A ≥ i + 1) = kept at i ÷ drafts: the share of drafts whose token i was kept "
                 "(vLLM's \"per-position acceptance rate\"). **Conditional α_i** = kept at i ÷ kept at i − 1: "
                 "the chance token i is kept once every token before it was, the analytic model's α position by "
-                "position. The geometric model assumes α_i = α̂ everywhere, so survival = α̂^(i+1).")
+                "position. The geometric model assumes α_i = α̂ everywhere, so survival = α̂^(i+1). (The acceptance "
+                "rate above, vLLM's, is in no chart: it also counts the tokens after a rejection.)")
     left, right = st.columns(2)
     xs = pv.positions
     fa = go.Figure()

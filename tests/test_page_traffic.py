@@ -33,6 +33,15 @@ def _metrics(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def _plain(md: str) -> str:
+    """A message as the reader sees it: the page escapes Markdown (backslashes, zero-width spaces)."""
+    return md.replace("\\", "").replace("\u200b", "")
+
+
+def _errors(at) -> list[str]:
+    return [_plain(e.value) for e in at.error]
+
+
 def _paste(at, first: str, second: str = "") -> AppTest:
     at.text_area(key="yt_scrape").set_value(first)
     at.text_area(key="yt_scrape2").set_value(second)
@@ -79,12 +88,12 @@ def test_sglang_says_there_is_no_per_position_data():
     assert not at.exception and not at.error
     assert _metrics(at)["Mean acceptance length"] == "2.90"
     assert any("No per-position counts" in i.value for i in at.info)
-    assert any("SGLang exposes only means" in c.value for c in at.caption)
+    assert any("SGLang exposes only means" in _plain(c.value) for c in at.caption)
 
 
 def test_two_models_ask_for_a_choice():
     at = _paste(_app(), fx("vllm_two_models.txt"))
-    assert any("choose one" in e.value for e in at.error)
+    assert any("choose one" in e for e in _errors(at))
     at.selectbox(key="yt_model").set_value("qwen-7b").run()
     assert not at.error
     assert _metrics(at)["Acceptance rate"] == "0.400"  # 40 / 100
@@ -105,7 +114,7 @@ def test_two_models_ask_for_a_choice():
 def test_bad_scrapes_show_a_message(first, second, msg):
     at = _paste(_app(), first, second)
     assert not at.exception
-    assert any(msg in e.value for e in at.error), [e.value for e in at.error]
+    assert any(msg in e for e in _errors(at)), _errors(at)
 
 
 def test_empty_boxes_ask_for_a_scrape():
@@ -153,7 +162,7 @@ def test_fetch_from_loopback_and_refusals():
         assert _metrics(at)["Acceptance rate"] == "0.556"  # 5000 / 9000
         at.text_input(key="yt_url").set_value("http://example.com/metrics").run()
         at.button(key="yt_btn_fetch1").click().run()
-        assert any("SPEEDUP_LAB_ALLOWED_HOSTS" in e.value for e in at.error)
+        assert any("SPEEDUP_LAB_ALLOWED_HOSTS" in e for e in _errors(at))
         assert _metrics(at)["Acceptance rate"] == "0.556"  # the boxes keep what they had
     finally:
         srv.shutdown()
@@ -180,3 +189,13 @@ def test_live_run_as_the_source():
     assert _metrics(at)["α̂ (the analytic model's α)"] == f"{s.acceptance_rate:.3f}"
     assert _metrics(at)["Acceptance rate"] == f"{s.accepted / s.drafted:.3f}"
     assert any("vllm:spec_decode_num_drafts_total" in c.value for c in at.code)
+
+
+def test_pasted_text_is_not_rendered_as_markdown():
+    evil = "[click me](http://evil.example)"
+    text = (f'vllm:spec_decode_num_drafts_total{{model_name="{evil}"}} 10\n'
+            'vllm:spec_decode_num_drafts_total{model_name="b"} 10\n')
+    at = _paste(_app(), text)
+    raw = [e.value for e in at.error]
+    assert raw and all("[click me](http" not in r for r in raw)  # escaped: shown as text, not a link
+    assert any(evil in e for e in _errors(at))
