@@ -241,7 +241,7 @@ if pv is not None:
 ft.add_scatter(x=pred.gammas, y=pred.tokens_geometric, mode="lines", name="geometric, constant α̂",
                line={"color": GEOMETRIC, "dash": "dash"})
 ft.update_layout(title="Expected tokens per target pass E(γ)", xaxis_title="draft length γ", yaxis_title="tokens",
-                 height=CHART_H, margin={"t": 40, "b": 10},
+                 height=CHART_H, showlegend=True, margin={"t": 40, "b": 10},
                  legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
 show_chart(ft, key="yt_fig_tokens", where=left)
 fsp = go.Figure()
@@ -289,9 +289,11 @@ else:
                 + ("" if share is None else f"; γ = {best} is the best in {share:.0%} of the profiles the counts allow")
                 + ".")
     if pred.best_is_extrapolated:
-        st.warning(f"γ = {best} is longer than the {n_meas} positions your server measured: positions past {n_meas} "
-                   f"are assumed as good as the last one. The best γ within what was measured is "
-                   f"{pred.best_gamma_measured} ({pred.best_speedup_measured:.2f}×). Try γ = {best}, then scrape again.")
+        st.warning(f"γ = {best} is longer than the {n_meas} positions your server ran: positions past {n_meas} "
+                   + ("are assumed as good as the last one." if pv is not None else
+                      "follow the geometric model fitted to the mean, which nothing measured there.")
+                   + f" The best γ within what was measured is {pred.best_gamma_measured} "
+                     f"({pred.best_speedup_measured:.2f}×). Try γ = {best}, then scrape again.")
     for s in settings_for(best):
         st.markdown(f"**{s.engine}** · [flags documented here]({s.doc}) · {s.note}")
         st.code(s.flags, language="bash", wrap_lines=True)

@@ -488,3 +488,13 @@ def test_position_view_by_hand():
     assert v.survival_geometric == pytest.approx([a, a * a, a ** 3])
     assert all(lo < c < hi for lo, c, hi in zip(v.ci_low, v.conditional, v.ci_high))
     assert tr.position_view(tr.profile_from_text(fx("sglang_after.txt"))) is None
+
+
+def test_sglang_predictions_past_its_gamma_are_extrapolated():
+    p = tr.profile_from_text(fx("sglang_after.txt"))
+    pr = tr.predict(p)
+    assert pr.measured_positions == 3 and pr.extrapolated == [g > 3 for g in range(1, 17)]
+    assert pr.tokens_measured == pytest.approx(pr.tokens_geometric)  # one α: both curves are the geometric one
+    assert pr.tokens_measured[2] == pytest.approx(2.9)
+    assert pr.speedup_interval is None and pr.best_gamma_share == {}  # no counts, no uncertainty
+    assert pr.best_is_extrapolated and pr.best_gamma_measured == 3

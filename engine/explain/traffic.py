@@ -792,7 +792,8 @@ class GammaPrediction:
             (None without counts).
         best_gamma_share: {γ: share of the resampled profiles whose best γ it is} (empty without counts).
         c, slope: the draft cost and verify-cost slope used.
-        measured_positions: how many draft positions the profile measured (0 for SGLang).
+        measured_positions: the draft positions the server ran: counted ones, or for a profile of means only
+            (SGLang) the γ its numbers imply (0 if unknown). Past them every prediction is an extrapolation.
         best_gamma_measured, best_speedup_measured: the best γ among the measured positions only (None
             without per-position counts): when ``best_gamma`` is longer, it rests on the extrapolation.
     """
@@ -844,7 +845,8 @@ def predict(profile: AcceptanceProfile, c: float = DEFAULT_DRAFT_COST, slope: fl
         raise InputError("This profile has neither per-position counts nor a mean to predict from.")
     geo = ahat if ahat is not None else alphas[0]
     gammas = list(range(1, gm + 1))
-    n_meas = len(profile.accepted_per_pos) if profile.per_position else 0
+    # the positions the server ran: counted ones, or (means only) the γ implied by the counters or gauges
+    n_meas = len(profile.accepted_per_pos) if profile.per_position else int(profile.gamma or 0)
     ratios = [verify_cost_ratio(g + 1, slope) for g in gammas]
     t_meas = [tokens_per_pass_measured(alphas, g) for g in gammas]
     t_geo = [expected_tokens_per_pass(geo, g) for g in gammas]
