@@ -49,7 +49,7 @@ def add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--metrics-out", default=None, metavar="FILE",
                    help="also write the run's draft counts as vLLM-named Prometheus text to FILE (read it with "
-                        "python -m engine traffic FILE, or paste it into What-if → Your traffic)")
+                        "python -m engine traffic FILE, or paste it into the Your traffic page)")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin (auto: when printing to a terminal)")
     p.set_defaults(func=run_generate)

@@ -219,7 +219,8 @@ else:
     show_chart(fs, key="yt_fig_survival", where=right)
     show_table({"position i": xs, "kept at i": pv.kept, "reached i": pv.reached, "survival": pv.survival,
                 "conditional α_i": pv.conditional,
-                "α_i 95 % (Wilson)": ["—" if lo is None else f"{lo:.3f}–{hi:.3f}" for lo, hi in zip(pv.ci_low, pv.ci_high)]},
+                "α_i 95 % (Wilson)": ["—" if lo is None else f"{lo:.3f}–{hi:.3f}"
+                                      for lo, hi in zip(pv.ci_low, pv.ci_high)]},
                formats={"kept at i": "%.0f", "reached i": "%.0f", "survival": "%.3f", "conditional α_i": "%.3f"})
     if not prof.full_length_drafts and prof.engine != "speedup-lab":
         st.caption("Some drafts were shorter than γ (draft tokens < drafts × γ), so \"reached i\" over-counts the "
