@@ -19,13 +19,16 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate}",
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic}",
                                 title="commands (python -m engine COMMAND --help for each)")
     p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache")
     p.set_defaults(func=_cmd_prepare)
     from engine.cli import add_generate  # the generate command (speculative decoding)
 
     add_generate(sub)
+    from engine.cli_traffic import add_traffic  # the traffic command (acceptance profile of /metrics text)
+
+    add_traffic(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

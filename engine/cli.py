@@ -47,6 +47,9 @@ def add_generate(sub) -> None:
     p.add_argument("--dtype", default=None,
                    help="fp32 | bf16 | fp16 (default: fp32, also on CUDA, so greedy output matches plain decoding)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--metrics-out", default=None, metavar="FILE",
+                   help="also write the run's draft counts as vLLM-named Prometheus text to FILE (read it with "
+                        "python -m engine traffic FILE, or paste it into the Your traffic page)")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin (auto: when printing to a terminal)")
     p.set_defaults(func=run_generate)
@@ -149,6 +152,8 @@ def run_generate(args: argparse.Namespace) -> int:
         cmp = dataclasses.replace(compare_baseline(res.token_ids, res.stats, ab.base_ids, ab.base_stats),
                                   speedup=timed.speedup, spec_tokens_per_s=timed.spec_tokens_per_s,
                                   base_tokens_per_s=timed.base_tokens_per_s)
+    if args.metrics_out:  # the run's counters in vLLM's names (engine/explain/traffic.py)
+        _write_metrics(args.metrics_out, res.stats, args.gamma if proposer else None, args.target)
     if args.json:
         out = res.to_dict()
         out["draft"] = draft_spec
@@ -218,3 +223,15 @@ def run_generate(args: argparse.Namespace) -> int:
                   "the speedup is unsure; run again with nothing else running")
         print(f"outputs {same}")
     return 0
+
+
+def _write_metrics(path: str, stats, gamma: int | None, target: str) -> None:
+    """``--metrics-out``: the run's counts as vLLM would expose them (engine.explain.traffic.run_metrics_text)."""
+    from engine.explain.traffic import run_metrics_text
+
+    text = run_metrics_text(stats, gamma, target)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise InputError(f"Cannot write --metrics-out {path}: {e.strerror}.") from None

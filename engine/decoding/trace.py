@@ -197,6 +197,11 @@ class RunStats:
             into the first verify pass, that pass's time (it includes the first round's draft tokens).
         total_ms: wall time of the whole generation, prefill included (ms).
         tokens_per_s: new_tokens ÷ total time.
+        drafts: rounds that proposed at least one draft token (vLLM's ``num_drafts``).
+        accepted_at_position: [γ_max] for draft position i (0-based), rounds whose draft token i was accepted,
+            i.e. rounds with more than i accepted (vLLM's ``num_accepted_tokens_per_pos``); sums to ``accepted``.
+        judged_at_position: [γ_max] times draft position i was judged (accepted or rejected); the denominators of
+            ``acceptance_by_position``.
     """
 
     rounds: int
@@ -217,6 +222,9 @@ class RunStats:
     prefill_ms: float
     total_ms: float
     tokens_per_s: float | None
+    drafts: int = 0
+    accepted_at_position: list[int] = field(default_factory=list)
+    judged_at_position: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -278,6 +286,9 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
         prefill_ms=prefill_ms,
         total_ms=total_ms,
         tokens_per_s=new_tokens / (total_ms / 1000) if total_ms > 0 else None,
+        drafts=sum(1 for r in rounds if r.n_drafted),
+        accepted_at_position=[kept[i] for i in sorted(evaluated)],
+        judged_at_position=[evaluated[i] for i in sorted(evaluated)],
     )
 
 

@@ -192,10 +192,31 @@ def speedup(alpha: float, gamma: int, c: float, verify_ratio: float = 1.0) -> fl
     Returns:
         Speedup factor (> 1 is faster, < 1 a slowdown), always finite.
     """
-    a, g, cc = _check_alpha(alpha), _check_gamma(gamma), _check_cost(c)
+    a, g = _check_alpha(alpha), _check_gamma(gamma)
+    return speedup_from_tokens(expected_tokens_per_pass(a, g), g, c, verify_ratio)
+
+
+def speedup_from_tokens(tokens_per_pass: float, gamma: int, c: float, verify_ratio: float = 1.0) -> float:
+    """Speedup E / (γ·c + t(γ+1)/t(1)) for a given expected number of tokens per target pass E.
+
+    The cost side of :func:`speedup` (Leviathan et al. 2023, Theorem 3.8: a round costs γ draft steps of c
+    each plus one verify pass), with E supplied by the caller: measured per-position acceptance
+    (``engine.explain.traffic``) gives an E that no single α does.
+
+    Args:
+        tokens_per_pass: E, tokens per target pass, in [1, γ + 1]. gamma: γ in 1..64. c: draft cost in [0, 1].
+        verify_ratio: t(γ+1)/t(1) (> 0).
+
+    Raises:
+        InputError: E outside [1, γ + 1], bad γ, c or verify ratio.
+    """
+    g, cc = _check_gamma(gamma), _check_cost(c)
+    e = float(tokens_per_pass)
+    if not (1.0 - 1e-9 <= e <= g + 1 + 1e-9):
+        raise InputError(f"Tokens per target pass must be between 1 and γ + 1 = {g + 1}, got {e}.")
     if not (verify_ratio > 0 and math.isfinite(verify_ratio)):
         raise InputError(f"Verify cost ratio must be a positive number, got {verify_ratio}.")
-    return expected_tokens_per_pass(a, g) / (g * cc + verify_ratio)
+    return e / (g * cc + verify_ratio)
 
 
 def _speedups_all_gamma(alpha: float, c: float, slope: float = 0.0,
