@@ -110,3 +110,13 @@ def test_attention_matrix_by_hand():
     assert attention_matrix(greedy_tree(), context=False)[3] == [1, 0, 0, 1, 0, 0]
     # a chain's mask is causal (lower triangular)
     assert attention_matrix(chain_tree(), context=False) == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+def test_parents_layout_matches_tree_layout():
+    from engine.explain.tree_view import parents_layout
+
+    t = greedy_tree()
+    assert parents_layout(t.parents, [0, 2]) == tree_layout(t)
+    assert parents_layout([-1, 0, 0]).y == [0.5, 0.0, 1.0]
+    with pytest.raises(InputError):
+        parents_layout([1])

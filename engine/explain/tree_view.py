@@ -103,9 +103,22 @@ def tree_layout(tree: TreeTrace, target_kind: str | None = None) -> TreeLayout:
     """
     if target_kind is not None and target_kind not in TARGET_KINDS:
         raise InputError(f"The target's token in a tree round is a correction or a bonus token, got {target_kind!r}.")
-    parents = _check_tree(tree)
+    return _layout(_check_tree(tree), list(tree.accepted_path), target_kind)
+
+
+def parents_layout(parents: list[int], path: list[int] | None = None) -> TreeLayout:
+    """``tree_layout`` of a bare tree shape (parents only; ``path`` marks nodes as kept), for a tree that
+    was not run, such as the what-if model's best tree (``engine.explain.analytic.best_tree``).
+
+    Raises:
+        InputError: a parent that is not an earlier node.
+    """
+    tree_depths(parents)
+    return _layout(list(parents), list(path or []), None)
+
+
+def _layout(parents: list[int], path: list[int], target_kind: str | None) -> TreeLayout:
     n = len(parents)
-    path = list(tree.accepted_path)
     all_parents = parents + ([path[-1] if path else CONTEXT] if target_kind else [])
     m = len(all_parents)
     children: dict[int, list[int]] = {CONTEXT: []}
