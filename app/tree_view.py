@@ -57,8 +57,9 @@ def node_hover(i: int, nd: TreeNode, state: str, greedy: bool) -> str:
     parent = "the context" if nd.parent == CONTEXT else f"node {nd.parent}"
     test = (("argmax of p? " + ("—" if nd.accept_prob is None else "yes" if nd.accept_prob >= 1 else "no"))
             if greedy else f"min(1, p/q) = {_num(nd.accept_prob)}, u = {_num(nd.u)}")
+    draft = "" if getattr(nd, "draft_prob", None) is None else f" (the draft's own probability {nd.draft_prob:.4f})"
     return (f"node {i}: {html.escape(visible(nd.text))} (id {nd.token_id})<br>depth {nd.depth}, child of {parent}"
-            f"<br>p = {nd.p:.4f}, q = {nd.q:.4f}<br>{test}<br>{STATE_LABEL.get(state, state)}")
+            f"<br>p = {nd.p:.4f}, q = {nd.q:.4f}{draft}<br>{test}<br>{STATE_LABEL.get(state, state)}")
 
 
 def tree_figure(rnd: Round, frame: int = -1, greedy: bool = False,
@@ -160,13 +161,17 @@ def mask_figure(tree: TreeTrace) -> go.Figure:
 
 
 def tree_rows(tree: TreeTrace, greedy: bool = False) -> list[dict]:
-    """One row per node: index, parent, depth, token, id, q, p, the test (greedy: argmax of p?; sampling:
-    min(1, p/q) and u, 4 decimals, "—" when never judged), verdict, and whether it is on the accepted path."""
+    """One row per node: index, parent, depth, token, id, q, p, the draft's own probability (when the draft
+    gave one: a deterministic pick has q = 1), the test (greedy: argmax of p?; sampling: min(1, p/q) and u,
+    4 decimals, "—" when never judged), verdict, and whether it is on the accepted path."""
     path = set(tree.accepted_path)
+    with_draft = any(getattr(nd, "draft_prob", None) is not None for nd in tree.nodes)
     rows = []
     for i, nd in enumerate(tree.nodes):
         row = {"node": i, "parent": "context" if nd.parent == CONTEXT else str(nd.parent), "depth": nd.depth,
                "token": visible(nd.text), "id": nd.token_id, "q(x)": nd.q, "p(x)": nd.p}
+        if with_draft:
+            row["draft prob"] = _num(nd.draft_prob)
         if greedy:
             row["argmax of p?"] = "—" if nd.accept_prob is None else ("yes" if nd.accept_prob >= 1 else "no")
         else:

@@ -609,8 +609,11 @@ if dec.rounds:
         st.caption(round_summary(rnd))
         if rnd.tree is not None:
             tc = tree_counts(rnd.tree)
+            rule = {"greedy": "greedy (argmax match)", "exact": "lossless tree sampling",
+                    "typical (lossy)": "typical acceptance (lossy)"}.get(getattr(rnd.tree, "rule", ""), "")
             st.markdown(f"**Token tree:** {tc['nodes']} nodes, depth {tc['depth']}: {tc['accepted']} accepted "
-                        f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged. All of them went "
+                        f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged"
+                        + (f"; judged by {rule}" if rule else "") + ". All of them went "
                         "through the one target pass; only the path's KV entries stay in the cache.")
             t1, t2 = st.columns([3, 2])
             show_chart(tree_figure(rnd, greedy=dec.sampling.greedy), key=f"lv_fig_tree_open_{r_i}", where=t1)

@@ -115,6 +115,15 @@ def test_rows():
     assert s[1]["min(1, p/q)"] == "0.5000" and s[1]["u"] == "0.8000" and s[1]["parent"] == "context"
 
 
+def test_draft_prob_in_hover_and_rows():
+    tree = greedy_tree()
+    tree.nodes[0].draft_prob = 0.31
+    assert "the draft's own probability 0.3100" in node_hover(0, tree.nodes[0], "accepted", greedy=True)
+    rows = tree_rows(tree, greedy=True)
+    assert rows[0]["draft prob"] == "0.3100" and rows[1]["draft prob"] == "—"
+    assert "draft prob" not in tree_rows(greedy_tree())[0]
+
+
 def test_shape_figure():
     fig = shape_figure([-1, 0, 0], [0.8, 0.64, 0.08], "best tree")
     nodes = fig.data[2]
