@@ -264,7 +264,9 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
         if "tree" not in inspect.signature(SpeculativeDecoder).parameters:
             raise InputError("This build's engine has no token trees yet: set the tree size to 0 (a chain).")
         tree = {"tree": cfg.tree}
-        if hasattr(proposer, "branching"):  # the draft head's top-k / prompt lookup's matches per node
+        if callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches per node
+            proposer.set_branching(cfg.branching)  # InputError when out of range
+        elif hasattr(proposer, "branching"):
             proposer.branching = cfg.branching
     return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
                               max_new_tokens=max_new or cfg.max_new_tokens, **tree)
