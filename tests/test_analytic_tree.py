@@ -137,3 +137,22 @@ def test_bad_input():
         expected_tokens_per_tree_pass([-1, 0], 0.5, 0.5, ranks=[1])
     with pytest.raises(InputError):
         tree_size_curve(0.8, 0.5, 2, 4, 1.5)
+
+
+def test_fit_tree_acceptance_by_hand():
+    from engine.explain.analytic import fit_tree_acceptance
+
+    # depth 1: 100 trials, rank hits 60, 12, 7 → α̂ = 0.6; rank 2 tried 40 times (12 hits), rank 3 tried 28
+    # times (7 hits); depth 2: 50 trials, 25, 5, 0 → α̂ = 0.5, rank 2: 25 tries (5), rank 3: 20 tries (0)
+    fit = fit_tree_acceptance([[60, 12, 7], [25, 5, 0]], [100, 50])
+    assert fit.alphas == [0.6, 0.5]
+    assert fit.sigma == pytest.approx((12 + 7 + 5 + 0) / (40 + 28 + 25 + 20))
+    assert fit.decay == pytest.approx(0.5 / 0.6)  # one step: δ = α̂_2 / α̂_1
+    assert fit.trials == [100, 50]
+    # one depth: rank 2 tried 50 times (12 hits), rank 3 tried 38 times (9 hits); no decay to fit
+    fit = fit_tree_acceptance([[50, 12, 9]], [100])
+    assert fit.decay is None and fit.sigma == pytest.approx((12 + 9) / (50 + 38))
+    with pytest.raises(InputError):
+        fit_tree_acceptance([[5, 6]], [10])
+    with pytest.raises(InputError):
+        fit_tree_acceptance([[1]], [1, 2])

@@ -995,3 +995,60 @@ def tree_size_curve(depth_alphas: Sequence[float] | float, sigma: float, branchi
                          best_n=ns[i], best_speedup=speedups[i], best_tokens=tokens[i],
                          chain_tokens=chain_tokens, chain_speedups=chain_speedups,
                          best_chain_n=ns[j], best_chain_speedup=chain_speedups[j])
+
+
+@dataclass
+class TreeAcceptanceFit:
+    """Per-depth top-1 acceptance and the sibling acceptance σ estimated from rank counts.
+
+    Attributes:
+        alphas: [D] α̂_d = hits at rank 1 ÷ trials at depth d.
+        sigma: σ̂, pooled over depths and ranks 2..R (None when no rank ≥ 2 was tried).
+        decay: δ̂ of α_d ≈ α̂_1·δ^(d−1) (least squares on log α̂_d through α̂_1; None for one depth or a zero).
+        trials: [D] positions counted at each depth.
+    """
+
+    alphas: list[float]
+    sigma: float | None
+    decay: float | None
+    trials: list[int]
+
+
+def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int]) -> TreeAcceptanceFit:
+    """Estimate the tree model's α_d and σ (see the block comment above) from a draft's rank counts.
+
+    Args:
+        hits: [D][R] how often the target's token at depth d was the draft's rank-r candidate, counted over
+            ``trials[d]`` positions whose path down to depth d − 1 was the target's own (teacher forcing:
+            ``benchmarks/bench_tree_ranks.py``).
+        trials: [D] positions per depth (≥ 1 each).
+
+    Returns:
+        α̂_d = hits[d][1] / trials[d] (the maximum-likelihood estimate); σ̂ = Σ_{d, r≥2} hits[d][r] /
+        Σ_{d, r≥2} (trials[d] − Σ_{r'<r} hits[d][r']), the geometric model's maximum-likelihood estimate (each
+        rank r ≥ 2 is a Bernoulli(σ) trial once every higher rank missed); δ̂ = exp(mean over d ≥ 2 of
+        log(α̂_d/α̂_1) / (d − 1)) (weighted least squares through the origin, weights (d − 1)²).
+
+    Raises:
+        InputError: mismatched lengths, a depth without trials, or counts that exceed the trials.
+    """
+    if not trials or len(hits) != len(trials):
+        raise InputError("Rank counts need one row of hits per depth and at least one depth.")
+    alphas, num, den = [], 0, 0
+    for d, (row, n) in enumerate(zip(hits, trials), start=1):
+        row = [int(x) for x in row]
+        if int(n) < 1 or any(x < 0 for x in row) or sum(row) > int(n):
+            raise InputError(f"Depth {d}: {sum(row)} hits in {n} trials is not a valid count.")
+        alphas.append(row[0] / int(n) if row else 0.0)
+        missed = int(n) - (row[0] if row else 0)
+        for x in row[1:]:
+            num += x
+            den += missed
+            missed -= x
+    decay = None
+    if len(alphas) > 1 and all(a > 0 for a in alphas):
+        xs = np.arange(1, len(alphas))
+        ys = np.log(np.array(alphas[1:]) / alphas[0])
+        decay = float(np.exp((xs * ys).sum() / (xs * xs).sum()))
+    return TreeAcceptanceFit(alphas=alphas, sigma=num / den if den else None, decay=decay,
+                             trials=[int(n) for n in trials])
