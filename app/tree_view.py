@@ -119,6 +119,7 @@ def tree_figure(rnd: Round, frame: int = -1, greedy: bool = False,
                               "drawn from the target's p in the same pass")
         fig.add_scatter(x=[lay.x[i] for i in idx], y=[lay.y[i] for i in idx], mode="markers+text",
                         name=STATE_LABEL[st], text=labels, textposition="top center", hovertext=hovers,
+                        textfont={"size": 14},
                         hoverinfo="text", opacity=OPACITY.get(st, 1.0) if fr.stage == "verdict" else 1.0,
                         marker={"size": 16 if st in ("correction", "bonus") else 13, "color": COLORS[st],
                                 "symbol": "diamond" if st in ("correction", "bonus") else "circle",
@@ -126,9 +127,11 @@ def tree_figure(rnd: Round, frame: int = -1, greedy: bool = False,
                         cliponaxis=False)
     depth = max(lay.depth, 1)
     fig.update_layout(
-        height=min(max(90 + 52 * lay.n_lanes, 240), 640), margin={"t": 30, "b": 10, "l": 10, "r": 10},
-        showlegend=True, legend={"orientation": "h", "y": -0.08, "x": 0, "yanchor": "top"},
-        title=f"Round {rnd.index + 1}: token tree of {n} node{'' if n == 1 else 's'}")
+        height=min(max(170 + 56 * lay.n_lanes, 320), 720), margin={"t": 75, "b": 10, "l": 10, "r": 10},
+        # the legend above the plot, under the title: below it, it covered the depth axis
+        showlegend=True, legend={"orientation": "h", "y": 1.01, "x": 0, "yanchor": "bottom"},
+        title={"text": f"Round {rnd.index + 1}: token tree of {n} node{'' if n == 1 else 's'}", "y": 0.98,
+               "yanchor": "top"})
     fig.update_xaxes(range=[-0.9, depth + 0.5], tickvals=list(range(depth + 1)),
                      ticktext=["context"] + [str(d) for d in range(1, depth + 1)], title_text="depth",
                      showgrid=False, zeroline=False, fixedrange=True)
@@ -153,9 +156,9 @@ def mask_figure(tree: TreeTrace) -> go.Figure:
                                colorscale=[[0.0, "rgba(0,0,0,0)"], [1.0, "#4c78a8"]],
                                hovertext=hover, hoverinfo="text"))
     n = len(ys)
-    fig.update_layout(title="Tree attention mask (row sees column)", height=min(max(140 + 22 * n, 240), 560),
+    fig.update_layout(title="Tree attention mask (row sees column)", height=min(max(200 + 22 * n, 300), 620),
                       margin={"t": 40, "b": 10, "l": 10, "r": 10})
-    fig.update_xaxes(type="category", side="top", tickangle=-60, title_text="key (what is seen)")
+    fig.update_xaxes(type="category", tickangle=-60, title_text="key (what is seen)")
     fig.update_yaxes(type="category", autorange="reversed", title_text="query (node)")
     return fig
 

@@ -67,7 +67,7 @@ AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch"]
-TREE_BRANCH_DEFAULT = 2
+TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
 st.title("🔴 Live speculative decoding")
 # A fixed style rule: hide Streamlit's own Stop in the running indicator. It halts the script wherever it
