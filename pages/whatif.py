@@ -23,6 +23,7 @@ from engine.explain.analytic import (
     CPU_VERIFY_MS,
     GAMMA_MAX,
     HARDWARE_PRESETS,
+    HEAD_RANK_COUNTS,
     SIM_MAX_ROUNDS,
     TREE_MAX_BRANCHING,
     TREE_MAX_NODES,
@@ -30,6 +31,7 @@ from engine.explain.analytic import (
     batch_speedup_curve,
     best_tree,
     compare_with_measured,
+    fit_tree_acceptance,
     simulate_rounds,
     tree_size_curve,
     try_it_exercises,
@@ -74,7 +76,7 @@ URL_KEYS = ["wi_tab", "wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps",
 # the Token trees tab's settings (its section is _section_tree)
 TREE_CURVES = {"cpu": "This CPU, measured (embedded target)", "slope": "Linear: slope s (Analytic model tab)",
                "live": "My Live run's timed passes"}
-url_param("wi_tree_sib", 0.30, float, lo=0.0, hi=1.0, step=0.01)
+url_param("wi_tree_sib", 0.27, float, lo=0.0, hi=1.0, step=0.01)  # the shipped head's rank 2 (HEAD_RANK_COUNTS)
 url_param("wi_tree_decay", 1.0, float, lo=0.5, hi=1.0, step=0.01)
 url_param("wi_tree_branch", 3, int, lo=1, hi=TREE_MAX_BRANCHING)
 url_param("wi_tree_n", 8, int, lo=1, hi=TREE_MAX_NODES)
@@ -474,8 +476,9 @@ def _section_tree() -> None:
     t1, t2, t3 = st.columns(3)
     t1.slider("Sibling acceptance σ", 0.0, 1.0, step=0.01, key="wi_tree_sib",
               help="When the draft's top candidate is wrong, the chance that its next-ranked one is right (and "
-                   "so on down the ranks). An assumption, not measured here: read it off your draft's top-k hit "
-                   "rates. σ = α is the geometric form α(1 − α)^(r−1).")
+                   "so on down the ranks). The default 0.27 is the shipped draft head's measured rank-2 value "
+                   "(benchmarks/results/tree_ranks.md); its ranks 3–8 are rarer (0.14 pooled over ranks 2–8). "
+                   "σ = α is the geometric form α(1 − α)^(r−1).")
     t1.slider("Depth decay δ: α_d = α·δ^(d−1)", 0.5, 1.0, step=0.01, key="wi_tree_decay",
               help="1 = the same α at every depth; below 1 the draft's guesses get worse deeper in the tree.")
     t2.slider("Branching (children per node)", 1, TREE_MAX_BRANCHING, key="wi_tree_branch")
@@ -483,6 +486,15 @@ def _section_tree() -> None:
               help="The tree's deepest level (the Live page's γ for a tree). EAGLE-2 drafts one depth per pass.")
     t2.slider("Tree size N to inspect (nodes)", 1, TREE_MAX_NODES, key="wi_tree_n")
     t3.radio("Verify-cost curve t(n)", list(TREE_CURVES), key="wi_tree_curve", format_func=TREE_CURVES.get)
+    head = fit_tree_acceptance(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"],
+                               max_rank=max(st.session_state["wi_tree_branch"], 2))
+    t3.button("Use the shipped head's measured α, δ, σ", key="wi_btn_tree_head", on_click=_set,
+              kwargs={"alpha": round(head.alphas[0], 2), "tree_decay": round(head.decay, 2),
+                      "tree_sib": round(head.sigma, 2)},
+              help=f"The trained draft head on the embedded target, teacher-forced along the target's greedy path "
+                   f"(benchmarks/bench_tree_ranks.py): α̂_1 = {head.alphas[0]:.2f}, α̂_d by depth "
+                   f"{', '.join(f'{a:.2f}' for a in head.alphas)} (δ̂ = {head.decay:.2f}), σ̂ = {head.sigma:.2f} "
+                   f"over ranks 2–{max(st.session_state['wi_tree_branch'], 2)}.")
     measured, what = _tree_curve()
     depth = st.session_state["wi_tree_depth"]
     alphas = [alpha * st.session_state["wi_tree_decay"] ** d for d in range(depth)]

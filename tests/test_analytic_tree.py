@@ -156,3 +156,16 @@ def test_fit_tree_acceptance_by_hand():
         fit_tree_acceptance([[5, 6]], [10])
     with pytest.raises(InputError):
         fit_tree_acceptance([[1]], [1, 2])
+
+
+def test_fit_on_ranks_up_to_the_branching_and_the_shipped_counts():
+    from engine.explain.analytic import HEAD_RANK_COUNTS, fit_tree_acceptance
+
+    # max_rank 2: rank 2 only: (12 + 5) / (40 + 25)
+    assert fit_tree_acceptance([[60, 12, 7], [25, 5, 0]], [100, 50], max_rank=2).sigma == pytest.approx(17 / 65)
+    fit = fit_tree_acceptance(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"])
+    assert fit.alphas[0] == pytest.approx(469 / 732)            # 0.641
+    assert fit.sigma == pytest.approx(0.141, abs=5e-4)          # as benchmarks/results/tree_ranks.md says
+    # rank 2 alone: (80 + 96 + 88 + 85) / (263 + 313 + 339 + 367)
+    two = fit_tree_acceptance(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"], max_rank=2)
+    assert two.sigma == pytest.approx(349 / 1282)

@@ -40,12 +40,12 @@ def _no_bad_numbers(at) -> None:
 def test_defaults_come_from_the_engine():
     at = _app()
     m = _metrics(at)
-    # α 0.80, c 0.05 (the page's sliders), σ 0.30, δ 1, branching 3, depth 6, this CPU's curve
-    cur = tree_size_curve([0.8] * 6, 0.3, 3, 6, 0.05, 64, 0.05, CPU_VERIFY_MS)
+    # α 0.80, c 0.05 (the page's sliders), σ 0.27, δ 1, branching 3, depth 6, this CPU's curve
+    cur = tree_size_curve([0.8] * 6, 0.27, 3, 6, 0.05, 64, 0.05, CPU_VERIFY_MS)
     assert m["Tokens per pass, best tree of 8"].value == f"{cur.tokens[7]:.2f}"
     assert m["Speedup at N = 8"].value == f"{cur.speedups[7]:.2f}×"
     assert m["Best tree size"].value == f"N = {cur.best_n} ({cur.best_speedup:.2f}×)"
-    flat = tree_size_curve([0.8] * 6, 0.3, 3, 6, 0.05, 64, 0.0)
+    flat = tree_size_curve([0.8] * 6, 0.27, 3, 6, 0.05, 64, 0.0)
     assert m["Best with a flat pass (s = 0)"].value == f"N = {flat.best_n} ({flat.best_speedup:.2f}×)"
     # the pass over N + 1 = 9 tokens: past the measured 8, extended from 7 → 8 (107.72 + 3.22) / 63.47
     assert m["Speedup at N = 8"].delta == "pass over 9 tokens = 1.75 decode steps"
@@ -102,6 +102,17 @@ def test_bad_link_values_are_replaced_and_named():
     note = " ".join(t.value for t in at.toast)
     assert "wi_tree_sib=7 → 1" in note and "wi_tree_curve=gpu → cpu" in note
     _no_bad_numbers(at)
+
+
+def test_the_shipped_heads_measured_values_button():
+    at = _app(wi_tree_branch=2)
+    at.button(key="wi_btn_tree_head").click().run()
+    assert not at.exception
+    # HEAD_RANK_COUNTS: α̂_1 = 469/732 = 0.64; σ̂ on rank 2 = 349/1282 = 0.27; δ̂ from α̂_2..4 / α̂_1 ≈ 0.92
+    assert at.slider(key="wi_alpha").value == 0.64
+    assert at.slider(key="wi_tree_sib").value == 0.27
+    assert at.slider(key="wi_tree_decay").value == 0.92
+    assert at.query_params["wi_alpha"] == "0.64"
 
 
 @pytest.mark.parametrize("alpha,cost", [(0.0, 0.0), (1.0, 1.0), (0.0, 1.0), (1.0, 0.0)])

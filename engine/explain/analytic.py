@@ -1014,7 +1014,8 @@ class TreeAcceptanceFit:
     trials: list[int]
 
 
-def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int]) -> TreeAcceptanceFit:
+def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int],
+                        max_rank: int | None = None) -> TreeAcceptanceFit:
     """Estimate the tree model's α_d and σ (see the block comment above) from a draft's rank counts.
 
     Args:
@@ -1022,6 +1023,7 @@ def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int]) ->
             ``trials[d]`` positions whose path down to depth d − 1 was the target's own (teacher forcing:
             ``benchmarks/bench_tree_ranks.py``).
         trials: [D] positions per depth (≥ 1 each).
+        max_rank: fit σ on ranks 2..max_rank only (a tree of branching b uses ranks up to b); default all.
 
     Returns:
         α̂_d = hits[d][1] / trials[d] (the maximum-likelihood estimate); σ̂ = Σ_{d, r≥2} hits[d][r] /
@@ -1041,7 +1043,7 @@ def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int]) ->
             raise InputError(f"Depth {d}: {sum(row)} hits in {n} trials is not a valid count.")
         alphas.append(row[0] / int(n) if row else 0.0)
         missed = int(n) - (row[0] if row else 0)
-        for x in row[1:]:
+        for x in row[1:max_rank]:
             num += x
             den += missed
             missed -= x
@@ -1052,3 +1054,14 @@ def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int]) ->
         decay = float(np.exp((xs * ys).sum() / (xs * xs).sum()))
     return TreeAcceptanceFit(alphas=alphas, sigma=num / den if den else None, decay=decay,
                              trials=[int(n) for n in trials])
+
+
+HEAD_RANK_COUNTS = {
+    "hits": [[469, 80, 28, 22, 15, 10, 5, 2], [419, 96, 33, 26, 11, 11, 8, 7], [393, 88, 36, 25, 13, 21, 11, 5],
+             [365, 85, 47, 32, 22, 8, 10, 10]],
+    "trials": [732, 732, 732, 732],
+}
+"""The shipped draft head (assets/smollm2-head) on the embedded target: how often the target's greedy token at
+depth d (rows, 1..4) was the head's rank-r candidate (columns, 1..8), given the path above it was the target's;
+12 held-out prompts × 64 tokens. ``benchmarks/results/tree_ranks.json`` (``benchmarks/bench_tree_ranks.py
+--prompts 12 --max-new-tokens 64 --depth 4 --threads 1``). Fit with :func:`fit_tree_acceptance`."""

@@ -22,7 +22,7 @@ def _step_tree_round(page, url: str, width: int) -> None:
     page.goto(url)
     wait_idle(page, timeout_ms=240_000)  # the first load of the embedded model takes a while
     page.get_by_text("No round yet.").wait_for(timeout=120_000)
-    page.locator(".st-key-lv_step button").first.click()
+    page.locator(".st-key-lv_step button:visible").first.click()
     page.get_by_text("Round 1:").first.wait_for(timeout=120_000)
     page.get_by_text("Kept: the accepted path of").first.wait_for(timeout=120_000)
     wait_idle(page)
