@@ -158,3 +158,16 @@ def test_chain_rounds_keep_their_view(tiny):
     assert at.session_state["lv_dec"].rounds[0].tree is None
     assert not [f for f in _specs(at) if "token tree" in f["layout"]["title"]["text"]]
     assert not any("Token tree" in m.value for m in at.markdown)
+
+
+def test_a_sampled_tree_round_shows_the_test_and_uniforms(tiny, forked):
+    at = _app(tiny, lv_tree=6, lv_branch=2, lv_gamma=3, lv_temp=1.0, lv_seed=3, lv_speed="instant")
+    at.button(key="lv_step").click().run()
+    assert not at.exception, at.exception
+    rnd = at.session_state["lv_dec"].rounds[0]
+    assert rnd.tree is not None and rnd.tree.rule == "exact"
+    df = next(d.value for d in [*at.table, *at.dataframe] if "depth" in d.value.columns)
+    assert "min(1, p/q)" in df.columns and "u" in df.columns and "argmax of p?" not in df.columns
+    judged = [n for n in rnd.tree.nodes if n.verdict != "unvisited"]
+    assert judged and all(n.u is not None for n in judged)
+    assert "judged by lossless tree sampling" in "\n".join(m.value for m in at.markdown)

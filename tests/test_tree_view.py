@@ -63,6 +63,14 @@ def test_ended_in_draft_has_no_target_token():
     assert round_tree_layout(rnd).target_kind is None
 
 
+def test_a_target_token_cut_by_max_new_tokens_is_not_drawn():
+    rnd = tree_round(greedy_tree(), "correction")
+    rnd.emitted_ids = rnd.emitted_ids[:2]  # the run's budget ended with the path: the correction was not emitted
+    rnd.stop_reason = "max_new_tokens"
+    lay = round_tree_layout(rnd)
+    assert lay.target_kind is None and len(lay.x) == 6
+
+
 def test_bad_trees_raise_input_error():
     with pytest.raises(InputError):
         tree_layout(TreeTrace(nodes=[node(1, "a", 0, 1, 1, 1, 1, None, "accepted")], accepted_path=[0]))

@@ -152,14 +152,16 @@ def _layout(parents: list[int], path: list[int], target_kind: str | None) -> Tre
 
 
 def round_tree_layout(rnd: Round) -> TreeLayout:
-    """``tree_layout`` of a tree round, with its target token (none after an accepted end-of-sequence token).
+    """``tree_layout`` of a tree round, with its target token when the round emitted it (not after an accepted
+    end-of-sequence token, nor when the run's last tokens stopped at max new tokens before it).
 
     Raises:
         InputError: for a chain round (``rnd.tree`` is None) or an inconsistent tree.
     """
     if rnd.tree is None:
         raise InputError(f"Round {rnd.index + 1} drafted a chain, not a tree.")
-    kind = None if rnd.ended_in_draft or rnd.next_kind not in TARGET_KINDS else rnd.next_kind
+    emitted_own = len(rnd.emitted_ids) > rnd.n_accepted and not rnd.ended_in_draft
+    kind = rnd.next_kind if emitted_own and rnd.next_kind in TARGET_KINDS else None
     return tree_layout(rnd.tree, kind)
 
 
