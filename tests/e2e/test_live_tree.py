@@ -14,7 +14,7 @@ LINK = "/live?lv_draft=head&lv_preset=chat&lv_gamma=3&lv_temp=0&lv_max_new=24&lv
 
 
 def _plot_titles(page) -> list[str]:
-    return page.locator(".js-plotly-plot .gtitle").all_inner_texts()
+    return page.locator(".js-plotly-plot .gtitle").all_text_contents()
 
 
 def _step_tree_round(page, url: str, width: int) -> None:
