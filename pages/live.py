@@ -39,7 +39,7 @@ from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_ro
 from engine.decoding.measure import measure_speedup_ab, measured_run
 from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
 from engine.decoding.proposers import make_proposer
-from engine.decoding.sampling import SamplingConfig
+from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
 from engine.errors import InputError, SpeedupLabError
 from engine.explain.analytic import TREE_MAX_BRANCHING, TREE_MAX_NODES, expected_tokens_per_pass, expected_tokens_per_round
@@ -66,7 +66,9 @@ INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
-            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch"]
+            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch",
+            "lv_accept"]
+ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Medusa; lossy)"}
 TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
 st.title("🔴 Live speculative decoding")
@@ -101,6 +103,7 @@ url_param("lv_max_new", 64, int, lo=1, hi=MAX_NEW_UI)
 url_param("lv_speed", "fast", str, choices=list(SPEEDS))
 url_param("lv_tree", 0, int, lo=0, hi=TREE_MAX_NODES)  # token tree of at most this many nodes; 0 = a chain
 url_param("lv_branch", TREE_BRANCH_DEFAULT, int, lo=1, hi=TREE_MAX_BRANCHING)
+url_param("lv_accept", "exact", str, choices=list(ACCEPT_RULES))  # a tree's rule under sampling
 if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's custom prompt
     st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
                                      if st.session_state["lv_preset"] != CUSTOM
@@ -193,6 +196,12 @@ with st.sidebar:
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
     st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
     st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")
+    if st.session_state["lv_tree"] and st.session_state["lv_temp"] > 0:
+        st.radio("Tree acceptance rule", list(ACCEPT_RULES), key="lv_accept", format_func=ACCEPT_LABELS.get,
+                 help="Exact: SpecInfer's multi-step speculative sampling / recursive rejection sampling, so the "
+                      "output follows the target's p exactly. Typical acceptance (Medusa, Cai et al. 2024): keeps "
+                      "a node whose target probability is high enough, without a residual draw; it accepts more "
+                      "and is LOSSY: the output no longer follows p. Greedy runs are always judged exactly.")
     st.number_input("Seed", 0, 999_999, key="lv_seed")
     st.slider("Max new tokens", 1, MAX_NEW_UI, key="lv_max_new")
     st.radio("Autoplay speed (Run to the end)", list(SPEEDS), key="lv_speed", horizontal=True,
@@ -224,15 +233,17 @@ class LiveConfig(NamedTuple):
     confidence_gate: float
     tree: int              # token tree of at most this many nodes; 0 = a chain
     branching: int         # children per tree node (only with tree > 0)
+    accept: str            # a tree's rule under sampling: "exact" or "typical" (lossy); "exact" otherwise
 
 
 CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
                  "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate",
-                 "tree": "tree size"}
+                 "tree": "tree size", "accept": "acceptance rule"}
 config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
                     S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
                     float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]),
-                    int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT)
+                    int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT,
+                    S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 else "exact")
 
 
 def _proposer(cfg: LiveConfig, tgt):
@@ -263,7 +274,7 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
     if cfg.tree and not baseline:
         if "tree" not in inspect.signature(SpeculativeDecoder).parameters:
             raise InputError("This build's engine has no token trees yet: set the tree size to 0 (a chain).")
-        tree = {"tree": cfg.tree}
+        tree = {"tree": cfg.tree, "accept": cfg.accept}
         if callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches per node
             proposer.set_branching(cfg.branching)  # InputError when out of range
         elif hasattr(proposer, "branching"):
@@ -362,6 +373,9 @@ if dec.proposer is not None and S["lv_draft"] == "head" and S["lv_conf"] > 0:
     st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
                f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
                "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
+if not greedy and dec.proposer is not None and getattr(dec, "accept", "exact") == "typical":
+    st.warning("Typical acceptance is lossy: it keeps tree nodes the exact rule could reject, so this run's output "
+               "no longer follows the target's distribution p (the speedup is not free). Pick Exact to compare.")
 if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
                "probability p(x) and a rejection resamples from p with x removed.")

@@ -171,3 +171,18 @@ def test_a_sampled_tree_round_shows_the_test_and_uniforms(tiny, forked):
     judged = [n for n in rnd.tree.nodes if n.verdict != "unvisited"]
     assert judged and all(n.u is not None for n in judged)
     assert "judged by lossless tree sampling" in "\n".join(m.value for m in at.markdown)
+
+
+def test_typical_acceptance_is_offered_under_sampling_and_labelled_lossy(tiny, forked):
+    at = _app(tiny, lv_tree=6, lv_gamma=3)  # greedy: no rule to choose
+    assert not [r for r in at.radio if r.key == "lv_accept"]
+    at = _app(tiny, lv_tree=6, lv_gamma=3, lv_temp=1.0, lv_accept="typical")
+    assert at.radio(key="lv_accept").value == "typical" and at.session_state["lv_dec"].accept == "typical"
+    assert any("lossy" in w.value for w in at.warning)
+    at.button(key="lv_step").click().run()
+    assert not at.exception
+    assert at.session_state["lv_dec"].rounds[0].tree.rule == "typical (lossy)"
+    assert "judged by typical acceptance (lossy)" in "\n".join(m.value for m in at.markdown)
+    at.radio(key="lv_accept").set_value("exact").run()
+    assert at.session_state["lv_dec"].accept == "exact" and not any("lossy" in w.value for w in at.warning)
+    assert at.query_params["lv_accept"] == "exact"
