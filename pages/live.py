@@ -587,8 +587,8 @@ else:
 
     if any(r.tree is not None for r in dec.rounds):
         st.caption("Token tree run: α̂, tokens per pass and the per-position chart read each round's accepted "
-                   "path and its first rejected node; the chain formula E undercounts a tree, which can keep a "
-                   "branch the chain would not have drafted. The What-if page's Token trees tab models trees.")
+                   "path and its first rejected node; the chain formula E does not model a tree (a tree can keep a "
+                   "branch a chain would not have drafted). The What-if page's Token trees tab models trees.")
     c1, c2 = st.columns(2)
     if stats.acceptance_by_position:
         pos = list(range(1, len(stats.acceptance_by_position) + 1))
