@@ -429,3 +429,78 @@ def test_tree_rules_hand_examples():
                 assert v.residual.tolist() == pytest.approx([0, 0, 1])
         seen.add(tuple(v.path))
     assert seen == {(0,), (1,), ()}
+
+
+def test_the_check_detects_a_wrong_rule():
+    """Sanity check of the harness: children drawn without replacement but judged as if drawn independently
+    (the verifier told the wrong draw) do not pass as p."""
+    from engine.decoding.sampling import sample
+
+    q = torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4], dtype=torch.float64)
+    counts = {label: torch.zeros(5, dtype=torch.float64) for label in ("without_replacement", "sampled")}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6000):
+        left, toks = q.clone(), []
+        for _c in range(3):
+            toks.append(sample(left, g))
+            left[toks[-1]] = 0.0
+        for label, c in counts.items():
+            v = verify_tree_sampling(toks, [-1] * 3, q[None].expand(3, 5), label, P5[None].expand(4, 5), g)
+            c[toks[v.path[0]] if v.path else v.next_token] += 1
+    assert g_test_pvalue(counts["without_replacement"], P5) > 1e-3
+    assert g_test_pvalue(counts["sampled"], P5) < 1e-9
+
+
+# ---------------------------------------------------------------- the embedded model
+
+EMBEDDED_PROMPTS = ["What is the capital of France?",
+                    "Fix the bug in this code:\n\ndef add(a, b):\n    return a - b\n"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["embedded-head", "ngram"])
+def test_embedded_tree_greedy_identical(embedded, kind):
+    from engine.decoding.speculative import encode_prompt
+
+    accepted = 0
+    for prompt in EMBEDDED_PROMPTS:
+        ids = encode_prompt(embedded.tokenizer, prompt)
+        ref = generate(embedded, None, ids, max_new_tokens=24).token_ids
+        for size, branching, gamma in [(4, 2, 3), (16, 4, 5)]:
+            prop = make_proposer(kind, embedded)
+            prop.set_branching(branching)
+            res = generate(embedded, prop, ids, gamma=gamma, max_new_tokens=24, tree=size)
+            assert res.token_ids == ref, (kind, size, prompt)
+            accepted += res.stats.accepted
+    assert accepted > 0
+
+
+@pytest.mark.slow
+def test_embedded_first_token_follows_p(embedded):
+    """The head's real EAGLE-2 tree, the real tree verify pass's p, and the lossless rule: the first emitted
+    token's histogram against p computed independently (a plain forward pass over the prompt)."""
+    from engine.decoding.speculative import encode_prompt
+
+    cfg = SamplingConfig(temperature=1.0, top_k=12)
+    ids = encode_prompt(embedded.tokenizer, "Name a colour.")
+    with torch.inference_mode():
+        p_ref = warp_probs(embedded.model(torch.tensor([ids])).logits[0, -1].double(), cfg)
+    prop = make_proposer("embedded-head", embedded)
+    prop.set_branching(4)
+    dec = SpeculativeDecoder(embedded, prop, ids, gamma=3, sampling=cfg, max_new_tokens=8, tree=12)
+    dec.prefill()
+    tree = prop.propose_tree(dec.seq, 12, 3, cfg, dec.generator)
+    logits, _ = tree_verify_pass(dec.target_lm, dec.seq, tree)
+    p = warp_probs(logits.double(), cfg)
+    torch.testing.assert_close(p[0], p_ref, rtol=1e-4, atol=1e-6)
+    roots = [tree.tokens[i] for i in tree.children(-1)]
+    assert len(roots) == 4 and 0 < float(p_ref[roots].sum()) < 1  # the roots can be rejected: a real test
+    g = torch.Generator().manual_seed(5)
+    counts = torch.zeros(p_ref.shape[0], dtype=torch.float64)
+    n = 4000
+    for _ in range(n):
+        v = verify_tree_sampling(tree.tokens, tree.parents, tree.q, tree.draw, p, g)
+        counts[tree.tokens[v.path[0]] if v.path else v.next_token] += 1
+    assert g_test_pvalue(counts, p_ref) > 1e-3
+    # and one real decoder run starts with a token of p's support
+    assert p_ref[dec.step().emitted_ids[0]] > 0
