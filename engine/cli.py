@@ -201,9 +201,10 @@ def run_generate(args: argparse.Namespace) -> int:
         out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
-                           "draft_confidence": getattr(proposer, "confidence_threshold", None),
-                           "tree": args.tree, "tree_branching": getattr(proposer, "branching", None) if args.tree else None,
-                           "accept": ("typical (lossy)" if args.accept == "typical" else "exact") if args.tree else None}
+                           "draft_confidence": getattr(proposer, "confidence_threshold", None)}
+        if args.tree:  # chain runs keep their settings as they were
+            out["settings"].update(tree=args.tree, tree_branching=proposer.branching,
+                                   accept="typical (lossy)" if args.accept == "typical" else "exact")
         if cmp is not None:
             out["stats"]["baseline_tokens_per_s"] = cmp.base_tokens_per_s
             out["stats"]["baseline_new_tokens"] = len(ab.base_ids)
