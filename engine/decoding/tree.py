@@ -16,6 +16,8 @@ from engine.errors import InputError
 MAX_TREE = 64
 """Most nodes a token tree may have (``--tree``; a pass over more tokens than this costs far more than it
 can gain on the CPUs and small models this project runs on)."""
+TREE_DEFAULT_DEPTH = 4
+"""γ (the tree's depth) when a tree run names none (the command line's default with --tree)."""
 MAX_BRANCHING = 16
 """Most children a tree draft may expand a node into (``--tree-branching``)."""
 
