@@ -6,7 +6,6 @@ come from the process-wide resource cache. All numbers come from ``engine.decodi
 the A/B baseline comparison.
 """
 
-import inspect
 import itertools
 import time
 from typing import NamedTuple
@@ -271,14 +270,10 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
     ids = encode_prompt(target.tokenizer, cfg.prompt)
     proposer = None if baseline else _proposer(cfg, target)
     tree = {}
-    if cfg.tree and not baseline:
-        if "tree" not in inspect.signature(SpeculativeDecoder).parameters:
-            raise InputError("This build's engine has no token trees yet: set the tree size to 0 (a chain).")
+    if cfg.tree and not baseline:  # the engine raises InputError for a draft that cannot branch
         tree = {"tree": cfg.tree, "accept": cfg.accept}
         if callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches per node
             proposer.set_branching(cfg.branching)  # InputError when out of range
-        elif hasattr(proposer, "branching"):
-            proposer.branching = cfg.branching
     return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
                               max_new_tokens=max_new or cfg.max_new_tokens, **tree)
 

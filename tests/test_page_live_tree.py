@@ -27,6 +27,9 @@ class ForkedLookup(PromptLookupProposer):
 
     branching = 2
 
+    def set_branching(self, k: int) -> None:
+        self.branching = k
+
     def propose_tree(self, seq, n_nodes, max_depth, cfg, generator) -> TokenTree:
         chain = self.lookup(seq, max_depth) or [seq[-1]]
         tokens, parents = [], []
