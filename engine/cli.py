@@ -33,6 +33,7 @@ def add_generate(sub) -> None:
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
                         "below this, in [0, 1) (default: off)")
+    add_tree_options(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
@@ -53,6 +54,42 @@ def add_generate(sub) -> None:
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin (auto: when printing to a terminal)")
     p.set_defaults(func=run_generate)
+
+
+def add_tree_options(p) -> None:
+    """--tree, --tree-branching, --accept (token trees, ``engine.decoding.tree``)."""
+    from engine.decoding.tree import MAX_BRANCHING, MAX_TREE, TREE_DEFAULT_DEPTH
+
+    p.add_argument("--tree", type=int, default=0,
+                   help=f"token tree of at most N nodes per round, 0–{MAX_TREE} (0 = a chain, the default): the draft "
+                        "head becomes an EAGLE-2 dynamic tree, prompt lookup takes several matches as branches; "
+                        f"--gamma is then the tree's depth (default {TREE_DEFAULT_DEPTH})")
+    p.add_argument("--tree-branching", type=int, default=None,
+                   help=f"with --tree: children per expanded node (head: top-k, and nodes expanded per depth; "
+                        f"lookup: matches), 1–{MAX_BRANCHING} (default 4)")
+    p.add_argument("--accept", choices=["exact", "typical"], default="exact",
+                   help="with --tree and sampling: exact (lossless recursive rejection sampling, the default) or "
+                        "typical (Medusa's typical acceptance: LOSSY, the output no longer follows the target)")
+
+
+def check_tree_cli(args: argparse.Namespace) -> None:
+    """Bounds of the tree options, checked before any model loads.
+
+    Raises:
+        InputError: --tree outside 0..MAX_TREE, --tree-branching outside 1..MAX_BRANCHING or without --tree,
+            --accept typical without --tree.
+    """
+    from engine.decoding.tree import MAX_BRANCHING, MAX_TREE
+
+    if not 0 <= args.tree <= MAX_TREE:
+        raise InputError(f"--tree must be from 0 (a chain) to {MAX_TREE} nodes, got {args.tree}.")
+    if args.tree_branching is not None:
+        if not args.tree:
+            raise InputError("--tree-branching applies to token trees: add --tree N.")
+        if not 1 <= args.tree_branching <= MAX_BRANCHING:
+            raise InputError(f"--tree-branching must be from 1 to {MAX_BRANCHING}, got {args.tree_branching}.")
+    if args.accept == "typical" and not args.tree:
+        raise InputError("--accept typical (lossy) judges token trees: add --tree N.")
 
 
 def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
@@ -121,6 +158,7 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence < 1.0:
         raise InputError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}.")
+    check_tree_cli(args)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar per load on every run; first loads report through progress()
@@ -130,11 +168,18 @@ def run_generate(args: argparse.Namespace) -> int:
             raise InputError("--draft-confidence applies to a draft head only (--draft embedded-head or a head "
                              "folder).")
         proposer.confidence_threshold = args.draft_confidence
+    if args.tree and proposer is not None and args.tree_branching is not None:
+        if not hasattr(proposer, "set_branching"):
+            raise InputError(f"The draft '{proposer.name}' cannot make token trees; use embedded-head or ngram.")
+        proposer.set_branching(args.tree_branching)
     ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     from engine.decoding.models import default_gamma
+    from engine.decoding.tree import TREE_DEFAULT_DEPTH
 
-    args.gamma = args.gamma if args.gamma is not None else default_gamma(draft_spec)
-    kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    if args.gamma is None:
+        args.gamma = TREE_DEFAULT_DEPTH if args.tree else default_gamma(draft_spec)
+    kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens,
+              tree=args.tree, accept=args.accept)
     res = generate(target, proposer, ids, **kw)
     cmp = ab = None
     if args.baseline:
@@ -146,7 +191,8 @@ def run_generate(args: argparse.Namespace) -> int:
         from engine.decoding.speculative import SpeculativeDecoder
 
         ab = measure_speedup_ab(lambda: SpeculativeDecoder(target, proposer, ids, **kw),
-                                lambda: SpeculativeDecoder(target, None, ids, **kw), reps=BASELINE_REPS)
+                                lambda: SpeculativeDecoder(target, None, ids, **{**kw, "tree": 0, "accept": "exact"}),
+                                reps=BASELINE_REPS)
         # time per token, not total time: under sampling the two may generate different numbers of tokens
         timed = ab.comparison(res.token_ids)
         cmp = dataclasses.replace(compare_baseline(res.token_ids, res.stats, ab.base_ids, ab.base_stats),
@@ -161,6 +207,9 @@ def run_generate(args: argparse.Namespace) -> int:
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
                            "draft_confidence": getattr(proposer, "confidence_threshold", None)}
+        if args.tree:  # chain runs keep their settings as they were
+            out["settings"].update(tree=args.tree, tree_branching=proposer.branching,
+                                   accept="typical (lossy)" if args.accept == "typical" else "exact")
         if cmp is not None:
             out["stats"]["baseline_tokens_per_s"] = cmp.base_tokens_per_s
             out["stats"]["baseline_new_tokens"] = len(ab.base_ids)
@@ -183,6 +232,15 @@ def run_generate(args: argparse.Namespace) -> int:
           + (f"γ = {args.gamma}   " if proposer else "")
           + (f"confidence gate = {proposer.confidence_threshold:g}   "
              if getattr(proposer, "confidence_threshold", 0) else "") + f"T = {args.temperature}")
+    if args.tree:
+        rule = "greedy" if sampling.greedy else (
+            "typical acceptance (LOSSY: the output does not follow the target)" if args.accept == "typical"
+            else "exact (lossless)")
+        nodes = [len(r.tree.nodes) for r in res.rounds if r.tree is not None]
+        print(f"token tree: ≤ {args.tree} nodes, depth ≤ γ = {args.gamma}, branching {proposer.branching}; rule "
+              f"{rule}; {sum(nodes) / max(len(nodes), 1):.1f} nodes per round drafted. For a tree, α̂ is the "
+              "per-depth acceptance (the chance the accepted path grows by one more node) and 'drafted' counts the "
+              "accepted path plus its first rejected node")
     if s.acceptance_rate is not None:
         from engine.explain.analytic import expected_tokens_per_pass, expected_tokens_per_round
 

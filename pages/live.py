@@ -6,6 +6,7 @@ come from the process-wide resource cache. All numbers come from ``engine.decodi
 the A/B baseline comparison.
 """
 
+import itertools
 import time
 from typing import NamedTuple
 
@@ -33,15 +34,17 @@ from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
+from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
 from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
 from engine.decoding.proposers import make_proposer
-from engine.decoding.sampling import SamplingConfig
+from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
 from engine.errors import InputError, SpeedupLabError
-from engine.explain.analytic import expected_tokens_per_pass, expected_tokens_per_round
+from engine.explain.analytic import TREE_MAX_BRANCHING, TREE_MAX_NODES, expected_tokens_per_pass, expected_tokens_per_round
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.explain.teaching import live_questions
+from engine.explain.tree_view import round_tree_layout, tree_counts, tree_frames
 
 GAMMA_MAX = 16
 CONF_MAX = 0.95  # the draft head's confidence gate slider (the engine accepts [0, 1))
@@ -62,7 +65,10 @@ INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
-            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf"]
+            "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch",
+            "lv_accept"]
+ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Medusa; lossy)"}
+TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
 st.title("🔴 Live speculative decoding")
 # A fixed style rule: hide Streamlit's own Stop in the running indicator. It halts the script wherever it
@@ -94,6 +100,9 @@ url_param("lv_topp", 1.0, float, lo=0.01, hi=1.0, step=0.01)
 url_param("lv_seed", 0, int, lo=0, hi=999_999)
 url_param("lv_max_new", 64, int, lo=1, hi=MAX_NEW_UI)
 url_param("lv_speed", "fast", str, choices=list(SPEEDS))
+url_param("lv_tree", 0, int, lo=0, hi=TREE_MAX_NODES)  # token tree of at most this many nodes; 0 = a chain
+url_param("lv_branch", TREE_BRANCH_DEFAULT, int, lo=1, hi=TREE_MAX_BRANCHING)
+url_param("lv_accept", "exact", str, choices=list(ACCEPT_RULES))  # a tree's rule under sampling
 if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's custom prompt
     st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
                                      if st.session_state["lv_preset"] != CUSTOM
@@ -166,7 +175,16 @@ with st.sidebar:
     elif st.session_state["lv_draft"] == "model":
         st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
                       help="Must share the target's tokenizer.")
-    st.slider("γ (draft tokens per round)", 1, GAMMA_MAX, key="lv_gamma")
+    st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma")
+    st.slider("Tree size (nodes; 0 = chain)", 0, TREE_MAX_NODES, key="lv_tree",
+              help="0: the draft proposes one chain of γ tokens. N ≥ 1: a token tree of at most N nodes and "
+                   "depth ≤ γ, several continuations verified in one target pass with a tree attention mask "
+                   "(EAGLE-2's dynamic tree for the draft head, several matches for prompt lookup). Only the "
+                   "draft head and prompt lookup can branch.")
+    if st.session_state["lv_tree"]:
+        st.slider("Branching (children per node)", 1, TREE_MAX_BRANCHING, key="lv_branch",
+                  help="At most this many candidates for the next token below each node: the draft head's "
+                       "top-k, or prompt lookup's distinct continuations.")
     if st.session_state["lv_draft"] == "head":
         st.slider("Confidence gate (0 = off)", 0.0, CONF_MAX, step=0.05, key="lv_conf",
                   help="The head stops a round's draft at the first token whose top probability under "
@@ -177,6 +195,12 @@ with st.sidebar:
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
     st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
     st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")
+    if st.session_state["lv_tree"] and st.session_state["lv_temp"] > 0:
+        st.radio("Tree acceptance rule", list(ACCEPT_RULES), key="lv_accept", format_func=ACCEPT_LABELS.get,
+                 help="Exact: SpecInfer's multi-step speculative sampling / recursive rejection sampling, so the "
+                      "output follows the target's p exactly. Typical acceptance (Medusa, Cai et al. 2024): keeps "
+                      "a node whose target probability is high enough, without a residual draw; it accepts more "
+                      "and is LOSSY: the output no longer follows p. Greedy runs are always judged exactly.")
     st.number_input("Seed", 0, 999_999, key="lv_seed")
     st.slider("Max new tokens", 1, MAX_NEW_UI, key="lv_max_new")
     st.radio("Autoplay speed (Run to the end)", list(SPEEDS), key="lv_speed", horizontal=True,
@@ -206,13 +230,19 @@ class LiveConfig(NamedTuple):
     seed: int
     max_new_tokens: int
     confidence_gate: float
+    tree: int              # token tree of at most this many nodes; 0 = a chain
+    branching: int         # children per tree node (only with tree > 0)
+    accept: str            # a tree's rule under sampling: "exact" or "typical" (lossy); "exact" otherwise
 
 
 CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
-                 "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate"}
+                 "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate",
+                 "tree": "tree size", "accept": "acceptance rule"}
 config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
                     S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
-                    float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]))
+                    float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]),
+                    int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT,
+                    S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 else "exact")
 
 
 def _proposer(cfg: LiveConfig, tgt):
@@ -239,8 +269,13 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
     sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     ids = encode_prompt(target.tokenizer, cfg.prompt)
     proposer = None if baseline else _proposer(cfg, target)
+    tree = {}
+    if cfg.tree and not baseline:  # the engine raises InputError for a draft that cannot branch
+        tree = {"tree": cfg.tree, "accept": cfg.accept}
+        if callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches per node
+            proposer.set_branching(cfg.branching)  # InputError when out of range
     return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
-                              max_new_tokens=max_new or cfg.max_new_tokens)
+                              max_new_tokens=max_new or cfg.max_new_tokens, **tree)
 
 
 def _n_rounds(n: int) -> str:
@@ -313,6 +348,7 @@ round_box = st.container(border=True)
 with round_box:
     round_title = st.empty()
     round_md = st.empty()
+    tree_box = st.empty()  # a tree round's figure (chains draw nothing here)
 status = st.empty()  # under the round, so the round box stays on a projector's first screen
 text_box = st.container()
 with text_box:
@@ -332,6 +368,9 @@ if dec.proposer is not None and S["lv_draft"] == "head" and S["lv_conf"] > 0:
     st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
                f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
                "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
+if not greedy and dec.proposer is not None and getattr(dec, "accept", "exact") == "typical":
+    st.warning("Typical acceptance is lossy: it keeps tree nodes the exact rule could reject, so this run's output "
+               "no longer follows the target's distribution p (the speedup is not free). Pick Exact to compare.")
 if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
                "probability p(x) and a rejection resamples from p with x removed.")
@@ -342,10 +381,32 @@ def _draw_text(d: SpeculativeDecoder) -> None:
     text_md.markdown(md or ":gray[(nothing generated yet)]")
 
 
+_tree_draws = itertools.count()  # each drawn tree figure needs its own key within a run
+
+
+def _draw_tree_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
+    """A tree round: the tree grows depth by depth, one verify pass, then the kept path (frames
+    ``frame_s`` apart, within ``budget_s`` if given; ``frame_s = 0``: the verdict at once)."""
+    lay = round_tree_layout(rnd)
+    frames = tree_frames(rnd.tree, lay)
+    shown = range(len(frames)) if frame_s > 0 else [len(frames) - 1]
+    delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
+    for i in shown:
+        round_md.markdown(tree_round_markdown(rnd, frames[i]))
+        show_chart(tree_figure(rnd, i, greedy=S["lv_temp"] == 0, layout=lay, frames=frames),
+                   key=f"lv_fig_tree_{next(_tree_draws)}", where=tree_box)
+        if i < len(frames) - 1:
+            time.sleep(delay)
+
+
 def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
     """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
     ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once."""
     round_title.markdown(f"**{round_summary(rnd)}**")
+    if rnd.tree is not None:
+        _draw_tree_round(rnd, frame_s, budget_s)
+        return
+    tree_box.empty()
     if frame_s > 0:
         frames = round_frames(rnd)
         delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
@@ -519,6 +580,10 @@ else:
                    "speedup's help): the machine was busy, so the speedup is unsure. Run the baseline again "
                    "with nothing else running.")
 
+    if any(r.tree is not None for r in dec.rounds):
+        st.caption("Token tree run: α̂, tokens per pass and the per-position chart read each round's accepted "
+                   "path and its first rejected node; the chain formula E does not model a tree (a tree can keep a "
+                   "branch a chain would not have drafted). The What-if page's Token trees tab models trees.")
     c1, c2 = st.columns(2)
     if stats.acceptance_by_position:
         pos = list(range(1, len(stats.acceptance_by_position) + 1))
@@ -553,8 +618,25 @@ if dec.rounds:
     with st.expander(f"Round {r_i + 1} in detail", expanded=True):
         st.markdown(verdict_frame(rnd))
         st.caption(round_summary(rnd))
-        if rnd.drafted:
+        if rnd.tree is not None:
+            tc = tree_counts(rnd.tree)
+            rule = {"greedy": "greedy (argmax match)", "exact": "lossless tree sampling",
+                    "typical (lossy)": "typical acceptance (lossy)"}.get(getattr(rnd.tree, "rule", ""), "")
+            st.markdown(f"**Token tree:** {tc['nodes']} nodes, depth {tc['depth']}: {tc['accepted']} accepted "
+                        f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged"
+                        + (f"; judged by {rule}" if rule else "") + ". All of them went "
+                        "through the one target pass; only the path's KV entries stay in the cache.")
+            t1, t2 = st.columns([3, 2])
+            show_chart(tree_figure(rnd, greedy=dec.sampling.greedy), key=f"lv_fig_tree_open_{r_i}", where=t1)
+            show_chart(mask_figure(rnd.tree), key=f"lv_fig_mask_{r_i}", where=t2)
+            st.caption("The mask: row = a node's query, column = a key it may attend to. Each node sees the "
+                       "cached context, its ancestors and itself, so every branch is scored as if it were the "
+                       "only continuation; position ids are context length + depth (engine.decoding.attention)."
+                       " The p/q charts below follow the accepted path and its first rejected node.")
+            show_table(tree_rows(rnd.tree, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+        elif rnd.drafted:
             show_table(round_rows(rnd, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+        if rnd.drafted:
             labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
             j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
                              format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")

@@ -17,15 +17,23 @@ from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
 from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
+from app.tree_view import shape_figure
 from engine.errors import SpeedupLabError
 from engine.explain.analytic import (
+    CPU_VERIFY_MS,
     GAMMA_MAX,
     HARDWARE_PRESETS,
+    HEAD_RANK_COUNTS,
     SIM_MAX_ROUNDS,
+    TREE_MAX_BRANCHING,
+    TREE_MAX_NODES,
     analytic_view,
     batch_speedup_curve,
+    best_tree,
     compare_with_measured,
+    fit_tree_acceptance,
     simulate_rounds,
+    tree_size_curve,
     try_it_exercises,
 )
 from engine.explain.teaching import whatif_questions
@@ -36,7 +44,7 @@ RULES = ("Speculative sampling (engine)", "Naive: accept every draft token")
 BYTES = {"bf16 / fp16 (2 bytes)": 2.0, "fp8 (1 byte)": 1.0, "int4 (0.5 byte)": 0.5, "fp32 (4 bytes)": 4.0}
 CHART_H = 340
 TABS = ("Analytic model", "Step simulator · Try it", "When it does not help", "Distribution check",
-        "My measured numbers")
+        "My measured numbers", "Token trees")
 MAX_BATCHES = [8, 64, 256, 1024, 4096, 16384, 65536]
 TOY_NS = [1000, 2000, 5000, 10000]  # 20 000 (the engine's cap) can take > 2 s on a busy 2-core CPU
 
@@ -64,6 +72,17 @@ url_param("wi_toy_rule", RULES[0], str, choices=RULES)
 URL_KEYS = ["wi_tab", "wi_alpha", "wi_gamma", "wi_cost", "wi_slope", "wi_steps", "wi_seed", "wi_hw",
             "wi_params_b", "wi_bytes", "wi_bw", "wi_peak", "wi_max_batch", "wi_toy_target", "wi_toy_draft", "wi_toy_ctx",
             "wi_toy_gamma", "wi_toy_n", "wi_toy_seed", "wi_toy_rule"]
+
+# the Token trees tab's settings (its section is _section_tree)
+TREE_CURVES = {"cpu": "This CPU, measured (embedded target)", "slope": "Linear: slope s (Analytic model tab)",
+               "live": "My Live run's timed passes"}
+url_param("wi_tree_sib", 0.27, float, lo=0.0, hi=1.0, step=0.01)  # the shipped head's rank 2 (HEAD_RANK_COUNTS)
+url_param("wi_tree_decay", 1.0, float, lo=0.5, hi=1.0, step=0.01)
+url_param("wi_tree_branch", 3, int, lo=1, hi=TREE_MAX_BRANCHING)
+url_param("wi_tree_n", 8, int, lo=1, hi=TREE_MAX_NODES)
+url_param("wi_tree_depth", 6, int, lo=1, hi=GAMMA_MAX)
+url_param("wi_tree_curve", "cpu", str, choices=list(TREE_CURVES))
+URL_KEYS += ["wi_tree_sib", "wi_tree_decay", "wi_tree_branch", "wi_tree_n", "wi_tree_depth", "wi_tree_curve"]
 
 
 def _set(**values) -> None:
@@ -130,7 +149,7 @@ alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"],
 # tab is in the link as ?wi_tab=… through url_param like every other setting, not Streamlit's binding:
 # that one replaced the history entry (a tab switch was no Back step) and wrote the URL on its own,
 # adding a history entry of its own after a tour stop opened.
-tab_model, tab_sim, tab_batch, tab_toy, tab_meas = st.tabs(list(TABS), key="wi_tab", on_change="rerun")
+tab_model, tab_sim, tab_batch, tab_toy, tab_meas, tab_tree = st.tabs(list(TABS), key="wi_tab", on_change="rerun")
 
 # ------------------------------------------------------------------ analytic model
 def _set_slope() -> None:
@@ -428,9 +447,117 @@ def _section_measured() -> None:
                                f" Also sets the analytic model's verify-cost slope to s = {mc.verify_slope:.2f}: "
                                f"t(γ+1)/t(1) = {mc.verify_ratio:.2f} = 1 + s·γ.")))
 
+# ------------------------------------------------------------------ token trees
+def _tree_curve() -> tuple[dict[int, float] | None, str]:
+    """The verify-cost curve the tab uses: (measured ms by tokens or None for the slope, what it is)."""
+    choice = st.session_state["wi_tree_curve"]
+    if choice == "live":
+        run = st.session_state.get("measured_run")
+        curve = getattr(run, "verify_ms_by_tokens", None) or {}
+        if 1 in curve and len(curve) >= 2:
+            return dict(curve), "your Live run's timed passes (extended linearly past its longest pass)"
+        st.info("No usable Live run yet: it needs timed passes of several lengths and a 1-token pass (press Run "
+                "baseline on the Live page). Using this CPU's measured curve instead.")
+        choice = "cpu"
+    if choice == "cpu":
+        return CPU_VERIFY_MS, ("this CPU's measured passes up to 8 tokens (benchmarks/results/verify_cost.json), "
+                               "extended linearly beyond: trees over 7 nodes are an extrapolation")
+    return None, f"t(n) = t(1)·(1 + s·(n − 1)) with s = {st.session_state['wi_slope']:.2f}"
+
+
+def _section_tree() -> None:
+    intro("A **token tree** drafts several candidates per position and verifies all of them in **one** target "
+          "pass (tree attention). Each extra node can only add tokens, but it makes the verify pass longer. "
+          "Model (greedy): at depth d the draft's top candidate is the target's choice with probability "
+          "α_d = α·δ^(d−1); when it is not, each next-ranked candidate is right with probability σ. A node's "
+          "path is accepted with the product of these along it, and tokens per pass = 1 + Σ over nodes of "
+          "P(path to the node accepted). α and c come from the sliders at the top (c per draft pass: one "
+          "per depth); the tree's depth has its own slider, so γ does not apply here.", label="About this tab")
+    t1, t2, t3 = st.columns(3)
+    t1.slider("Sibling acceptance σ", 0.0, 1.0, step=0.01, key="wi_tree_sib",
+              help="When the draft's top candidate is wrong, the chance that its next-ranked one is right (and "
+                   "so on down the ranks). The default 0.27 is the shipped draft head's measured rank-2 value "
+                   "(benchmarks/results/tree_ranks.md); its ranks 3–8 are rarer (0.14 pooled over ranks 2–8). "
+                   "σ = α is the geometric form α(1 − α)^(r−1).")
+    t1.slider("Depth decay δ: α_d = α·δ^(d−1)", 0.5, 1.0, step=0.01, key="wi_tree_decay",
+              help="1 = the same α at every depth; below 1 the draft's guesses get worse deeper in the tree.")
+    t2.slider("Branching (children per node)", 1, TREE_MAX_BRANCHING, key="wi_tree_branch")
+    t3.slider("Maximum depth D", 1, GAMMA_MAX, key="wi_tree_depth",
+              help="The tree's deepest level (the Live page's γ for a tree). EAGLE-2 drafts one depth per pass.")
+    t2.slider("Tree size N to inspect (nodes)", 1, TREE_MAX_NODES, key="wi_tree_n")
+    t3.radio("Verify-cost curve t(n)", list(TREE_CURVES), key="wi_tree_curve", format_func=TREE_CURVES.get)
+    head = fit_tree_acceptance(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"],
+                               max_rank=max(st.session_state["wi_tree_branch"], 2))
+    t3.button("Use the shipped head's measured α, δ, σ", key="wi_btn_tree_head", on_click=_set,
+              kwargs={"alpha": round(head.alphas[0], 2), "tree_decay": round(head.decay, 2),
+                      "tree_sib": round(head.sigma, 2)},
+              help=f"The trained draft head on the embedded target, teacher-forced along the target's greedy path "
+                   f"(benchmarks/bench_tree_ranks.py): α̂_1 = {head.alphas[0]:.2f}, α̂_d by depth "
+                   f"{', '.join(f'{a:.2f}' for a in head.alphas)} (δ̂ = {head.decay:.2f}), σ̂ = {head.sigma:.2f} "
+                   f"over ranks 2–{max(st.session_state['wi_tree_branch'], 2)}.")
+    measured, what = _tree_curve()
+    depth = st.session_state["wi_tree_depth"]
+    alphas = [alpha * st.session_state["wi_tree_decay"] ** d for d in range(depth)]
+    n = st.session_state["wi_tree_n"]
+    try:
+        cur = tree_size_curve(alphas, st.session_state["wi_tree_sib"], st.session_state["wi_tree_branch"], depth,
+                              cost, TREE_MAX_NODES, st.session_state["wi_slope"], measured)
+        flat = tree_size_curve(alphas, st.session_state["wi_tree_sib"], st.session_state["wi_tree_branch"], depth,
+                               cost, TREE_MAX_NODES, 0.0)
+        shape = best_tree(n, alphas, st.session_state["wi_tree_sib"], st.session_state["wi_tree_branch"], depth)
+    except SpeedupLabError as e:
+        st.error(str(e))
+        stop_page()
+    i = n - 1
+    k1, k2, k3, k4 = st.columns(4)
+    k1.metric(f"Tokens per pass, best tree of {n}", f"{cur.tokens[i]:.2f}",
+              delta=f"chain of {n} (depth {n}): {cur.chain_tokens[i]:.2f}", delta_color="off", delta_arrow="off",
+              help="1 + Σ over the tree's nodes of P(path to the node accepted).")
+    k2.metric(f"Speedup at N = {n}", f"{cur.speedups[i]:.2f}×",
+              delta=f"pass over {n + 1} tokens = {cur.verify_ratios[i]:.2f} decode steps", delta_color="off",
+              delta_arrow="off", help="Tokens per pass ÷ (c·depth + t(N+1)/t(1)).")
+    k3.metric("Best tree size", f"N = {cur.best_n} ({cur.best_speedup:.2f}×)",
+              delta=f"best chain: γ = {cur.best_chain_n} ({cur.best_chain_speedup:.2f}×)", delta_color="off",
+              delta_arrow="off", help=f"Over N = 1..{TREE_MAX_NODES} at this verify-cost curve.")
+    k4.metric("Best with a flat pass (s = 0)", f"N = {flat.best_n} ({flat.best_speedup:.2f}×)",
+              help="A verify pass that costs one decode step at any size, as on a GPU while decoding is "
+                   "memory-bound: there trees pay for many more nodes.")
+    left, right = st.columns(2)
+    fs = go.Figure()
+    fs.add_scatter(x=cur.ns, y=cur.speedups, mode="lines", name="best tree", line={"width": 3, "color": YOURS_COLOR})
+    fs.add_scatter(x=cur.ns, y=cur.chain_speedups, mode="lines", name="chain of N (depth N)", line={"color": "#4292c6"})
+    fs.add_scatter(x=flat.ns, y=flat.speedups, mode="lines", name="best tree, flat pass (s = 0)",
+                   line={"dash": "dash", "color": "#e6550d"})
+    fs.add_scatter(x=[cur.best_n], y=[cur.best_speedup], mode="markers", name="best size", marker=BEST_MARKER)
+    fs.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain",
+                 annotation_position="bottom left")
+    fs.update_layout(title="Speedup against tree size N (★ best)", xaxis_title="tree size N (nodes)",
+                     yaxis_title="speedup ×", height=CHART_H + 60, margin={"t": 40, "b": 10},
+                     legend={"orientation": "h", "y": -0.3, "x": 0, "yanchor": "top"})
+    show_chart(fs, key="wi_fig_tree_speedup", where=left)
+    fk = go.Figure()
+    fk.add_scatter(x=cur.ns, y=cur.tokens, mode="lines", name="tokens per pass, best tree",
+                   line={"width": 3, "color": YOURS_COLOR})
+    fk.add_scatter(x=cur.ns, y=cur.chain_tokens, mode="lines", name="tokens per pass, chain",
+                   line={"color": "#4292c6"})
+    fk.add_scatter(x=cur.ns, y=cur.verify_ratios, mode="lines", name="pass time t(N+1)/t(1)",
+                   line={"dash": "dot", "color": "#888888"})
+    fk.update_layout(title="What a tree gains and what its pass costs", xaxis_title="tree size N (nodes)",
+                     yaxis_title="tokens · decode steps", height=CHART_H + 60, margin={"t": 40, "b": 10},
+                     legend={"orientation": "h", "y": -0.3, "x": 0, "yanchor": "top"})
+    show_chart(fk, key="wi_fig_tree_tokens", where=right)
+    show_chart(shape_figure(shape.parents, shape.path_probs,
+                            f"The best tree of {n} nodes (label: P(path accepted))"), key="wi_fig_tree_shape")
+    st.caption(f"Verify cost: {what}. The best N-node tree keeps the N nodes with the largest P(path) (EAGLE-2's "
+               "rule, Li et al. 2024; Sequoia, Chen et al. 2024, searches the same objective); with branching 1 "
+               "it is a chain and the numbers are the Analytic model tab's. Formulas: "
+               "engine/explain/analytic.py (tree_size_curve). On the Live page, the tree size and branching "
+               "settings run real trees.")
+
+
 for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),
                        (tab_batch, _section_batch), (tab_toy, _section_toy),
-                       (tab_meas, _section_measured)):
+                       (tab_meas, _section_measured), (tab_tree, _section_tree)):
     if _tab.open:
         with _tab:
             _section()

@@ -224,3 +224,46 @@ def test_baseline_line_names_each_rate_and_flags_noise(tiny_dir, capsys, monkeyp
         spec_stats=lambda ab: dataclasses.replace(ab.spec_stats, drafted=0)))
     assert main(base + ["--draft", "ngram"]) == 0
     assert "the draft proposed nothing, so both runs decoded plainly" in capsys.readouterr().out
+
+
+def test_generate_tree_json(tiny_dir, capsys):
+    """--tree: each round carries its tree (node token ids, parent indices, accepted path), stats keep their
+    names, and greedy output is plain decoding's."""
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2 w4 w1 w2 w3", "--target", tiny_dir, "--draft", "ngram",
+               "--tree", "6", "--tree-branching", "2", "--max-new-tokens", "12", "--json", "--baseline",
+               "--no-chat"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["identical_to_baseline"] is True
+    assert {"acceptance_rate", "tokens_per_target_pass", "tokens_per_s"} <= set(out["stats"])
+    assert out["settings"]["tree"] == 6 and out["settings"]["tree_branching"] == 2
+    trees = [r["tree"] for r in out["rounds"] if r["tree"] is not None]
+    assert trees, "prompt lookup found no match: the check would be vacuous"
+    for t in trees:
+        assert len(t["token_ids"]) == len(t["parents"]) <= 6
+        assert all(-1 <= par < i for i, par in enumerate(t["parents"]))
+        assert set(t["accepted_path"]) <= set(range(len(t["token_ids"])))
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--tree", "-1"], "--tree must be"),
+    (["--tree", "100000"], "--tree must be"),
+    (["--tree", "4", "--tree-branching", "0"], "--tree-branching must be"),
+    (["--tree", "4", "--tree-branching", "99"], "--tree-branching must be"),
+    (["--tree-branching", "2"], "add --tree"),
+    (["--accept", "typical"], "lossy"),
+    (["--tree", "4", "--draft", "early-exit:1"], "cannot make token trees"),
+    (["--tree", "4", "--draft", "none"], "needs a draft"),
+])
+def test_bad_tree_arguments_exit_2_with_message(tiny_dir, capsys, args, msg):
+    draft = [] if "--draft" in args else ["--draft", "ngram"]
+    rc = main(["generate", "--prompt", "w1 w2", "--target", tiny_dir, "--no-chat", *draft, *args])
+    assert rc == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_generate_tree_text_names_the_rule(tiny_dir, capsys):
+    rc = main(["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", "ngram", "--tree", "4",
+               "--temperature", "1", "--accept", "typical", "--max-new-tokens", "8", "--no-chat", "--color", "never"])
+    assert rc == 0
+    assert "LOSSY" in capsys.readouterr().out

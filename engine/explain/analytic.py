@@ -765,3 +765,324 @@ def compare_with_measured(run: object) -> MeasuredComparison:
                               best_gamma_curve=best_c,
                               verify_slope=None if ratio is None else min(max((ratio - 1.0) / g, 0.0), 1.0),
                               c_basis=basis, curve_note=note)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token trees: expected tokens per pass and the best tree size
+#
+# The acceptance model (greedy verification, as in engine.decoding.speculative's tree rounds): a node's
+# children are the draft's rank-1, rank-2, … candidates for the next token (EAGLE-2's top-k expansion).
+# The target keeps the child equal to its own argmax at the parent, if there is one, so at most one child
+# of an accepted node is accepted, and the events "the rank-r child is the argmax" are disjoint. Model:
+#
+#     a(d, 1) = α_d                                   the draft's top guess is right at depth d
+#     a(d, r) = (1 − α_d) · σ · (1 − σ)^(r − 2)       r ≥ 2: the top guess is wrong, ranks 2..r−1 are
+#                                                     wrong too, rank r is right (each next rank is right
+#                                                     with probability σ once the ranks above it missed)
+#
+# where a(d, r) = P(a node of rank r at depth d is accepted | its parent is accepted); Σ_r a(d, r) ≤ 1. A
+# node is on the accepted path iff every node from the root down to it is accepted, so
+# P(path to i) = Π over i and its ancestors of a(depth, rank), and the expected tokens per target pass is
+#
+#     E(tree) = 1 + Σ over nodes i of P(path to i)
+#
+# (the 1 is the target's own token: the correction or bonus; SpecInfer, Miao et al. 2024, and Sequoia,
+# Chen et al. 2024, Eq. 1, use the same sum). A chain (every node rank 1) gives 1 + Σ_{k=1..γ} Π_{d≤k} α_d,
+# which at constant α is Leviathan et al.'s E = (1 − α^(γ+1)) / (1 − α). σ = α gives the geometric form
+# a(d, r) = α(1 − α)^(r − 1). Under sampling, a rejected sibling changes what the next one is judged
+# against (recursive rejection sampling), so the same numbers are an approximation there.
+
+TREE_MAX_NODES = 64      # the largest tree the what-if search and the page offer
+TREE_MAX_BRANCHING = 8   # children per node (top-k candidates)
+
+CPU_VERIFY_MS = {1: 63.47, 2: 68.04, 3: 71.83, 4: 89.72, 5: 90.16, 6: 97.28, 7: 104.5, 8: 107.72}
+"""The embedded target's pass time (ms) by tokens fed, fp32 on this repo's 2-core CPU, 100 cached tokens,
+median of 15 interleaved reps: ``benchmarks/results/verify_cost.json`` (``benchmarks/bench_head.py
+--verify-only --threads 2``). Beyond 8 tokens :func:`verify_cost_ratio` extends it linearly from its
+last two points."""
+
+
+def _check_sibling(sigma: float) -> float:
+    try:
+        s = float(sigma)
+    except (TypeError, ValueError):
+        raise InputError(f"Sibling acceptance σ must be a number in [0, 1], got {sigma!r}.") from None
+    if not (0.0 <= s <= 1.0):
+        raise InputError(f"Sibling acceptance σ must be in [0, 1], got {sigma}.")
+    return s
+
+
+def _check_depth_alphas(depth_alphas: Sequence[float] | float) -> list[float]:
+    if isinstance(depth_alphas, (int, float, np.floating)) and not isinstance(depth_alphas, bool):
+        return [_check_alpha(depth_alphas)]
+    out = [_check_alpha(a) for a in depth_alphas]
+    if not out:
+        raise InputError("Per-depth acceptance needs at least one α (depth 1).")
+    return out
+
+
+def _alpha_at(alphas: list[float], depth: int) -> float:
+    return alphas[min(depth, len(alphas)) - 1]  # depths past the list keep its last value
+
+
+def tree_child_acceptance(alpha_d: float, sigma: float, rank: int) -> float:
+    """a(d, r): P(a node of rank ``rank`` at a depth with top-1 acceptance ``alpha_d`` is accepted | its
+    parent is accepted), in the model above (greedy; rank 1 = the draft's most likely candidate).
+
+    a(d, 1) = α_d; a(d, r) = (1 − α_d)·σ·(1 − σ)^(r − 2) for r ≥ 2.
+
+    Raises:
+        InputError: α_d or σ outside [0, 1], rank < 1.
+    """
+    a, s = _check_alpha(alpha_d), _check_sibling(sigma)
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+        raise InputError(f"A child's rank must be a whole number ≥ 1, got {rank!r}.")
+    return a if rank == 1 else (1.0 - a) * s * (1.0 - s) ** (int(rank) - 2)
+
+
+def tree_path_probabilities(parents: Sequence[int], depth_alphas: Sequence[float] | float,
+                            sigma: float, ranks: Sequence[int] | None = None) -> list[float]:
+    """P(path to node i accepted) for every node of a static tree, in the model above.
+
+    Args:
+        parents: [N] parent indices, −1 for a root, parents before children
+            (``engine.decoding.attention.tree_visibility``'s convention).
+        depth_alphas: α_1, α_2, … (top-1 acceptance at each depth; depths past the list keep its last
+            value), or one α for every depth.
+        sigma: σ in [0, 1].
+        ranks: [N] each node's rank among the draft's candidates at its parent (1 = the most likely); by
+            default its place among its parent's children in node order (the first child is rank 1).
+
+    Returns:
+        [N] probabilities, each ≤ its parent's.
+
+    Raises:
+        InputError: parents out of order, ranks of another length or < 1, α or σ outside [0, 1].
+    """
+    from engine.decoding.attention import tree_depths
+
+    alphas, s = _check_depth_alphas(depth_alphas), _check_sibling(sigma)
+    depths = tree_depths(parents)
+    if ranks is not None and len(ranks) != len(parents):
+        raise InputError(f"One rank per node: {len(parents)} parents, {len(ranks)} ranks.")
+    seen: dict[int, int] = {}
+    out: list[float] = []
+    for i, par in enumerate(parents):
+        seen[int(par)] = seen.get(int(par), 0) + 1
+        rank = seen[int(par)] if ranks is None else ranks[i]
+        prior = 1.0 if par < 0 else out[par]
+        out.append(prior * tree_child_acceptance(_alpha_at(alphas, depths[i]), s, rank))
+    return out
+
+
+def expected_tokens_per_tree_pass(parents: Sequence[int], depth_alphas: Sequence[float] | float,
+                                  sigma: float, ranks: Sequence[int] | None = None) -> float:
+    """E(tree) = 1 + Σ_i P(path to node i accepted): expected tokens per target pass of a static token tree.
+
+    Model and sources: the block comment above (greedy; a(d, r) per node). A chain of γ nodes at constant α
+    equals :func:`expected_tokens_per_pass`. See :func:`tree_path_probabilities` for the arguments.
+
+    Returns:
+        Tokens per target pass, in [1, depth + 1].
+    """
+    return 1.0 + float(sum(tree_path_probabilities(parents, depth_alphas, sigma, ranks)))
+
+
+@dataclass
+class TreeShape:
+    """A token tree chosen by the model: parents (−1 = root), each node's rank and depth, P(path)."""
+
+    parents: list[int]
+    ranks: list[int]
+    depths: list[int]
+    path_probs: list[float]
+
+    @property
+    def expected_tokens(self) -> float:
+        return 1.0 + float(sum(self.path_probs))
+
+
+def _check_tree_args(n_nodes: int, branching: int, max_depth: int) -> tuple[int, int, int]:
+    for name, v, hi in (("Tree size", n_nodes, TREE_MAX_NODES), ("Branching", branching, TREE_MAX_BRANCHING),
+                        ("Tree depth", max_depth, GAMMA_LIMIT)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= hi:
+            raise InputError(f"{name} must be a whole number from 1 to {hi}, got {v!r}.")
+    return int(n_nodes), int(branching), int(max_depth)
+
+
+def best_tree(n_nodes: int, depth_alphas: Sequence[float] | float, sigma: float, branching: int,
+              max_depth: int) -> TreeShape:
+    """The N-node tree with the largest E(tree), each node with at most ``branching`` children (ranks
+    1..branching) and depth ≤ ``max_depth``.
+
+    E(tree) − 1 is a sum of one value per node, and a node's value P(path) is at most its parent's, so the
+    N largest values of the full tree form a valid tree: best-first expansion by P(path) (EAGLE-2's "keep
+    the best N nodes by cumulative probability", Li et al. 2024, §4; Sequoia's tree search, Chen et al. 2024,
+    solves the same problem). The trees for N = 1, 2, … are nested. Ties go to the node found first.
+
+    Raises:
+        InputError: N outside 1..64, branching outside 1..8, depth outside 1..64, α or σ outside [0, 1].
+    """
+    import heapq
+
+    n, b, dmax = _check_tree_args(n_nodes, branching, max_depth)
+    alphas, s = _check_depth_alphas(depth_alphas), _check_sibling(sigma)
+    parents: list[int] = []
+    ranks: list[int] = []
+    depths: list[int] = []
+    probs: list[float] = []
+    counter = 0
+    heap: list[tuple[float, int, int, int, int]] = []  # (−P(path), order, parent, rank, depth)
+
+    def push_children(par: int, prior: float, depth: int) -> None:
+        nonlocal counter
+        if depth > dmax:
+            return
+        a = _alpha_at(alphas, depth)
+        for r in range(1, b + 1):
+            heapq.heappush(heap, (-prior * tree_child_acceptance(a, s, r), counter, par, r, depth))
+            counter += 1
+
+    push_children(-1, 1.0, 1)
+    while len(parents) < n and heap:
+        neg, _, par, r, d = heapq.heappop(heap)
+        parents.append(par)
+        ranks.append(r)
+        depths.append(d)
+        probs.append(-neg)
+        push_children(len(parents) - 1, -neg, d + 1)
+    return TreeShape(parents=parents, ranks=ranks, depths=depths, path_probs=probs)
+
+
+@dataclass
+class TreeSizeCurve:
+    """Expected gain of the best tree of each size N = 1..n_max (the model above).
+
+    Attributes:
+        ns: [n_max] tree sizes N.
+        tokens: [n_max] E of the best N-node tree (tokens per target pass).
+        depths: [n_max] its depth (draft passes: EAGLE-2 drafts one depth per pass).
+        verify_ratios: [n_max] t(N + 1)/t(1): the verify pass feeds the last token and the N nodes.
+        speedups: [n_max] E / (c·depth + t(N + 1)/t(1)).
+        best_n, best_speedup, best_tokens: the N with the largest speedup (ties: the smaller tree).
+        chain_tokens, chain_speedups: [n_max] the same for a chain of N nodes (branching 1, no depth cap
+            beyond 64), for comparison.
+        best_chain_n, best_chain_speedup: the best chain length and its speedup.
+    """
+
+    ns: list[int]
+    tokens: list[float]
+    depths: list[int]
+    verify_ratios: list[float]
+    speedups: list[float]
+    best_n: int
+    best_speedup: float
+    best_tokens: float
+    chain_tokens: list[float]
+    chain_speedups: list[float]
+    best_chain_n: int
+    best_chain_speedup: float
+
+
+def tree_size_curve(depth_alphas: Sequence[float] | float, sigma: float, branching: int, max_depth: int,
+                    c: float, n_max: int = TREE_MAX_NODES, slope: float = 0.0,
+                    measured_ms: Mapping[int, float] | None = None) -> TreeSizeCurve:
+    """The best tree size given the verify-cost curve.
+
+    For each N: the best N-node tree (:func:`best_tree`), E(N) (tokens per pass), and
+    speedup(N) = E(N) / (c·depth(N) + t(N + 1)/t(1)), the tree version of Leviathan et al. 2023, Theorem 3.8
+    (:func:`speedup`): a round costs one draft pass per depth (c each, as a fraction of a decode step) and one
+    target pass over N + 1 tokens, t(n) from :func:`verify_cost_ratio` (linear slope s, or a measured curve
+    such as ``CPU_VERIFY_MS``). With c = 0 it is tokens per pass ÷ relative pass time. A chain (branching 1)
+    reproduces :func:`speedup` at γ = N.
+
+    Raises:
+        InputError: as :func:`best_tree`, c outside [0, 1], an unusable slope or curve.
+    """
+    nm, b, dmax = _check_tree_args(n_max, branching, max_depth)
+    cc = _check_cost(c)
+    tree = best_tree(nm, depth_alphas, sigma, b, dmax)
+    chain = best_tree(nm, depth_alphas, sigma, 1, GAMMA_LIMIT)
+    ns = list(range(1, len(tree.parents) + 1))
+    ratios = [verify_cost_ratio(n + 1, slope, measured_ms) for n in ns]
+    cum, cum_c = np.cumsum(tree.path_probs), np.cumsum(chain.path_probs)
+    depths = list(np.maximum.accumulate(tree.depths).astype(int).tolist())
+    tokens = [1.0 + float(x) for x in cum]
+    speedups = [t / (cc * d + r) for t, d, r in zip(tokens, depths, ratios)]
+    chain_tokens = [1.0 + float(x) for x in cum_c]
+    chain_speedups = [t / (cc * n + r) for t, n, r in zip(chain_tokens, ns, ratios)]
+    i, j = int(np.argmax(speedups)), int(np.argmax(chain_speedups))
+    return TreeSizeCurve(ns=ns, tokens=tokens, depths=depths, verify_ratios=ratios, speedups=speedups,
+                         best_n=ns[i], best_speedup=speedups[i], best_tokens=tokens[i],
+                         chain_tokens=chain_tokens, chain_speedups=chain_speedups,
+                         best_chain_n=ns[j], best_chain_speedup=chain_speedups[j])
+
+
+@dataclass
+class TreeAcceptanceFit:
+    """Per-depth top-1 acceptance and the sibling acceptance σ estimated from rank counts.
+
+    Attributes:
+        alphas: [D] α̂_d = hits at rank 1 ÷ trials at depth d.
+        sigma: σ̂, pooled over depths and ranks 2..R (None when no rank ≥ 2 was tried).
+        decay: δ̂ of α_d ≈ α̂_1·δ^(d−1) (least squares on log α̂_d through α̂_1; None for one depth or a zero).
+        trials: [D] positions counted at each depth.
+    """
+
+    alphas: list[float]
+    sigma: float | None
+    decay: float | None
+    trials: list[int]
+
+
+def fit_tree_acceptance(hits: Sequence[Sequence[int]], trials: Sequence[int],
+                        max_rank: int | None = None) -> TreeAcceptanceFit:
+    """Estimate the tree model's α_d and σ (see the block comment above) from a draft's rank counts.
+
+    Args:
+        hits: [D][R] how often the target's token at depth d was the draft's rank-r candidate, counted over
+            ``trials[d]`` positions whose path down to depth d − 1 was the target's own (teacher forcing:
+            ``benchmarks/bench_tree_ranks.py``).
+        trials: [D] positions per depth (≥ 1 each).
+        max_rank: fit σ on ranks 2..max_rank only (a tree of branching b uses ranks up to b); default all.
+
+    Returns:
+        α̂_d = hits[d][1] / trials[d] (the maximum-likelihood estimate); σ̂ = Σ_{d, r≥2} hits[d][r] /
+        Σ_{d, r≥2} (trials[d] − Σ_{r'<r} hits[d][r']), the geometric model's maximum-likelihood estimate (each
+        rank r ≥ 2 is a Bernoulli(σ) trial once every higher rank missed); δ̂ = exp(mean over d ≥ 2 of
+        log(α̂_d/α̂_1) / (d − 1)) (weighted least squares through the origin, weights (d − 1)²).
+
+    Raises:
+        InputError: mismatched lengths, a depth without trials, or counts that exceed the trials.
+    """
+    if not trials or len(hits) != len(trials):
+        raise InputError("Rank counts need one row of hits per depth and at least one depth.")
+    alphas, num, den = [], 0, 0
+    for d, (row, n) in enumerate(zip(hits, trials), start=1):
+        row = [int(x) for x in row]
+        if int(n) < 1 or any(x < 0 for x in row) or sum(row) > int(n):
+            raise InputError(f"Depth {d}: {sum(row)} hits in {n} trials is not a valid count.")
+        alphas.append(row[0] / int(n) if row else 0.0)
+        missed = int(n) - (row[0] if row else 0)
+        for x in row[1:max_rank]:
+            num += x
+            den += missed
+            missed -= x
+    decay = None
+    if len(alphas) > 1 and all(a > 0 for a in alphas):
+        xs = np.arange(1, len(alphas))
+        ys = np.log(np.array(alphas[1:]) / alphas[0])
+        decay = float(np.exp((xs * ys).sum() / (xs * xs).sum()))
+    return TreeAcceptanceFit(alphas=alphas, sigma=num / den if den else None, decay=decay,
+                             trials=[int(n) for n in trials])
+
+
+HEAD_RANK_COUNTS = {
+    "hits": [[469, 80, 28, 22, 15, 10, 5, 2], [419, 96, 33, 26, 11, 11, 8, 7], [393, 88, 36, 25, 13, 21, 11, 5],
+             [365, 85, 47, 32, 22, 8, 10, 10]],
+    "trials": [732, 732, 732, 732],
+}
+"""The shipped draft head (assets/smollm2-head) on the embedded target: how often the target's greedy token at
+depth d (rows, 1..4) was the head's rank-r candidate (columns, 1..8), given the path above it was the target's;
+12 held-out prompts × 64 tokens. ``benchmarks/results/tree_ranks.json`` (``benchmarks/bench_tree_ranks.py
+--prompts 12 --max-new-tokens 64 --depth 4 --threads 1``). Fit with :func:`fit_tree_acceptance`."""
