@@ -19,13 +19,14 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate}",
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,batch-sweep}",
                                 title="commands (python -m engine COMMAND --help for each)")
     p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache")
     p.set_defaults(func=_cmd_prepare)
     from engine.cli import add_generate  # the generate command (speculative decoding)
 
     add_generate(sub)
+    from engine.cli import add_batch_sweep; add_batch_sweep(sub)  # noqa: E702 - the batch sweep
     args = parser.parse_args(argv)
     try:
         return args.func(args)

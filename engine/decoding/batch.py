@@ -798,6 +798,8 @@ class SweepCell:
         acceptance_rate: α̂ over all rows of the median run (accepted ÷ judged), None for plain.
         draft_ms_per_round: median over rounds of the rows' summed draft time (ms), per round.
         speedup: tokens_per_s ÷ the plain cell's at the same batch (None for plain or without one).
+        decode_tokens_per_s: the median run's tokens ÷ its time after the prefill (the prompts' pass, the same
+            for every method, left out).
     """
 
     method: str
@@ -812,6 +814,7 @@ class SweepCell:
     acceptance_rate: float | None
     draft_ms_per_round: float | None
     speedup: float | None = None
+    decode_tokens_per_s: float | None = None
 
 
 @dataclass
@@ -871,6 +874,8 @@ class BatchSweep:
             row: dict = {"batch": b}
             for c in cells:
                 row[f"{c.method} tok/s"] = round(c.tokens_per_s, 2)
+                if c.decode_tokens_per_s is not None:
+                    row[f"{c.method} decode tok/s"] = round(c.decode_tokens_per_s, 2)
                 if c.method != PLAIN:
                     row[f"{c.method} ×plain"] = None if c.speedup is None else round(c.speedup, 3)
                     row[f"{c.method} pass tokens"] = c.pass_tokens
@@ -955,7 +960,8 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
     """Measure total generated tokens/s of plain and speculative batched greedy decoding against batch size.
 
     For each batch B (in the order given) the first B prompts are decoded together by every method, ``reps``
-    times, the methods alternating (A B C, then C B A, …) so that a busy machine hurts them alike; each run
+    times, the methods alternating (A B C, then C B A, …, also from one batch to the next) so that a busy
+    machine hurts them alike; each run
     goes to its end with nothing else done between rounds. The cell's tokens/s is the median run's; a
     speculative method's speedup is its tokens/s ÷ plain decoding's at the same B; every decode pass's time is
     kept against the tokens it processed (rows · width, padding included: B·(γ + 1)).
@@ -998,10 +1004,10 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
     total = len(batches) * len(methods) * reps
     done = 0
     stop = should_stop or (lambda: False)
-    for b in batches:
+    for bi, b in enumerate(batches):
         runs: dict[str, list[BatchResult]] = {m: [] for m in methods}
         for rep in range(reps):
-            order = methods if rep % 2 == 0 else methods[::-1]
+            order = methods if (bi + rep) % 2 == 0 else methods[::-1]
             for m in order:
                 if stop():
                     sweep.stopped = True
@@ -1051,7 +1057,9 @@ def _cell(method: str, batch: int, gamma: int, runs: list[BatchResult]) -> Sweep
                      pass_ms=statistics.median(p.ms for p in decode) if decode else None,
                      acceptance_rate=accepted / judged if judged and method != PLAIN else None,
                      draft_ms_per_round=statistics.median(per_round.values()) if per_round and method != PLAIN
-                     else None)
+                     else None,
+                     decode_tokens_per_s=med.new_tokens / ((med.total_ms - med.prefill_ms) / 1000)
+                     if med.total_ms > med.prefill_ms else None)
 
 
 def parse_batches(text: str) -> list[int]:
