@@ -9,6 +9,7 @@ UI only: every number comes from ``engine.explain.analytic`` or ``engine.explain
 from __future__ import annotations
 
 import math
+import time
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -396,6 +397,8 @@ def _section_batch_measured() -> None:
         part.stopped = True
         if part.cells:
             S["batch_sweep"] = part
+        else:
+            st.warning("Stopped before the first batch size finished: nothing was measured.")
     if run:
         methods = ["plain", *BS_METHODS[S["wi_bs_methods"]]]
         try:
@@ -408,14 +411,26 @@ def _section_batch_measured() -> None:
             return
         bar = st.progress(0.0, text="Starting the sweep…")
 
+        state = {"frac": 0.0, "text": "", "t": 0.0, "rounds": 0}
+
         def _progress(done: int, total: int, label: str, sweep) -> None:
             S["wi_bs_partial"] = sweep
-            bar.progress(min(done / max(total, 1), 1.0), text=f"Run {min(done + 1, total)} of {total}: {label}. "
-                                                               "Press Stop to stop.")
+            state.update(frac=min(done / max(total, 1), 1.0), rounds=0,
+                         text=f"Run {min(done + 1, total)} of {total}: {label}")
+            bar.progress(state["frac"], text=state["text"] + ". Press Stop to stop.")
+
+        def _should_stop() -> bool:
+            # redrawn between rounds (at most twice a second): a Stop click ends the sweep at this call, not
+            # only when the next run starts
+            state["rounds"] += 1
+            if time.perf_counter() - state["t"] > 0.5:
+                state["t"] = time.perf_counter()
+                bar.progress(state["frac"], text=f"{state['text']}, round {state['rounds']}. Press Stop to stop.")
+            return S.get("wi_bs_gen") != gen
 
         try:
             sweep = batch_sweep(target, ids, batches=batches, methods=methods, max_new_tokens=int(S["wi_bs_tokens"]),
-                                on_progress=_progress, should_stop=lambda: S.get("wi_bs_gen") != gen)
+                                on_progress=_progress, should_stop=_should_stop)
         except SpeedupLabError as e:
             bar.empty()
             st.error(str(e))

@@ -73,6 +73,22 @@ def test_measured_sweep_runs_and_draws_model_and_measurement(patched):
     assert at.query_params["wi_bs_batches"] in (["1, 2"], "1, 2")
 
 
+def test_stop_keeps_the_batches_measured_so_far(patched, tiny):
+    at = _tab()
+    part = batch_mod.batch_sweep(tiny, batch_mod.SWEEP_PROMPTS[:2], batches=[1, 2], methods=["plain", "ngram"],
+                                 max_new_tokens=3, warmup=False)
+    part.cells = [c for c in part.cells if c.batch == 1]  # as if Stop came during batch 2
+    at.session_state["wi_bs_partial"] = part
+    at.button(key="wi_bs_stop").click().run()
+    assert not at.exception
+    assert at.session_state["batch_sweep"].stopped
+    assert any("Stopped: showing the 1 batch size(s) measured" in w.value for w in at.warning)
+    empty = batch_mod.BatchSweep(batches=[1], methods=["plain"], max_new_tokens=3, reps=1)
+    at.session_state["wi_bs_partial"] = empty
+    at.button(key="wi_bs_stop").click().run()
+    assert any("nothing was measured" in w.value for w in at.warning)
+
+
 @pytest.mark.parametrize("batches,msg", [("0", "at least one sequence"), ("64", "needs 64 different prompts"),
                                          ("two", "whole numbers"), ("4096", "does not fit in memory")])
 def test_bad_batch_input_gives_a_clear_message(patched, monkeypatch, batches, msg):
