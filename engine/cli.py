@@ -291,7 +291,8 @@ def _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling) -
         print(marked_text(target.tokenizer, token_origins(r.rounds), color))
         s = r.stats
         alpha = "" if s.acceptance_rate is None else f", α̂ = {s.acceptance_rate:.3f}"
-        print(f"--- {s.new_tokens} tokens in {s.rounds} rounds{alpha}, stop: {r.rounds[-1].stop_reason if r.rounds else '—'}")
+        stop = r.rounds[-1].stop_reason if r.rounds else "—"
+        print(f"--- {s.new_tokens} tokens in {s.rounds} rounds{alpha}, stop: {stop}")
     tps = totals["tokens_per_s"]
     print(f"\nbatch of {len(prompts)}: {totals['new_tokens']} tokens in {totals['total_ms']:.0f} ms "
           f"({'—' if tps is None else f'{tps:.1f}'} tokens/s in all), {totals['target_passes']} target passes "

@@ -379,7 +379,7 @@ def _section_batch_measured() -> None:
               help=f"Best of 3 copies of a {peaks.copy_mb} MB tensor (read + write), torch threads {peaks.threads}.")
     m2.metric("Matmul throughput (measured)", f"{peaks.peak_tflops * 1000:.1f} GFLOP/s",
               help=f"Best of 3 fp32 {peaks.matmul_n} × {peaks.matmul_n} matrix products (2n³ FLOPs each).")
-    m3.metric("A pass turns compute-bound from", f"≈ {4 * peaks.peak_tflops * 1e12 / (2 * peaks.bandwidth_gbs * 1e9):,.0f} tokens",
+    m3.metric("A pass turns compute-bound from", f"≈ {peaks.ridge_tokens(4.0):,.0f} tokens",
               help="The ridge of the roofline for fp32 weights: 4 bytes · FLOP/s ÷ (2 · bandwidth).")
     c1, c2, c3 = st.columns(3)
     c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
@@ -389,7 +389,8 @@ def _section_batch_measured() -> None:
     b1, b2 = st.columns([1, 3])
     run = b1.button("Run the measured sweep", key="wi_bs_run", type="primary",
                     help="About a minute at the defaults on an idle 2-core CPU; longer when the machine is busy.")
-    stopped = b2.button("Stop", key="wi_bs_stop", help="Stops the sweep before its next round; the batches measured so far stay.")
+    stopped = b2.button("Stop", key="wi_bs_stop",
+                        help="Stops the sweep before its next round; the batch sizes measured so far stay.")
     S["wi_bs_gen"] = S.get("wi_bs_gen", 0) + 1
     gen = S["wi_bs_gen"]
     if stopped and S.get("wi_bs_partial") is not None:
@@ -458,7 +459,8 @@ def _section_batch_measured() -> None:
                  else f"B ≈ {mv.model_crossover:,.1f}")
         col.metric(f"{mv.label}: slower than plain from (measured)", measured,
                    delta=f"roofline model: {model}", delta_color="off", delta_arrow="off",
-                   help=f"Model inputs: α̂ = {mv.alpha:.2f}, γ = {mv.gamma}, c = {mv.c:.3f} (measured at B = {mv.batches[0]}).")
+                   help=f"Model inputs: α̂ = {mv.alpha:.2f}, γ = {mv.gamma}, c = {mv.c:.3f} "
+                        f"(measured at B = {mv.batches[0]}).")
     hi = max(max(sweep.batches), 2)
     fig = go.Figure()
     for mv in view.methods:

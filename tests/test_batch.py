@@ -311,6 +311,8 @@ def test_measure_machine_small():
     m = measure_machine(matmul_n=128, copy_mb=4, reps=1)
     assert math.isfinite(m.bandwidth_gbs) and m.bandwidth_gbs > 0
     assert math.isfinite(m.peak_tflops) and m.peak_tflops > 0 and m.threads >= 1
+    # ridge by hand: 4 bytes · FLOP/s ÷ (2 · bandwidth)
+    assert m.ridge_tokens(4.0) == pytest.approx(4 * m.peak_tflops * 1e12 / (2 * m.bandwidth_gbs * 1e9))
     with pytest.raises(InputError):
         measure_machine(matmul_n=8)
 

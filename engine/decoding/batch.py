@@ -690,6 +690,11 @@ class MachinePeaks:
     matmul_n: int
     copy_mb: int
 
+    def ridge_tokens(self, bytes_per_param: float = 4.0) -> float:
+        """Tokens in a pass where the roofline turns compute-bound: 2 · P · n / FLOP/s = P · bytes / bandwidth,
+        so n = bytes_per_param · FLOP/s ÷ (2 · bandwidth) (Williams et al. 2009; ``analytic.roofline_step_s``)."""
+        return bytes_per_param * self.peak_tflops * 1e12 / (2.0 * self.bandwidth_gbs * 1e9)
+
 
 def measure_machine(device: str | torch.device = "cpu", matmul_n: int = 1024, copy_mb: int = 128,
                     reps: int = 3) -> MachinePeaks:
