@@ -332,3 +332,16 @@ def test_embedded_rows_equal_alone_up_to_batch_8(embedded):
             dec.run()
             for b in range(B):
                 _assert_same_or_near_tie(embedded, ids[b], dec, b, singles[b])
+
+
+def test_a_draft_model_per_row(tiny, tmp_path):
+    """A separate draft model (one proposer, its own KV cache, per row): rows still equal their prompts alone."""
+    draft = load_model(str(save_tiny_llama(tmp_path / "d", layers=1, seed=9, init=0.5)), device="cpu")
+    n, B = 16, 5
+    singles = [generate(tiny, None, p, max_new_tokens=n, stop_on_eos=False).token_ids for p in PROMPTS[:B]]
+    dec = BatchDecoder(tiny, [DraftModelProposer(draft, tiny) for _ in range(B)], PROMPTS[:B], gamma=2,
+                       max_new_tokens=n, stop_on_eos=False)
+    res = dec.run()
+    for b in range(B):
+        _assert_same_or_near_tie(tiny, PROMPTS[b], dec, b, singles[b])
+    assert all(r.stats.drafted > 0 for r in res.results)
