@@ -88,7 +88,9 @@ else:
         c2.metric(f"Speedup at batch {mb.large_batch}", f"{mb.speedup_large:.2f}×")
         c3.metric("Slower than plain decoding from batch (measured)",
                   f"{mb.crossover_batch}" if mb.crossover_batch is not None else f"none up to {mb.large_batch}")
-        st.caption(f"From {mb.source}; torch threads {mb.threads}. Run your own on the What-if page's "
+        shipped_note = ("" if "session" in mb.source else " That run was taken while the machine was shared with "
+                        "other jobs, so its ratios are noisy: read the notes in benchmarks/results/batch.md.")
+        st.caption(f"From {mb.source}; torch threads {mb.threads}.{shipped_note} Run your own on the What-if page's "
                    "“When it does not help” tab (Measured on this machine).")
 
 # 2 ------------------------------------------------------------------------------------------------
