@@ -19,7 +19,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic}",
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic,batch-sweep}",
                                 title="commands (python -m engine COMMAND --help for each)")
     p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache")
     p.set_defaults(func=_cmd_prepare)
@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.cli_traffic import add_traffic  # the traffic command (acceptance profile of /metrics text)
 
     add_traffic(sub)
+    from engine.cli import add_batch_sweep  # the batch sweep (batched decoding against batch size)
+
+    add_batch_sweep(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -21,7 +21,11 @@ def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text with speculative decoding",
                        description="Speculative decoding on a real model, printed with each token "
                                    "marked by origin, then the run statistics.")
-    p.add_argument("--prompt", required=True, help="the user message (chat template applied)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="the user message (chat template applied); give it several times to decode the prompts "
+                        "together as one batch (one target pass per round for all of them)")
+    p.add_argument("--prompts-file", default=None,
+                   help="a text file with one prompt a line (blank lines skipped), decoded as one batch")
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
                    help="embedded-head (trained EAGLE-style head) | embedded-draft (trained small "
@@ -156,6 +160,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
     draft_spec = args.draft or default_draft_spec(args.target)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    prompts = _prompts(args)
+    if len(prompts) > 1 and args.baseline:
+        raise InputError("--baseline compares one prompt with plain decoding; to compare a batch, use "
+                         "`python -m engine batch-sweep`.")
+    if len(prompts) > 1 and (args.tree or getattr(args, "metrics_out", None)):
+        raise InputError("Several prompts are decoded as one batch of chain drafts: --tree and --metrics-out "
+                         "apply to one prompt.")
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence < 1.0:
         raise InputError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}.")
     check_tree_cli(args)
@@ -172,12 +183,14 @@ def run_generate(args: argparse.Namespace) -> int:
         if not hasattr(proposer, "set_branching"):
             raise InputError(f"The draft '{proposer.name}' cannot make token trees; use embedded-head or ngram.")
         proposer.set_branching(args.tree_branching)
-    ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     from engine.decoding.models import default_gamma
     from engine.decoding.tree import TREE_DEFAULT_DEPTH
 
     if args.gamma is None:
         args.gamma = TREE_DEFAULT_DEPTH if args.tree else default_gamma(draft_spec)
+    if len(prompts) > 1:
+        return _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling)
+    ids = encode_prompt(target.tokenizer, prompts[0], chat=not args.no_chat)
     kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens,
               tree=args.tree, accept=args.accept)
     res = generate(target, proposer, ids, **kw)
@@ -293,3 +306,125 @@ def _write_metrics(path: str, stats, gamma: int | None, target: str) -> None:
             f.write(text)
     except OSError as e:
         raise InputError(f"Cannot write --metrics-out {path}: {e.strerror}.") from None
+
+
+# ------------------------------------------------------------------------------------------ batches
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts of ``generate``: every --prompt, then the lines of --prompts-file.
+
+    Raises:
+        InputError: no prompt at all, or an unreadable file.
+    """
+    prompts = list(args.prompt or [])
+    if getattr(args, "prompts_file", None):
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                prompts += [line.rstrip("\n") for line in f if line.strip()]
+        except OSError as e:
+            raise InputError(f"Cannot read --prompts-file {args.prompts_file!r}: {e.strerror or e}.") from None
+    if not prompts:
+        raise InputError("Give a prompt: --prompt TEXT (several times for a batch) or --prompts-file FILE.")
+    return prompts
+
+
+def _row_proposers(draft_spec: str, target, first, n: int):
+    """n distinct proposers of the kind of ``first`` (None: plain decoding), one per batch row."""
+    from engine.decoding.proposers import DraftModelProposer, make_proposer
+
+    if first is None:
+        return None
+    if isinstance(first, DraftModelProposer):
+        rest = [DraftModelProposer(first.draft, target) for _ in range(n - 1)]
+    else:
+        rest = [make_proposer(draft_spec, target) for _ in range(n - 1)]
+    for p in rest:
+        if hasattr(first, "confidence_threshold"):
+            p.confidence_threshold = first.confidence_threshold
+    return [first, *rest]
+
+
+def _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling) -> int:
+    """``generate`` with several prompts: one batch (``engine.decoding.batch.generate_batch``)."""
+    from engine.decoding.batch import generate_batch
+    from engine.decoding.speculative import encode_prompt
+
+    ids = [encode_prompt(target.tokenizer, p, chat=not args.no_chat) for p in prompts]
+    res = generate_batch(target, _row_proposers(draft_spec, target, proposer, len(ids)), ids, gamma=args.gamma,
+                         sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    totals = res.totals()
+    if args.json:
+        totals["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
+                              "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                              "seed": args.seed, "seeds": [args.seed + i for i in range(len(ids))],
+                              "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat}
+        json.dump({"results": [r.to_dict() for r in res.results], "batch": totals}, sys.stdout, ensure_ascii=False)
+        print()
+        return 0
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    for i, (prompt, r) in enumerate(zip(prompts, res.results)):
+        head = prompt.replace("\n", " ")
+        print(f"=== prompt {i + 1} of {len(prompts)}: {head[:70] + '…' if len(head) > 70 else head}")
+        print(marked_text(target.tokenizer, token_origins(r.rounds), color))
+        s = r.stats
+        alpha = "" if s.acceptance_rate is None else f", α̂ = {s.acceptance_rate:.3f}"
+        stop = r.rounds[-1].stop_reason if r.rounds else "—"
+        print(f"--- {s.new_tokens} tokens in {s.rounds} rounds{alpha}, stop: {stop}")
+    tps = totals["tokens_per_s"]
+    print(f"\nbatch of {len(prompts)}: {totals['new_tokens']} tokens in {totals['total_ms']:.0f} ms "
+          f"({'—' if tps is None else f'{tps:.1f}'} tokens/s in all), {totals['target_passes']} target passes "
+          f"(the prefill included; one per round for the whole batch)   draft: "
+          f"{proposer.name if proposer else 'none (plain decoding)'}" + (f"   γ = {args.gamma}" if proposer else ""))
+    return 0
+
+
+def add_batch_sweep(sub) -> None:
+    p = sub.add_parser("batch-sweep", help="measure plain vs speculative batched decoding against batch size",
+                       description="Total generated tokens/s of plain and speculative batched greedy decoding for "
+                                   "each batch size (engine.decoding.batch.batch_sweep), the target pass time "
+                                   "against tokens in the pass, and the crossover batch.")
+    p.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes (default 1,2,4)")
+    p.add_argument("--methods", default="plain,ngram,embedded-head",
+                   help="comma-separated: plain, ngram, embedded-head, embedded-draft, early-exit:K")
+    p.add_argument("--gamma", type=int, default=None, help="γ of every speculative method (default: each one's)")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="per sequence (default 16)")
+    p.add_argument("--reps", type=int, default=1, help="alternating timed runs per cell (default 1)")
+    p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
+    p.add_argument("--prompts-file", default=None, help="one prompt a line (default: the 32 built-in prompts)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
+    p.add_argument("--json", action="store_true", help="print the sweep as one JSON object")
+    p.set_defaults(func=run_batch_sweep)
+
+
+def run_batch_sweep(args: argparse.Namespace) -> int:
+    from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, parse_batches
+    from engine.decoding.models import load_model
+
+    batches = parse_batches(args.batches)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    prompts = SWEEP_PROMPTS
+    if args.prompts_file:
+        args.prompt = None
+        prompts = _prompts(args)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    target = load_model(args.target, device=args.device,
+                        progress=lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True))
+
+    def progress(done, total, label, _sweep):
+        print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True)
+
+    sweep = batch_sweep(target, prompts, batches=batches, methods=methods, gamma=args.gamma,
+                        max_new_tokens=args.max_new_tokens, reps=args.reps, chat=not args.no_chat, on_progress=progress)
+    if args.json:
+        json.dump(sweep.to_dict(), sys.stdout, ensure_ascii=False)
+        print()
+        return 0
+    print(sweep.markdown())
+    print("\ntarget pass time by tokens in the pass: " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms, _ in sweep.pass_curve()))
+    print(f"({sweep.max_new_tokens} new tokens per row, {sweep.reps} run(s) per cell, torch threads {sweep.threads}, "
+          f"{sweep.elapsed_s:.0f} s)")
+    return 0

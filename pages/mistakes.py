@@ -51,6 +51,48 @@ c3.metric("Slower than plain decoding from batch",
           "never (in range)" if lb.crossover_batch is None else f"≈ {lb.crossover_batch:,.0f}")
 go_button(MISTAKE_LINKS["large_batch"], "Reproduce on the What-if page", key="mk_batch")
 
+
+@st.cache_data(show_spinner=False)
+def _shipped_sweep():
+    from engine.explain.batch_view import shipped_sweep
+
+    return shipped_sweep()
+
+
+def _measured_batch():
+    """Mistake #1 measured: this session's sweep (What-if) if one was run, else the benchmark's shipped file."""
+    from engine.explain import batch_view
+    from engine.explain.teaching import measured_batch_mistake
+
+    sweep = st.session_state.get("batch_sweep")
+    if sweep is not None:
+        return measured_batch_mistake(sweep, "this session's sweep (What-if → When it does not help)")
+    shipped = _shipped_sweep()
+    if shipped is None:
+        return None
+    f = batch_view.SHIPPED_SWEEP
+    return measured_batch_mistake(shipped[0], f"the shipped benchmark result {f.parent.parent.name}/{f.parent.name}/"
+                                              f"{f.name} (benchmarks/bench_batch.py)")
+
+
+try:
+    mb = _measured_batch()
+except SpeedupLabError as e:
+    st.error(str(e))
+else:
+    if mb is not None:
+        st.markdown(f"**Measured on this machine** (the embedded SmolLM2-135M, {mb.label} against plain decoding of "
+                    "the same batch, total tokens/s):")
+        c1, c2, c3 = st.columns(3)
+        c1.metric(f"Speedup at batch {mb.small_batch}", f"{mb.speedup_small:.2f}×")
+        c2.metric(f"Speedup at batch {mb.large_batch}", f"{mb.speedup_large:.2f}×")
+        c3.metric("Slower than plain decoding from batch (measured)",
+                  f"{mb.crossover_batch}" if mb.crossover_batch is not None else f"none up to {mb.large_batch}")
+        shipped_note = ("" if "session" in mb.source else " That run was taken while the machine was shared with "
+                        "other jobs, so its ratios are noisy: read the notes in benchmarks/results/batch.md.")
+        st.caption(f"From {mb.source}; torch threads {mb.threads}.{shipped_note} Run your own on the What-if page's "
+                   "“When it does not help” tab (Measured on this machine).")
+
 # 2 ------------------------------------------------------------------------------------------------
 st.header("2 · A draft with a different tokenizer")
 st.markdown("The target checks the draft's token **ids**. If the draft numbers its vocabulary differently, "

@@ -9,6 +9,7 @@ UI only: every number comes from ``engine.explain.analytic`` or ``engine.explain
 from __future__ import annotations
 
 import math
+import time
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -354,6 +355,164 @@ def _section_batch() -> None:
         st.caption("Roofline per pass: max(weight bytes / bandwidth, 2·params·B·tokens / peak FLOP/s); "
                    "ignores KV-cache reads and attention, so real systems cross over earlier. The draft "
                    "step is charged c × a plain decode step at the same batch.")
+    _section_batch_measured()
+
+# ------------------------------------------------------------------ batch: measured on this machine
+# A real sweep on the embedded model (engine.decoding.batch.batch_sweep) drawn over the roofline of THIS
+# machine, whose bandwidth and FLOP/s are measured (engine.decoding.batch.measure_machine); the numbers
+# are combined in engine.explain.batch_view. The sweep is kept in st.session_state["batch_sweep"] (Common
+# mistakes #1 reads it).
+BS_METHODS = {"prompt lookup + draft head": ["ngram", "embedded-head"], "prompt lookup": ["ngram"],
+              "draft head": ["embedded-head"]}
+BS_COLORS = {"ngram": "#1f77b4", "embedded-head": "#d62728"}
+url_param("wi_bs_batches", "1, 2, 4, 8", str)
+url_param("wi_bs_tokens", 16, int, lo=1, hi=64)
+url_param("wi_bs_methods", next(iter(BS_METHODS)), str, choices=list(BS_METHODS))
+URL_KEYS += ["wi_bs_batches", "wi_bs_tokens", "wi_bs_methods"]
+
+
+@st.cache_data(show_spinner="Measuring this machine's memory bandwidth and FLOP/s…", ttl=900, max_entries=2)
+def _machine(device: str):
+    from engine.decoding.batch import measure_machine
+
+    return measure_machine(device)
+
+
+def _section_batch_measured() -> None:
+    from app.resources import get_model
+    from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, check_sweep_inputs, parse_batches
+    from engine.decoding.models import resolve_device
+    from engine.decoding.speculative import encode_prompt
+    from engine.explain.batch_view import measured_batch_view, method_label
+
+    S = st.session_state
+    st.subheader("Measured on this machine")
+    st.markdown(
+        "The same question on the embedded SmolLM2-135M, for real: the first B of 32 different prompts are decoded "
+        "together (greedy, one target pass per round for the whole batch), plainly and with speculation, and the "
+        "total tokens/s are compared at each batch size. The dashed curves are the roofline model above, for this "
+        "machine: its bandwidth and FLOP/s measured, the method's α̂ and draft cost c measured at the smallest batch.")
+    peaks = _machine(resolve_device(None).type)
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Memory bandwidth (measured)", f"{peaks.bandwidth_gbs:.1f} GB/s",
+              help=f"Best of 3 copies of a {peaks.copy_mb} MB tensor (read + write), torch threads {peaks.threads}.")
+    m2.metric("Matmul throughput (measured)", f"{peaks.peak_tflops * 1000:.1f} GFLOP/s",
+              help=f"Best of 3 fp32 {peaks.matmul_n} × {peaks.matmul_n} matrix products (2n³ FLOPs each).")
+    m3.metric("A pass turns compute-bound from", f"≈ {peaks.ridge_tokens(4.0):,.0f} tokens",
+              help="The ridge of the roofline for fp32 weights: 4 bytes · FLOP/s ÷ (2 · bandwidth).")
+    c1, c2, c3 = st.columns(3)
+    c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
+    c2.number_input("New tokens per sequence", 1, 64, step=1, key="wi_bs_tokens")
+    c3.selectbox("Speculative methods", list(BS_METHODS), key="wi_bs_methods",
+                 help="Each is compared with plain decoding of the same batch (γ = 4 for prompt lookup, 2 for the head).")
+    b1, b2 = st.columns([1, 3])
+    run = b1.button("Run the measured sweep", key="wi_bs_run", type="primary",
+                    help="About a minute at the defaults on an idle 2-core CPU; longer when the machine is busy.")
+    stopped = b2.button("Stop", key="wi_bs_stop",
+                        help="Stops the sweep before its next round; the batch sizes measured so far stay.")
+    S["wi_bs_gen"] = S.get("wi_bs_gen", 0) + 1
+    gen = S["wi_bs_gen"]
+    if stopped and S.get("wi_bs_partial") is not None:
+        part = S.pop("wi_bs_partial")
+        part.stopped = True
+        if part.cells:
+            S["batch_sweep"] = part
+        else:
+            st.warning("Stopped before the first batch size finished: nothing was measured.")
+    if run:
+        methods = ["plain", *BS_METHODS[S["wi_bs_methods"]]]
+        try:
+            batches = parse_batches(S["wi_bs_batches"])
+            target = get_model("embedded")
+            ids = [encode_prompt(target.tokenizer, p) for p in SWEEP_PROMPTS]
+            check_sweep_inputs(target, ids, batches, methods, None, int(S["wi_bs_tokens"]), 1)
+        except SpeedupLabError as e:
+            st.error(str(e))
+            return
+        bar = st.progress(0.0, text="Starting the sweep…")
+
+        state = {"frac": 0.0, "text": "", "t": 0.0, "rounds": 0}
+
+        def _progress(done: int, total: int, label: str, sweep) -> None:
+            S["wi_bs_partial"] = sweep
+            state.update(frac=min(done / max(total, 1), 1.0), rounds=0,
+                         text=f"Run {min(done + 1, total)} of {total}: {label}")
+            bar.progress(state["frac"], text=state["text"] + ". Press Stop to stop.")
+
+        def _should_stop() -> bool:
+            # redrawn between rounds (at most twice a second): a Stop click ends the sweep at this call, not
+            # only when the next run starts
+            state["rounds"] += 1
+            if time.perf_counter() - state["t"] > 0.5:
+                state["t"] = time.perf_counter()
+                bar.progress(state["frac"], text=f"{state['text']}, round {state['rounds']}. Press Stop to stop.")
+            return S.get("wi_bs_gen") != gen
+
+        try:
+            sweep = batch_sweep(target, ids, batches=batches, methods=methods, max_new_tokens=int(S["wi_bs_tokens"]),
+                                on_progress=_progress, should_stop=_should_stop)
+        except SpeedupLabError as e:
+            bar.empty()
+            st.error(str(e))
+            return
+        bar.empty()
+        S.pop("wi_bs_partial", None)
+        if sweep.cells:
+            S["batch_sweep"] = sweep
+    sweep = S.get("batch_sweep")
+    if sweep is None:
+        st.info("No measured sweep in this session yet: press **Run the measured sweep**.")
+        return
+    if sweep.stopped:
+        st.warning(f"Stopped: showing the {len({c.batch for c in sweep.cells})} batch size(s) measured before Stop.")
+    try:
+        view = measured_batch_view(sweep, peaks)
+    except SpeedupLabError as e:
+        st.error(str(e))
+        return
+    cols = st.columns(max(len(view.methods), 1))
+    for col, mv in zip(cols, view.methods):
+        measured = (f"B = {mv.measured_crossover}" if mv.measured_crossover is not None
+                    else f"none up to B = {max(mv.batches)}")
+        model = ("B = 1 (always)" if mv.model_crossover == 0.0 else "beyond the range" if mv.model_crossover is None
+                 else f"B ≈ {mv.model_crossover:,.1f}")
+        col.metric(f"{mv.label}: slower than plain from (measured)", measured,
+                   delta=f"roofline model: {model}", delta_color="off", delta_arrow="off",
+                   help=f"Model inputs: α̂ = {mv.alpha:.2f}, γ = {mv.gamma}, c = {mv.c:.3f} "
+                        f"(measured at B = {mv.batches[0]}).")
+    hi = max(max(sweep.batches), 2)
+    fig = go.Figure()
+    for mv in view.methods:
+        color = BS_COLORS.get(mv.method)
+        xs = [(b, y) for b, y in zip(mv.model_batches, mv.model_speedups) if b <= hi]
+        fig.add_scatter(x=[b for b, _ in xs], y=[y for _, y in xs], mode="lines", name=f"{mv.label}: roofline model",
+                        line={"dash": "dash", "color": color})
+        fig.add_scatter(x=mv.batches, y=mv.measured, mode="lines+markers", name=f"{mv.label}: measured",
+                        line={"color": color, "width": 3}, marker={"size": 10})
+    fig.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="plain decoding",
+                  annotation_position="bottom left")
+    fig.update_layout(title="Speculative ÷ plain tokens/s against batch size: measured and modelled (this machine)",
+                      xaxis={"title": "batch size B", "type": "log", **log_ticks(1, hi)}, yaxis_title="speedup ×",
+                      height=CHART_H + 40, margin={"t": 40, "b": 10},
+                      legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+    show_chart(fig, key="wi_fig_batch_measured")
+    fp = go.Figure()
+    fp.add_scatter(x=view.pass_tokens, y=view.pass_ms, mode="markers", name="measured (median)", marker={"size": 9})
+    fp.add_scatter(x=view.pass_tokens, y=view.model_pass_ms, mode="lines", name="roofline: max(bytes/bandwidth, FLOPs/peak)",
+                   line={"dash": "dash"})
+    fp.update_layout(title="Target pass time against tokens in the pass (B·(γ + 1) while every row drafts γ)",
+                     xaxis={"title": "tokens in the pass", "type": "log",
+                            **log_ticks(1, max(view.pass_tokens + [2]))}, yaxis_title="ms",
+                     height=CHART_H, margin={"t": 40, "b": 10},
+                     legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+    show_chart(fp, key="wi_fig_batch_pass")
+    show_table(sweep.table())
+    st.caption(f"{sweep.max_new_tokens} new tokens per row, torch threads {sweep.threads}, {sweep.elapsed_s:.0f} s. "
+               "One run per cell here (benchmarks/bench_batch.py alternates repeated runs and takes medians). The draft "
+               "head runs its own small pass per row (only the target's pass is batched), so its draft time grows "
+               "with B, which the model (draft charged c × a decode step) does not. On a shared or busy machine the "
+               "measured points move by tens of percent; the trend is what to read.")
+
 
 # ------------------------------------------------------------------ toy distribution check
 def _section_toy() -> None:

@@ -614,7 +614,7 @@ def batch_speedup_curve(alpha: float, gamma: int, c: float, params_b: float, byt
 
     Args:
         alpha, gamma, c: as in :func:`speedup`. params_b: target parameters in billions (0.01–2000).
-        bytes_per_param: 0.5–4. bandwidth_gbs: GB/s (1–100 000). peak_tflops: TFLOP/s (0.1–100 000).
+        bytes_per_param: 0.5–4. bandwidth_gbs: GB/s (1–100 000). peak_tflops: TFLOP/s (0.001–100 000: a 2-core CPU measures ~0.05).
         max_batch: largest batch shown (1–65 536).
 
     Raises:
@@ -624,7 +624,7 @@ def batch_speedup_curve(alpha: float, gamma: int, c: float, params_b: float, byt
     for name, v, lo, hi in (("Parameters (billions)", params_b, 0.01, 2000.0),
                             ("Bytes per parameter", bytes_per_param, 0.25, 4.0),
                             ("Bandwidth (GB/s)", bandwidth_gbs, 1.0, 1e5),
-                            ("Peak TFLOP/s", peak_tflops, 0.1, 1e5)):
+                            ("Peak TFLOP/s", peak_tflops, 0.001, 1e5)):
         if not (isinstance(v, (int, float)) and lo <= float(v) <= hi):
             raise InputError(f"{name} must be between {lo:g} and {hi:g}, got {v!r}.")
     if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \

@@ -360,6 +360,47 @@ def large_batch_mistake(alpha: float = 0.8, gamma: int = 4, c: float = 0.05, par
 
 
 @dataclass(frozen=True)
+class MeasuredBatchMistake:
+    """Mistake #1 measured on this machine: a speculative method's tokens/s ÷ plain decoding's, batched
+    (``engine.decoding.batch.batch_sweep``).
+
+    Attributes:
+        method, label: the speculative method shown (the draft head when measured, else the first one).
+        small_batch, speedup_small: the smallest batch measured and the speedup there.
+        large_batch, speedup_large: the largest batch measured and the speedup there.
+        crossover_batch: the smallest measured batch slower than plain decoding (None: none measured).
+        source: where the numbers come from ("this session's sweep" or the shipped result file's path).
+        threads: torch threads of the run.
+    """
+
+    method: str
+    label: str
+    small_batch: int
+    speedup_small: float
+    large_batch: int
+    speedup_large: float
+    crossover_batch: int | None
+    source: str
+    threads: int
+
+
+def measured_batch_mistake(sweep, source: str) -> MeasuredBatchMistake | None:
+    """Mistake #1 with measured numbers from a ``BatchSweep`` (None when it has no speculative cell)."""
+    from engine.explain.batch_view import method_label
+
+    spec = [m for m in sweep.methods if m != "plain" and any(c.method == m and c.speedup is not None
+                                                            for c in sweep.cells)]
+    if not spec:
+        return None
+    m = "embedded-head" if "embedded-head" in spec else spec[0]
+    cells = sorted((c for c in sweep.cells if c.method == m and c.speedup is not None), key=lambda c: c.batch)
+    return MeasuredBatchMistake(method=m, label=method_label(m), small_batch=cells[0].batch,
+                                speedup_small=cells[0].speedup, large_batch=cells[-1].batch,
+                                speedup_large=cells[-1].speedup, crossover_batch=sweep.crossover.get(m),
+                                source=source, threads=sweep.threads)
+
+
+@dataclass(frozen=True)
 class TimestampMistake:
     """The timestamp preset with the varying line at the start vs at the end (``engine.explain.prefix_cache``)."""
 

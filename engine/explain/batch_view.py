@@ -1,0 +1,151 @@
+"""The measured batch sweep next to the roofline model of THIS machine (What-if's "When it does not help").
+
+``measured_batch_view(sweep, peaks)`` turns a ``engine.decoding.batch.BatchSweep`` and the machine's measured
+bandwidth and FLOP/s (``engine.decoding.batch.measure_machine``) into what the page draws:
+
+- per speculative method, the measured speedup at each batch (its tokens/s ÷ plain decoding's) and the
+  roofline model's speedup curve for this machine (``engine.explain.analytic.batch_speedup_curve``) with the
+  method's measured α̂ and draft cost c at the smallest batch, the target's parameter count and bytes per
+  parameter, and the measured bandwidth and FLOP/s;
+- the measured target-pass time against tokens in the pass, with the roofline's prediction
+  max(weight bytes / bandwidth, 2 · params · tokens / FLOP/s) (``analytic.roofline_step_s``).
+
+``shipped_sweep()`` reads the benchmark's result file (benchmarks/results/batch.json), for pages that show a
+measured sweep before the reader has run one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.decoding.batch import PLAIN, BatchSweep, MachinePeaks
+from engine.errors import InputError
+from engine.explain.analytic import batch_speedup_curve, roofline_step_s
+
+SHIPPED_SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch.json"
+METHOD_LABELS = {PLAIN: "plain decoding", "ngram": "prompt lookup", "embedded-head": "draft head (EAGLE-style)",
+                 "embedded-draft": "draft model"}
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+@dataclass
+class MethodView:
+    """One speculative method: measured against modelled speedup by batch size.
+
+    Attributes:
+        batches, measured: the batches measured and the speedup at each (tokens/s ÷ plain's).
+        measured_crossover: smallest measured batch slower than plain decoding (None: none).
+        alpha, c, gamma: the model's inputs: α̂ at the smallest batch; c = one draft step (the round's draft
+            time per row ÷ γ) ÷ the plain decode pass at that batch, clamped to [0, 1]; γ of the sweep.
+        model_batches, model_speedups: the roofline curve for this machine. model_crossover: where it falls
+            to 1 (0.0: below 1 from the start; None: not within the range).
+    """
+
+    method: str
+    label: str
+    batches: list[int]
+    measured: list[float]
+    measured_crossover: int | None
+    alpha: float
+    c: float
+    gamma: int
+    model_batches: list[int]
+    model_speedups: list[float]
+    model_crossover: float | None
+
+
+@dataclass
+class BatchMeasuredView:
+    """Everything the measured part of the tab draws (see the module docstring)."""
+
+    methods: list[MethodView]
+    pass_tokens: list[int]
+    pass_ms: list[float]
+    model_pass_ms: list[float]
+    bandwidth_gbs: float
+    peak_tflops: float
+    params: int
+    bytes_per_param: float
+    plain_tokens_per_s: dict[int, float]
+    ridge_tokens: float
+
+    @property
+    def weight_ms(self) -> float:
+        """Reading the weights once at the measured bandwidth (ms): the roofline's floor for any pass."""
+        return self.params * self.bytes_per_param / (self.bandwidth_gbs * 1e9) * 1e3
+
+
+def measured_batch_view(sweep: BatchSweep, peaks: MachinePeaks | dict) -> BatchMeasuredView:
+    """Combine a measured sweep with this machine's measured peaks (see ``BatchMeasuredView``).
+
+    Raises:
+        InputError: a sweep without plain decoding at its smallest batch (nothing to compare with), or no
+            parameter count.
+    """
+    bw = float(peaks["bandwidth_gbs"] if isinstance(peaks, dict) else peaks.bandwidth_gbs)
+    peak = float(peaks["peak_tflops"] if isinstance(peaks, dict) else peaks.peak_tflops)
+    bw = min(max(bw, 1.0), 1e5)
+    peak = min(max(peak, 0.001), 1e5)
+    if sweep.params <= 0:
+        raise InputError("The sweep does not name the target's parameter count.")
+    measured_batches = sorted({c.batch for c in sweep.cells})
+    if not measured_batches or sweep.cell(PLAIN, measured_batches[0]) is None:
+        raise InputError("The sweep has no plain-decoding run at its smallest batch, so there is nothing to compare "
+                         "speculation with: include plain decoding.")
+    b0 = measured_batches[0]
+    plain0 = sweep.cell(PLAIN, b0)
+    params_b = min(max(sweep.params / 1e9, 0.01), 2000.0)
+    bpp = min(max(sweep.bytes_per_param, 0.25), 4.0)
+    max_batch = max(64, 2 * max(measured_batches))
+    views = []
+    for m in sweep.methods:
+        if m == PLAIN:
+            continue
+        cells = sorted((c for c in sweep.cells if c.method == m and c.speedup is not None), key=lambda c: c.batch)
+        if not cells:
+            continue
+        first = cells[0]
+        alpha = float(first.acceptance_rate or 0.0)
+        gamma = max(int(first.gamma), 1)
+        step_ms = (first.draft_ms_per_round or 0.0) / max(first.batch, 1) / gamma
+        c = min(max(step_ms / plain0.pass_ms, 0.0), 1.0) if plain0.pass_ms else 0.0
+        curve = batch_speedup_curve(alpha, gamma, c, params_b, bpp, bw, peak, max_batch=max_batch)
+        views.append(MethodView(
+            method=m, label=method_label(m), batches=[c_.batch for c_ in cells], measured=[c_.speedup for c_ in cells],
+            measured_crossover=sweep.crossover.get(m), alpha=alpha, c=c, gamma=gamma,
+            model_batches=curve.batches, model_speedups=curve.speedups, model_crossover=curve.crossover_batch))
+    curve_pts = sweep.pass_curve()
+    ns = [n for n, _, _ in curve_pts]
+    model_ms = [roofline_step_s(sweep.params, sweep.bytes_per_param, bw * 1e9, peak * 1e12, 1, n) * 1e3 for n in ns]
+    ridge = sweep.bytes_per_param * peak * 1e12 / (2.0 * bw * 1e9)
+    return BatchMeasuredView(methods=views, pass_tokens=ns, pass_ms=[ms for _, ms, _ in curve_pts],
+                             model_pass_ms=model_ms, bandwidth_gbs=bw, peak_tflops=peak, params=sweep.params,
+                             bytes_per_param=sweep.bytes_per_param,
+                             plain_tokens_per_s={c.batch: c.tokens_per_s for c in sweep.cells if c.method == PLAIN},
+                             ridge_tokens=ridge)
+
+
+def shipped_sweep(path: Path | None = None) -> tuple[BatchSweep, dict] | None:
+    """The benchmark's shipped sweep and the machine peaks it measured, or None when there is no file.
+
+    Args:
+        path: default ``SHIPPED_SWEEP`` (benchmarks/results/batch.json, written by benchmarks/bench_batch.py).
+
+    Raises:
+        InputError: a file that is not a batch sweep result.
+    """
+    path = Path(path if path is not None else SHIPPED_SWEEP)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"Cannot read the shipped batch sweep {path}: {e}") from None
+    if not isinstance(data, dict) or "sweep" not in data or "machine" not in data:
+        raise InputError(f"{path} is not a batch sweep result (no 'sweep' or 'machine').")
+    return BatchSweep.from_dict(data["sweep"]), data["machine"]

@@ -1,0 +1,78 @@
+"""engine.explain.batch_view and the measured mistake #1: hand-built sweeps, hand-computed numbers."""
+
+import json
+
+import pytest
+
+from engine.decoding.batch import BatchSweep, SweepCell
+from engine.errors import InputError
+from engine.explain.analytic import batch_speedup_curve
+from engine.explain.batch_view import measured_batch_view, shipped_sweep
+from engine.explain.teaching import measured_batch_mistake
+
+
+def _cell(method, batch, tps, speedup=None, alpha=None, draft=None, pass_ms=40.0, gamma=4):
+    return SweepCell(method=method, batch=batch, gamma=gamma if method != "plain" else 0, tokens_per_s=tps,
+                     runs_tokens_per_s=[tps], new_tokens=16 * batch, target_passes=17, pass_tokens=batch,
+                     pass_ms=pass_ms, acceptance_rate=alpha, draft_ms_per_round=draft, speedup=speedup)
+
+
+def _sweep():
+    cells = [_cell("plain", 1, 20.0), _cell("ngram", 1, 30.0, 1.5, alpha=0.6, draft=0.8),
+             _cell("embedded-head", 1, 26.0, 1.3, alpha=0.5, draft=8.0, gamma=2),
+             _cell("plain", 4, 60.0), _cell("ngram", 4, 48.0, 0.8, alpha=0.6, draft=3.0),
+             _cell("embedded-head", 4, 66.0, 1.1, alpha=0.5, draft=30.0, gamma=2)]
+    return BatchSweep(batches=[1, 4], methods=["plain", "ngram", "embedded-head"], max_new_tokens=16, reps=1,
+                      cells=cells, passes=[("plain", 1, 1, 40.0), ("ngram", 1, 5, 50.0), ("ngram", 1, 5, 60.0)],
+                      params=135_000_000, bytes_per_param=4.0)
+
+
+def test_view_by_hand():
+    v = measured_batch_view(_sweep(), {"bandwidth_gbs": 10.0, "peak_tflops": 0.05})
+    ng, head = v.methods
+    assert ng.label == "prompt lookup" and ng.batches == [1, 4] and ng.measured == [1.5, 0.8]
+    assert ng.measured_crossover == 4 and head.measured_crossover is None
+    # c = (0.8 ms per round ÷ 1 row ÷ γ 4) ÷ 40 ms plain pass = 0.005; α̂ at the smallest batch
+    assert ng.c == pytest.approx(0.005) and ng.alpha == 0.6 and ng.gamma == 4
+    # head: 8 ms ÷ 2 ÷ 40 = 0.1
+    assert head.c == pytest.approx(0.1)
+    ref = batch_speedup_curve(0.6, 4, 0.005, 0.135, 4.0, 10.0, 0.05, max_batch=64)
+    assert ng.model_speedups == ref.speedups and ng.model_crossover == ref.crossover_batch
+    # pass curve: medians by tokens; roofline: 135e6·4 B / 10 GB/s = 54 ms (memory-bound); 5 tokens:
+    # 2·135e6·5 / 5e10 = 27 ms < 54 → 54
+    assert v.pass_tokens == [1, 5] and v.pass_ms == [40.0, 55.0]
+    assert v.model_pass_ms == pytest.approx([54.0, 54.0])
+    assert v.weight_ms == pytest.approx(54.0)
+    # ridge: 4 · 5e10 / (2 · 1e10) = 10 tokens
+    assert v.ridge_tokens == pytest.approx(10.0)
+    assert v.plain_tokens_per_s == {1: 20.0, 4: 60.0}
+
+
+def test_view_needs_plain_decoding():
+    sw = _sweep()
+    sw.cells = [c for c in sw.cells if c.method != "plain"]
+    with pytest.raises(InputError, match="plain"):
+        measured_batch_view(sw, {"bandwidth_gbs": 10.0, "peak_tflops": 0.05})
+
+
+def test_measured_mistake_prefers_the_head_and_names_its_source():
+    mb = measured_batch_mistake(_sweep(), "this session's sweep")
+    assert (mb.method, mb.small_batch, mb.speedup_small, mb.large_batch, mb.speedup_large, mb.crossover_batch) == \
+           ("embedded-head", 1, 1.3, 4, 1.1, None)
+    sw = _sweep()
+    sw.methods = ["plain", "ngram"]
+    mb = measured_batch_mistake(sw, "x")
+    assert mb.method == "ngram" and mb.crossover_batch == 4 and mb.source == "x"
+    sw.methods = ["plain"]
+    assert measured_batch_mistake(sw, "x") is None
+
+
+def test_shipped_sweep_file(tmp_path):
+    assert shipped_sweep(tmp_path / "missing.json") is None
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps({"sweep": _sweep().to_dict(), "machine": {"bandwidth_gbs": 1.0, "peak_tflops": 1.0}}))
+    sw, machine = shipped_sweep(f)
+    assert sw.crossover == {"ngram": 4, "embedded-head": None} and machine["bandwidth_gbs"] == 1.0
+    f.write_text("{}")
+    with pytest.raises(InputError, match="not a batch sweep"):
+        shipped_sweep(f)

@@ -1,0 +1,122 @@
+"""AppTest: What-if's "When it does not help" measured sweep (run, charts, bad input) and Common mistakes #1's
+measured numbers. The page's model is swapped for a tiny random Llama (the draft head becomes early exit,
+which a tiny target has) so the test runs in seconds; the Chromium test runs the real embedded model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import app.resources
+import engine.decoding.batch as batch_mod
+from engine.decoding.models import load_model
+from tests.tiny_models import save_tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = str(ROOT / "pages" / "whatif.py")
+MAIN = str(ROOT / "app" / "main.py")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_model(str(save_tiny_llama(tmp_path_factory.mktemp("wb") / "m", layers=2, seed=2)), device="cpu")
+
+
+@pytest.fixture
+def patched(monkeypatch, tiny):
+    real = batch_mod.batch_sweep
+    calls = []
+
+    def sweep(target, prompts, methods=(), **kw):
+        calls.append(list(methods))
+        return real(target, prompts, methods=[("early-exit:1" if m == "embedded-head" else m) for m in methods], **kw)
+
+    monkeypatch.setattr(app.resources, "get_model", lambda spec="embedded", **kw: tiny)
+    monkeypatch.setattr(batch_mod, "batch_sweep", sweep)
+    real_mm = batch_mod.measure_machine
+    monkeypatch.setattr(batch_mod, "measure_machine", lambda device="cpu": real_mm(device, matmul_n=256, copy_mb=8))
+    return calls
+
+
+def _tab(**qp) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["wi_tab"] = "When it does not help"
+    for k, v in qp.items():
+        at.query_params[k] = str(v)
+    return at.run()
+
+
+def test_measured_sweep_runs_and_draws_model_and_measurement(patched):
+    at = _tab(wi_bs_batches="1, 2", wi_bs_tokens=4)
+    assert not at.exception
+    m = {x.label: x.value for x in at.metric}
+    assert m["Memory bandwidth (measured)"].endswith("GB/s") and m["Matmul throughput (measured)"].endswith("GFLOP/s")
+    assert any("No measured sweep" in i.value for i in at.info)
+    at.button(key="wi_bs_run").click().run()
+    assert not at.exception and not at.error
+    assert patched == [["plain", "ngram", "embedded-head"]]
+    sweep = at.session_state["batch_sweep"]
+    assert sorted({c.batch for c in sweep.cells}) == [1, 2] and not sweep.stopped
+    specs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    fig = next(v for k, v in specs.items() if k.startswith("Speculative ÷ plain tokens/s"))
+    names = [t["name"] for t in fig["data"]]
+    assert "prompt lookup: measured" in names and "prompt lookup: roofline model" in names
+    measured = next(t for t in fig["data"] if t["name"] == "prompt lookup: measured")
+    assert measured["x"] == [1, 2]
+    assert measured["y"] == pytest.approx([sweep.cell("ngram", b).speedup for b in (1, 2)])
+    assert any(k.startswith("Target pass time against tokens") for k in specs)
+    labels = [x.label for x in at.metric]
+    assert "prompt lookup: slower than plain from (measured)" in labels
+    assert at.query_params["wi_bs_batches"] in (["1, 2"], "1, 2")
+
+
+def test_stop_keeps_the_batches_measured_so_far(patched, tiny):
+    at = _tab()
+    part = batch_mod.batch_sweep(tiny, batch_mod.SWEEP_PROMPTS[:2], batches=[1, 2], methods=["plain", "ngram"],
+                                 max_new_tokens=3, warmup=False)
+    part.cells = [c for c in part.cells if c.batch == 1]  # as if Stop came during batch 2
+    at.session_state["wi_bs_partial"] = part
+    at.button(key="wi_bs_stop").click().run()
+    assert not at.exception
+    assert at.session_state["batch_sweep"].stopped
+    assert any("Stopped: showing the 1 batch size(s) measured" in w.value for w in at.warning)
+    empty = batch_mod.BatchSweep(batches=[1], methods=["plain"], max_new_tokens=3, reps=1)
+    at.session_state["wi_bs_partial"] = empty
+    at.button(key="wi_bs_stop").click().run()
+    assert any("nothing was measured" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("batches,msg", [("0", "at least one sequence"), ("64", "needs 64 different prompts"),
+                                         ("two", "whole numbers"), ("4096", "does not fit in memory")])
+def test_bad_batch_input_gives_a_clear_message(patched, monkeypatch, batches, msg):
+    if batches == "4096":
+        monkeypatch.setattr(batch_mod, "available_memory_bytes", lambda device: 10**6)
+    at = _tab(wi_bs_batches=batches, wi_bs_tokens=4)
+    at.button(key="wi_bs_run").click().run()
+    assert not at.exception
+    assert any(msg in e.value for e in at.error), [e.value for e in at.error]
+    assert patched == []  # refused before any run
+
+
+def test_mistake_1_uses_the_session_sweep_else_the_shipped_file(patched, tmp_path, monkeypatch, tiny):
+    import engine.explain.batch_view as bv
+
+    sweep = bv.BatchSweep.from_dict(json.loads(json.dumps(
+        batch_mod.batch_sweep(tiny, batch_mod.SWEEP_PROMPTS[:2], batches=[1, 2], methods=["plain", "ngram"],
+                              max_new_tokens=3, warmup=False).to_dict())))
+    f = tmp_path / "batch.json"
+    f.write_text(json.dumps({"sweep": sweep.to_dict(), "machine": {"bandwidth_gbs": 10.0, "peak_tflops": 0.05}}))
+    monkeypatch.setattr(bv, "SHIPPED_SWEEP", f)
+    at = AppTest.from_file(MAIN, default_timeout=120).run()
+    at.switch_page(str(ROOT / "pages" / "mistakes.py")).run()
+    assert not at.exception
+    cap = " ".join(c.value for c in at.caption)
+    assert "the shipped benchmark result" in cap and "bench_batch.py" in cap
+    m = {x.label: x.value for x in at.metric}
+    assert m["Speedup at batch 2"] == f"{sweep.cell('ngram', 2).speedup:.2f}×"
+    at.session_state["batch_sweep"] = sweep
+    at.run()
+    assert "this session's sweep" in " ".join(c.value for c in at.caption)
