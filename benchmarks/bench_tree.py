@@ -13,8 +13,8 @@ method:
 - verify ms by tokens fed: one target pass over n = 1, 2, 4, 8, 16, 32 tokens after a cached context of 100,
   as a chain (causal) and as a binary-ish tree (the 4D tree mask), sizes interleaved, medians.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_tree.py [--prompts 6] [--max-new-tokens 64]
-        [--threads 2] [--quick]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_tree.py [--prompts 6] [--max-new-tokens 64]
+        [--threads 1] [--quick]   (2 threads on a loaded 2-core machine were ~20× slower)
 
 Writes benchmarks/results/tree.json and tree.md.
 """
