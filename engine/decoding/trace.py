@@ -187,6 +187,10 @@ class RunStats:
         acceptance_rate: α̂ = accepted ÷ judged, the per-token acceptance probability α of the analytic
             model (Leviathan et al. 2023, §3.1; the maximum-likelihood estimate when each judged token
             is accepted independently with probability α). None if nothing was judged.
+            For a token-tree run (``Round.tree``), each round's ``drafted`` is its accepted path plus the first
+            rejected node on it, so α̂ is the per-depth acceptance: the chance that the accepted path grows by one
+            more node, given it reached a node with children (any child accepted, not one particular token);
+            ``drafted`` then counts path nodes, not all tree nodes (those are in ``Round.tree``).
         accepted_fraction: accepted ÷ drafted, the share of all draft tokens kept (what some engines
             call "draft acceptance rate"; lower than α because tokens after a rejection count too).
         target_passes: target forward passes of the run: one per round that fed tokens, plus the prompt's
