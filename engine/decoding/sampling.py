@@ -9,6 +9,9 @@ Sources:
   Language Model Decoding with Speculative Sampling" (2023), Algorithm 2 ("modified rejection
   sampling"): accept x ~ q with probability min(1, p(x)/q(x)); on rejection sample from
   norm(max(0, p − q)); after γ acceptances sample a bonus token from p.
+- Token trees: SpecInfer's multi-step speculative sampling (Miao et al. 2024, §4.3, Algorithm 2) and
+  recursive rejection sampling for children drawn without replacement (Jeon et al. 2024), both lossless;
+  Medusa's typical acceptance (Cai et al. 2024, §2.3.1), LOSSY, for comparison.
 - Temperature, then top-k, then top-p (nucleus, Holtzman et al. 2020), in the order transformers'
   logits processors apply them.
 """
@@ -185,3 +188,295 @@ def verify_sampling(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor,
         residual = residual_distribution(p[i], q[i])
         return Verdict(i, sample(residual, generator), "correction", accept_probs, uniforms, residual)
     return Verdict(k, sample(p[k], generator), "bonus", accept_probs, uniforms)
+
+
+# ---------------------------------------------------------------- token trees
+#
+# A token tree (``engine.decoding.tree.TokenTree``) is judged from the roots down: at each accepted node (the
+# context first) the children are judged one after another until one is accepted; the walk goes on from it.
+# The target's own token comes from the last accepted node: a correction when it had children (none was
+# accepted), a bonus token when it is a leaf.
+
+
+@dataclass
+class TreeVerdict:
+    """Outcome of verifying one round's token tree.
+
+    Attributes:
+        path: accepted node indices, root first (the accepted path).
+        next_token: the target's own token after the path: the correction at the path's last node (it had
+            children, none accepted) or the bonus token (it is a leaf).
+        next_kind: "correction" or "bonus".
+        accept_probs: [N] the acceptance probability each node was judged with (1/0 under greedy and typical
+            acceptance), None for a node never judged.
+        uniforms: [N] the uniform draw compared with it (sampling only), else None.
+        residual: [V] the distribution the correction was drawn from (lossless sampling + correction), else
+            None.
+    """
+
+    path: list[int]
+    next_token: int
+    next_kind: str
+    accept_probs: list[float | None]
+    uniforms: list[float | None]
+    residual: torch.Tensor | None = None
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.path)
+
+
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for i, par in enumerate(parents):
+        kids.setdefault(int(par), []).append(i)
+    return kids
+
+
+def verify_tree_greedy(tokens: list[int], parents: list[int], target_argmax: list[int]) -> TreeVerdict:
+    """Greedy rule on a tree: the longest path whose every token is the target's argmax at its parent, plus
+    the target's own next token (its argmax after the path). Siblings are judged in order; the first that
+    matches is taken (a later sibling repeating it is never judged).
+
+    The output equals plain greedy decoding: every accepted token is the target's argmax given the tokens
+    before it (the tree pass's logits at a node are those of a causal pass over context + the node's path,
+    pinned by tests/test_attention.py), and so is the next token.
+
+    Args:
+        tokens, parents: the tree's N nodes (``TokenTree``).
+        target_argmax: N + 1 target argmax ids: [0] after the context, [1 + i] after node i.
+    """
+    kids = _children(parents)
+    accept: list[float | None] = [None] * len(tokens)
+    path: list[int] = []
+    node = -1
+    while True:
+        want = target_argmax[node + 1]
+        nxt = None
+        for c in kids.get(node, []):
+            if tokens[c] == want:
+                accept[c] = 1.0
+                nxt = c
+                break
+            accept[c] = 0.0
+        if nxt is None:
+            kind = "correction" if kids.get(node) else "bonus"
+            return TreeVerdict(path, want, kind, accept, [None] * len(tokens))
+        path.append(nxt)
+        node = nxt
+
+
+def verify_tree_sampling(tokens: list[int], parents: list[int], q: torch.Tensor, draw: str, p: torch.Tensor,
+                         generator: torch.Generator) -> TreeVerdict:
+    """Lossless sampling rule on a tree: recursive rejection sampling over each accepted node's children.
+
+    At a node with target distribution p (the context first), children x_1..x_m are judged in order. Child i,
+    drawn from q_i, is accepted with probability min(1, p_i(x_i) / q_i(x_i)) (0 when p_i(x_i) = 0), where
+    p_1 = p; on rejection p_{i+1} = norm(max(0, p_i − q_i)) (``residual_distribution``). If no child is
+    accepted the correction is drawn from p_{m+1}; at a leaf the bonus token is drawn from p. This is
+    SpecInfer's multi-step speculative sampling (Miao et al. 2024, "SpecInfer", §4.3 and Algorithm 2, with
+    Theorem 4.2: the output is distributed as the target's), for children drawn independently:
+
+    - draw "sampled": each child drawn from its parent's q independently, q_i = q;
+    - draw "deterministic" (top-k picks, lookup matches): q_i is one-hot on x_i, so child i is accepted with
+      probability p_i(x_i) and a rejection zeroes x_i in p and renormalizes;
+    - draw "without_replacement": children drawn from q one after another without replacement; q_i is q with
+      x_1..x_{i−1} removed and renormalized (Jeon et al. 2024, "Recursive Speculative Decoding", §3.2,
+      recursive rejection sampling; Theorem 3.1).
+
+    Why it is exact (one node; the tree follows by induction on depth): P(accept x_1 and X_1 = x) = min(p, q_1)(x);
+    given a rejection the target token must follow norm(max(0, p − q_1)) = p_2, which is 0 on every token
+    that can be rejected, so the remaining children (drawn independently of the verdict, from q_2) face the
+    same problem with target p_2; with no children left the residual itself is sampled.
+
+    Args:
+        tokens, parents, q, draw: the tree (``TokenTree``; q is [N, V]).
+        p: [N + 1, V] the target's warped distributions: [0] after the context, [1 + i] after node i.
+        generator: the run's random generator (CPU).
+    """
+    n = len(tokens)
+    if p.shape[0] != n + 1 or q.shape[0] != n:
+        raise ValueError(f"Shape mismatch: {n} nodes, q {tuple(q.shape)}, p {tuple(p.shape)}.")
+    kids = _children(parents)
+    accept: list[float | None] = [None] * n
+    us: list[float | None] = [None] * n
+    path: list[int] = []
+    node = -1
+    while True:
+        row = p[node + 1].to(torch.float64)
+        removed: list[int] = []
+        nxt = None
+        for c in kids.get(node, []):
+            x = int(tokens[c])
+            qc = q[c].to(torch.float64)
+            if draw == "without_replacement" and removed:
+                qc = qc.clone()
+                qc[removed] = 0.0
+                qc = qc / qc.sum()
+            px, qx = float(row[x]), float(qc[x])
+            a = 0.0 if px <= 0.0 else (1.0 if px >= qx else px / qx)
+            u = uniform(generator)
+            accept[c], us[c] = a, u
+            if u < a:
+                nxt = c
+                break
+            row = residual_distribution(row, qc)
+            removed.append(x)
+        if nxt is None:
+            if kids.get(node):
+                return TreeVerdict(path, sample(row, generator), "correction", accept, us, row)
+            return TreeVerdict(path, sample(row, generator), "bonus", accept, us)
+        path.append(nxt)
+        node = nxt
+
+
+TYPICAL_EPSILON = 0.09
+TYPICAL_DELTA = 0.3
+"""Medusa's typical-acceptance defaults (ε the hard threshold, δ = √ε the entropy factor; Cai et al. 2024's
+code: ``posterior_threshold=0.09``, ``posterior_alpha=0.3``)."""
+
+
+def typical_threshold(p: torch.Tensor, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA) -> float:
+    """min(ε, δ·exp(−H(p))), Medusa's typical-acceptance threshold (Cai et al. 2024, §2.3.1), H in nats."""
+    p = p.to(torch.float64)
+    nz = p[p > 0]
+    entropy = float(-(nz * nz.log()).sum())
+    return min(epsilon, delta * float(torch.exp(torch.tensor(-entropy))))
+
+
+def verify_tree_typical(tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator,
+                        epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA) -> TreeVerdict:
+    """LOSSY rule: Medusa's typical acceptance (Cai et al. 2024, §2.3.1).
+
+    A node's token x passes if p(x) > min(ε, δ·exp(−H(p))) with p the target's distribution at its parent
+    (``typical_threshold``); the accepted path is the longest path of passing nodes (the first in node order
+    among equally long ones), and the target's own token is sampled from p after it. Tokens the target finds
+    merely "typical enough" are kept outright, so the output is NOT distributed as the target's
+    (``first_token_check`` measures how far); it is here to show that, labelled lossy everywhere.
+
+    Args:
+        tokens, parents: the tree's N nodes.
+        p: [N + 1, V] the target's warped distributions ([0] after the context, [1 + i] after node i).
+        generator: the run's random generator.
+        epsilon, delta: ε and δ (Medusa's defaults ``TYPICAL_EPSILON``, ``TYPICAL_DELTA``).
+    """
+    n = len(tokens)
+    kids = _children(parents)
+    thresholds = {-1: typical_threshold(p[0], epsilon, delta)}
+    passes = [False] * n
+    accept: list[float | None] = [None] * n
+    # a node is judged when its parent is the context or passed (nodes come after their parents)
+    for i in range(n):
+        par = parents[i]
+        if par >= 0 and not passes[par]:
+            continue
+        if par not in thresholds:
+            thresholds[par] = typical_threshold(p[par + 1], epsilon, delta)
+        passes[i] = float(p[par + 1, tokens[i]]) > thresholds[par]
+        accept[i] = 1.0 if passes[i] else 0.0
+    best: list[int] = []
+
+    def walk(node: int, path: list[int]) -> None:
+        nonlocal best
+        if len(path) > len(best):
+            best = list(path)
+        for c in kids.get(node, []):
+            if passes[c]:
+                walk(c, path + [c])
+
+    walk(-1, [])
+    end = best[-1] if best else -1
+    kind = "correction" if kids.get(end) else "bonus"
+    return TreeVerdict(best, sample(p[end + 1], generator), kind, accept, [None] * n)
+
+
+ACCEPT_RULES = ("exact", "typical")
+"""Tree acceptance rules: "exact" (greedy under T = 0, else the lossless ``verify_tree_sampling``) and
+"typical" (Medusa's typical acceptance, LOSSY, ``verify_tree_typical``)."""
+
+
+@dataclass
+class FirstTokenCheck:
+    """The first emitted token's distribution under a tree rule, against p (``first_token_check``).
+
+    Attributes:
+        counts: [V] how often each token came first.
+        freq: [V] counts ÷ trials.
+        tv: total-variation distance ½ Σ |freq − p| (0 for a lossless rule up to sampling noise).
+        noise_tv: the mean TV of ``trials`` exact draws from p (4 simulated repetitions): the sampling noise an
+            exact rule's ``tv`` is compared with.
+        accepted: fraction of trials in which a draft node was accepted.
+    """
+
+    counts: torch.Tensor
+    freq: torch.Tensor
+    tv: float
+    noise_tv: float
+    accepted: float
+
+
+def first_token_check(p: torch.Tensor, q: torch.Tensor, n_children: int, draw: str, rule: str, trials: int,
+                      seed: int = 0, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA) -> FirstTokenCheck:
+    """The distribution check of a tree rule: draft a one-level tree of ``n_children`` children from q
+    (``draw``: "deterministic" = the top-n tokens of q, "sampled" = independent draws,
+    "without_replacement"), judge it with ``rule`` ("exact" = ``verify_tree_sampling``, "typical" =
+    ``verify_tree_typical``, LOSSY) against the target p, and count the first emitted token over ``trials``.
+
+    Args:
+        p, q: [V] target and draft distributions.
+        n_children: children of the root (≥ 1).
+        draw, rule: see above.
+        trials: number of trials (≥ 1).
+        seed: seeds the draws.
+
+    Returns:
+        ``FirstTokenCheck`` with the total-variation distance from p (½ Σ |freq − p|) and the TV that exact
+        draws from p show with as many trials (sampling noise).
+
+    Raises:
+        InputError: for an unknown rule or draw, n_children < 1 or trials < 1.
+    """
+    if rule not in ACCEPT_RULES:
+        raise InputError(f"Unknown acceptance rule {rule!r}; expected one of {', '.join(ACCEPT_RULES)}.")
+    if draw not in ("deterministic", "sampled", "without_replacement"):
+        raise InputError(f"Unknown draw {draw!r}.")
+    if n_children < 1 or trials < 1:
+        raise InputError("The check needs at least one child and one trial.")
+    g = torch.Generator().manual_seed(seed)
+    p = p.to(torch.float64)
+    q = q.to(torch.float64)
+    v = p.shape[0]
+    counts = torch.zeros(v, dtype=torch.float64)
+    p_rows = p[None].expand(n_children + 1, v)
+    accepted = 0
+    for _ in range(trials):
+        if draw == "deterministic":
+            toks = [int(i) for i in torch.topk(q, n_children).indices]
+            qrows = torch.zeros(n_children, v, dtype=torch.float64)
+            qrows[torch.arange(n_children), toks] = 1.0
+        elif draw == "sampled":
+            toks = [sample(q, g) for _ in range(n_children)]
+            qrows = q[None].expand(n_children, v)
+        else:
+            left = q.clone()
+            toks = []
+            for _c in range(n_children):
+                if float(left.sum()) <= 0:
+                    break
+                x = sample(left, g)
+                toks.append(x)
+                left[x] = 0.0
+            qrows = q[None].expand(len(toks), v)
+        parents = [-1] * len(toks)
+        rows = p_rows[:len(toks) + 1]
+        if rule == "exact":
+            verdict = verify_tree_sampling(toks, parents, qrows, draw, rows, g)
+        else:
+            verdict = verify_tree_typical(toks, parents, rows, g, epsilon, delta)
+        first = toks[verdict.path[0]] if verdict.path else verdict.next_token
+        accepted += bool(verdict.path)
+        counts[first] += 1
+    freq = counts / trials
+    noise = torch.multinomial(p, trials * 4, replacement=True, generator=g).view(4, trials)
+    noise_tv = float(sum(0.5 * (torch.bincount(r, minlength=v).double() / trials - p).abs().sum() for r in noise) / 4)
+    return FirstTokenCheck(counts, freq, float(0.5 * (freq - p).abs().sum()), noise_tv, accepted / trials)

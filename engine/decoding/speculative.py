@@ -11,6 +11,12 @@ One round (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2):
 
 ``SpeculativeDecoder`` runs rounds one at a time (the live page steps it); ``generate`` loops them.
 With no proposer (baseline), each round is a plain decode step through the same KV-cache code.
+
+Token trees (``tree`` > 0): the proposer drafts a ``TokenTree`` of at most ``tree`` nodes and depth ≤ γ
+(``propose_tree``); step 2 is one target pass over the uncached context plus all nodes with a tree attention
+mask, step 3 judges the tree from the roots down (``sampling.verify_tree_greedy`` / ``verify_tree_sampling``,
+lossless; ``verify_tree_typical``, lossy), and step 4 gathers the accepted path's KV entries into place and
+drops the rest (``engine.decoding.tree``).
 """
 
 from __future__ import annotations
@@ -23,8 +29,20 @@ import torch
 
 from engine.decoding.models import LoadedModel
 from engine.decoding.proposers import CachedLM, Proposer
-from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, sample, verify_greedy, verify_sampling, warp_probs
-from engine.decoding.trace import AFTER_END, DraftPosition, Round, RunStats, TopToken, run_stats
+from engine.decoding.sampling import (
+    ACCEPT_RULES,
+    MAX_GAMMA,
+    SamplingConfig,
+    sample,
+    verify_greedy,
+    verify_sampling,
+    verify_tree_greedy,
+    verify_tree_sampling,
+    verify_tree_typical,
+    warp_probs,
+)
+from engine.decoding.trace import AFTER_END, DraftPosition, Round, RunStats, TopToken, TreeNode, TreeTrace, run_stats
+from engine.decoding.tree import MAX_TREE, check_tree_args, keep_accepted_path, tree_verify_pass
 from engine.errors import InputError
 
 MAX_NEW_TOKENS = 4096
@@ -103,15 +121,22 @@ class SpeculativeDecoder:
         seed: seeds the run's generator (draft sampling, uniforms, corrections): same seed, same run.
         max_new_tokens: never exceeded, for any γ.
         stop_on_eos: stop after the target's EOS token (it is kept in the output).
+        tree: 0 = chain drafts (γ tokens a round); N in 1..``MAX_TREE``: the proposer drafts a token tree of
+            at most N nodes and depth ≤ γ each round (it must have ``propose_tree``: the draft head, prompt
+            lookup), verified in one target pass.
+        accept: the tree acceptance rule under sampling: "exact" (lossless, ``verify_tree_sampling``) or
+            "typical" (Medusa's typical acceptance, LOSSY: the output no longer follows the target; tree runs
+            only). Under greedy (T = 0) every run is judged greedily, exactly.
 
     Raises:
-        InputError: empty prompt, γ out of range, max_new_tokens < 1, or prompt + max_new_tokens
-            longer than the target's context.
+        InputError: empty prompt, γ out of range, max_new_tokens < 1, prompt + max_new_tokens
+            longer than the target's context, a tree size out of range, a tree with a draft that cannot
+            branch (or with no draft), or an unknown acceptance rule.
     """
 
     def __init__(self, target: LoadedModel, proposer: Proposer | None, prompt_ids: list[int],
                  gamma: int = 4, sampling: SamplingConfig | None = None, seed: int = 0,
-                 max_new_tokens: int = 64, stop_on_eos: bool = True):
+                 max_new_tokens: int = 64, stop_on_eos: bool = True, tree: int = 0, accept: str = "exact"):
         if not prompt_ids:
             raise InputError("The prompt is empty: type something for the model to continue.")
         if proposer is not None and not (isinstance(gamma, int) and 1 <= gamma <= MAX_GAMMA):
@@ -122,6 +147,9 @@ class SpeculativeDecoder:
             raise InputError(
                 f"The prompt is {len(prompt_ids)} tokens; with {max_new_tokens} new tokens that exceeds "
                 f"the model's context of {target.max_context} tokens. Shorten the prompt or the output.")
+        check_tree_args(tree, proposer, accept)
+        self.tree = tree
+        self.accept = accept
         self.target = target
         self.proposer = proposer
         self.gamma = gamma if proposer is not None else 0
@@ -203,10 +231,12 @@ class SpeculativeDecoder:
             self._prefilled = True
         else:
             self.prefill()
-        text = self.text
         cfg = self.sampling
         remaining = self.max_new_tokens - len(self.new_ids)
         k_max = min(self.gamma, remaining - 1)  # the target always adds one token of its own
+
+        if self.tree and k_max > 0:
+            return self._tree_round(t_round, fuse_prefill, k_max, remaining)
 
         # 1. draft
         t0 = time.perf_counter()
@@ -216,7 +246,32 @@ class SpeculativeDecoder:
         else:
             draft, q, point_mass = [], torch.zeros(0), False
         draft_ms = (time.perf_counter() - t0) * 1000
+        return self._chain_round(t_round, fuse_prefill, draft, q, point_mass, draft_ms, remaining)
 
+    def _truncate(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
+        """Cut the round's tokens after the first EOS and at ``remaining``; (tokens, stop reason)."""
+        stop_reason = None
+        for i, t in enumerate(emitted):
+            if t in self.eos:
+                emitted, stop_reason = emitted[:i + 1], "eos"
+                break
+        if len(emitted) >= remaining:
+            emitted = emitted[:remaining]
+            stop_reason = stop_reason or "max_new_tokens"
+        return emitted, stop_reason
+
+    def _finish_round(self, rnd: Round, t_round: float) -> Round:
+        self.rounds.append(rnd)
+        self.elapsed_ms += (time.perf_counter() - t_round) * 1000
+        if rnd.stop_reason:
+            self.finished, self.stop_reason = True, rnd.stop_reason
+        return rnd
+
+    def _chain_round(self, t_round: float, fuse_prefill: bool, draft: list[int], q: torch.Tensor,
+                     point_mass: bool, draft_ms: float, remaining: int) -> Round:
+        """Steps 2–4 of a chain round (see the module docstring) for the drafted tokens."""
+        text = self.text
+        cfg = self.sampling
         # 2. verify: one target pass over the uncached context + the k draft tokens
         t0 = time.perf_counter()
         k = len(draft)
@@ -233,15 +288,7 @@ class SpeculativeDecoder:
             self.prefill_ms = verify_ms
 
         # 3. emit: accepted prefix + the target's own token, stopping at EOS / max_new_tokens
-        emitted = draft[:verdict.n_accepted] + [verdict.next_token]
-        stop_reason = None
-        for i, t in enumerate(emitted):
-            if t in self.eos:
-                emitted, stop_reason = emitted[:i + 1], "eos"
-                break
-        if len(emitted) >= remaining:
-            emitted = emitted[:remaining]
-            stop_reason = stop_reason or "max_new_tokens"
+        emitted, stop_reason = self._truncate(draft[:verdict.n_accepted] + [verdict.next_token], remaining)
         context_len = len(self.seq)
         self.seq.extend(emitted)
         # 4. KV rollback: the target keeps the context and the accepted draft tokens (the correction or
@@ -282,11 +329,84 @@ class SpeculativeDecoder:
             emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms,
             tokens_verified=tokens_verified, prefill_tokens=len(self.prompt_ids) if fuse_prefill else 0,
             stop_reason=stop_reason)
-        self.rounds.append(rnd)
-        self.elapsed_ms += (time.perf_counter() - t_round) * 1000
-        if stop_reason:
-            self.finished, self.stop_reason = True, stop_reason
-        return rnd
+        return self._finish_round(rnd, t_round)
+
+    def _tree_round(self, t_round: float, fuse_prefill: bool, max_depth: int, remaining: int) -> Round:
+        """One tree round (the steps of ``_step_locked``, for a token tree): draft a tree, one target pass over
+        the uncached context + all nodes, judge from the roots down, keep the accepted path's KV entries."""
+        text = self.text
+        cfg = self.sampling
+        # 1. draft
+        t0 = time.perf_counter()
+        tree = self.proposer.propose_tree(self.seq, self.tree, max_depth, cfg, self.generator).pruned(max_depth)
+        draft_ms = (time.perf_counter() - t0) * 1000
+        if tree.size == 0:  # nothing to verify: a plain decoding step through the chain code
+            return self._chain_round(t_round, fuse_prefill, [], torch.zeros(0), False, draft_ms, remaining)
+        # 2. verify: one target pass over the uncached context + every node, with the tree mask
+        t0 = time.perf_counter()
+        context_len = len(self.seq)
+        logits, tokens_verified = tree_verify_pass(self.target_lm, self.seq, tree)
+        p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
+        if cfg.greedy:
+            verdict = verify_tree_greedy(tree.tokens, tree.parents, [int(i) for i in torch.argmax(logits, -1)])
+        elif self.accept == "typical":
+            verdict = verify_tree_typical(tree.tokens, tree.parents, p, self.generator)
+        else:
+            verdict = verify_tree_sampling(tree.tokens, tree.parents, tree.q, tree.draw, p, self.generator)
+        path = verdict.path
+        # 4. (before emitting: the cache must hold context + path whatever is emitted) keep the accepted path
+        end = path[-1] if path else -1
+        keep_accepted_path(self.target_lm, context_len, path, logits[end + 1])
+        verify_ms = (time.perf_counter() - t0) * 1000
+        if fuse_prefill:
+            self.prefill_ms = verify_ms
+        # 3. emit: the accepted path + the target's own token, stopping at EOS / max_new_tokens
+        path_tokens = [tree.tokens[i] for i in path]
+        emitted, stop_reason = self._truncate(path_tokens + [verdict.next_token], remaining)
+        n_kept = min(len(path), len(emitted))
+        self.seq.extend(emitted)
+        self.target_lm.crop(context_len + n_kept)
+        self.proposer.rollback(self.seq)
+
+        # trace: every node (TreeTrace), and the path + its first rejected node as the chain's DraftPositions
+        depths = tree.depths
+        top_p_rows = text.top_rows(p[[par + 1 for par in tree.parents]])
+        on_path = set(path)
+        nodes = []
+        for i, x in enumerate(tree.tokens):
+            par = tree.parents[i]
+            judged = verdict.accept_probs[i] is not None
+            v = "accepted" if i in on_path else ("rejected" if judged else "unvisited")
+            nodes.append(TreeNode(token_id=x, text=text(x), parent=par, depth=depths[i], q=float(tree.q[i, x]),
+                                  p=float(p[par + 1, x]), accept_prob=verdict.accept_probs[i], u=verdict.uniforms[i],
+                                  verdict=v, draft_prob=None if tree.draft_probs is None else tree.draft_probs[i]))
+        rejected = [c for c in tree.children(end) if verdict.accept_probs[c] is not None]
+        shown = path + rejected[:1]
+        positions = []
+        for j, i in enumerate(shown):
+            x = tree.tokens[i]
+            if j < len(path):
+                verdict_s = AFTER_END if j >= n_kept else "accepted"
+            else:
+                verdict_s = "rejected"
+            positions.append(DraftPosition(
+                token_id=x, text=text(x), q=nodes[i].q, p=nodes[i].p, accept_prob=nodes[i].accept_prob,
+                u=nodes[i].u, verdict=verdict_s, top_p=top_p_rows[i],
+                top_q=[TopToken(x, text(x), 1.0)] if tree.draw == "deterministic" else text.top(tree.q[i])))
+        rnd = Round(
+            index=len(self.rounds), context_len=context_len, drafted=positions,
+            n_accepted=n_kept, next_token_id=verdict.next_token, next_text=text(verdict.next_token),
+            next_kind=verdict.next_kind, next_top_p=text.top(p[end + 1]),
+            residual_top=text.top(verdict.residual) if verdict.residual is not None else None,
+            emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms, tokens_verified=tokens_verified,
+            prefill_tokens=len(self.prompt_ids) if fuse_prefill else 0, stop_reason=stop_reason,
+            tree=TreeTrace(nodes=nodes, accepted_path=path[:n_kept], rule=self._rule_name()))
+        return self._finish_round(rnd, t_round)
+
+    def _rule_name(self) -> str:
+        if self.sampling.greedy:
+            return "greedy"
+        return "typical (lossy)" if self.accept == "typical" else "exact"
 
     def run(self, on_round=None, should_stop=None) -> GenerationResult:
         """Step until finished. ``on_round(round, decoder)`` is called after each round;

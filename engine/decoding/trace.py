@@ -70,6 +70,8 @@ class TreeNode:
             None if never judged.
         u: the uniform draw compared with it (sampling only).
         verdict: one of ``TREE_VERDICTS``.
+        draft_prob: the draft's own probability of the token at its parent (``TokenTree.draft_probs``; a
+            deterministic pick has q = 1 but the draft may have given it 0.3), None when the draft gives none.
     """
 
     token_id: int
@@ -81,6 +83,7 @@ class TreeNode:
     accept_prob: float | None
     u: float | None
     verdict: str
+    draft_prob: float | None = None
 
 
 @dataclass
@@ -88,10 +91,18 @@ class TreeTrace:
     """A round's token tree: its nodes and the accepted path (node indices, root first).
 
     The verify pass's attention mask is ``engine.decoding.attention.tree_visibility`` of the parents.
+
+    Attributes:
+        nodes: every node, parents before children.
+        accepted_path: the accepted path's nodes that the output kept (an accepted end-of-sequence token ends
+            it; nodes after it stay "accepted" in ``nodes`` but are not kept).
+        rule: how the tree was judged: "greedy", "exact" (lossless sampling, ``sampling.verify_tree_sampling``)
+            or "typical (lossy)" (``sampling.verify_tree_typical``).
     """
 
     nodes: list[TreeNode]
     accepted_path: list[int]
+    rule: str = "exact"
 
     @property
     def parents(self) -> list[int]:
@@ -157,6 +168,9 @@ class Round:
         d = asdict(self)
         d["n_drafted"] = self.n_drafted
         d["ended_in_draft"] = self.ended_in_draft  # then next_token_id was drawn but not emitted
+        if self.tree is not None:  # the tree at a glance: node token ids and parent indices
+            d["tree"]["token_ids"] = [n.token_id for n in self.tree.nodes]
+            d["tree"]["parents"] = self.tree.parents
         return d
 
 

@@ -10,8 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decoding.attention import tree_depths, tree_visibility
+from engine.decoding.attention import fed_visibility, model_mask, tree_depths, tree_visibility
 from engine.errors import InputError
+
+MAX_TREE = 64
+"""Most nodes a token tree may have (``--tree``; a pass over more tokens than this costs far more than it
+can gain on the CPUs and small models this project runs on)."""
+MAX_BRANCHING = 16
+"""Most children a tree draft may expand a node into (``--tree-branching``)."""
 
 DRAWS = ("deterministic", "sampled", "without_replacement")
 """How a node's children were chosen from their parent's draft distribution q:
@@ -30,7 +36,11 @@ class TokenTree:
             before their children.
         q: [N, V] float, the distribution each node was drawn from, over the target's vocabulary: the draft's
             distribution at the node's parent (one-hot rows for deterministic picks).
-        draw: how siblings were chosen (one of ``DRAWS``).
+        draw: how siblings were chosen (one of ``DRAWS``). For "without_replacement" each child's ``q`` row
+            is its parent's draft distribution before any sibling was removed (the verification rule removes
+            the earlier siblings itself, ``sampling.verify_tree_sampling``).
+        draft_probs: optional [N] the draft's own probability of each node's token at its parent (for display
+            and ranking; a deterministic pick's ``q`` row is one-hot, this is what the draft thought of it).
 
     Raises:
         InputError: for lengths that disagree, a parent that is not an earlier node, or an unknown draw.
@@ -40,6 +50,7 @@ class TokenTree:
     parents: list[int]
     q: torch.Tensor
     draw: str = "deterministic"
+    draft_probs: list[float] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents) or self.q.shape[0] != len(self.tokens):
@@ -47,6 +58,8 @@ class TokenTree:
                              f"{len(self.parents)} parents, {self.q.shape[0]} q rows.")
         if self.draw not in DRAWS:
             raise InputError(f"Unknown draw {self.draw!r}; expected one of {', '.join(DRAWS)}.")
+        if self.draft_probs is not None and len(self.draft_probs) != len(self.tokens):
+            raise InputError(f"draft_probs needs one entry per node: {len(self.draft_probs)} for {len(self.tokens)}.")
         tree_depths(self.parents)  # validates parent order
 
     @property
@@ -65,3 +78,154 @@ class TokenTree:
     def visibility(self) -> torch.Tensor:
         """[N, N] bool ancestor-or-self matrix (``engine.decoding.attention.tree_visibility``)."""
         return tree_visibility(self.parents)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to ``node`` (inclusive); [] for −1 (the context)."""
+        path: list[int] = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def pruned(self, max_depth: int) -> "TokenTree":
+        """The tree without nodes deeper than ``max_depth`` (parents renumbered; order kept)."""
+        depths = self.depths
+        keep = [i for i in range(self.size) if depths[i] <= max_depth]
+        if len(keep) == self.size:
+            return self
+        new_index = {old: new for new, old in enumerate(keep)}
+        return TokenTree([self.tokens[i] for i in keep], [new_index.get(self.parents[i], -1) for i in keep],
+                         self.q[keep], self.draw,
+                         None if self.draft_probs is None else [self.draft_probs[i] for i in keep])
+
+
+def check_tree_args(tree: int, proposer, accept: str = "exact") -> None:
+    """Validate a decoder's tree settings.
+
+    Raises:
+        InputError: a tree size outside 0..``MAX_TREE`` (0 = chain), a tree with no draft or with a draft that
+            cannot branch (no ``propose_tree``: a draft model, early exit), an unknown acceptance rule, or the
+            lossy "typical" rule on a chain.
+    """
+    from engine.decoding.sampling import ACCEPT_RULES
+
+    if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= MAX_TREE:
+        raise InputError(f"The tree size must be a whole number of nodes from 0 (a chain) to {MAX_TREE}, got {tree!r}.")
+    if accept not in ACCEPT_RULES:
+        raise InputError(f"Unknown acceptance rule {accept!r}; expected one of {', '.join(ACCEPT_RULES)} "
+                         "(typical is lossy).")
+    if tree and proposer is None:
+        raise InputError("A token tree needs a draft: plain decoding has nothing to branch.")
+    if tree and not callable(getattr(proposer, "propose_tree", None)):
+        raise InputError(f"The draft '{getattr(proposer, 'name', proposer)}' cannot make token trees (it drafts one "
+                         "chain); use the draft head (embedded-head) or prompt lookup (ngram), or tree size 0.")
+    if accept == "typical" and not tree:
+        raise InputError("Typical acceptance (lossy) judges token trees: set a tree size of 1 or more.")
+
+
+def empty_tree(vocab: int) -> TokenTree:
+    """A tree without nodes (the round is a plain decoding step)."""
+    return TokenTree([], [], torch.zeros(0, vocab))
+
+
+# ---------------------------------------------------------------- the tree round's target pass
+
+
+@torch.inference_mode()
+def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor, int]:
+    """Step 1 of a tree round: one target pass over the uncached context plus every tree node.
+
+    The fed tokens are the part of ``seq`` the cache lacks (a chain: each sees the cache and the fed context
+    before it) followed by the N nodes; node i sees the whole context, its ancestors and itself
+    (``engine.decoding.attention.tree_visibility``, Medusa §2.1.2 / SpecInfer §4.2) and has position id
+    len(seq) + depth(i) − 1 (0-based positions: a root sits where the next token would). The mask is the 4D
+    mask transformers 5.24 takes as is (``attention.model_mask``: bool for SDPA, additive for eager).
+
+    Args:
+        lm: the target's ``engine.decoding.proposers.CachedLM`` (its cache is made to hold ``seq``'s common
+            prefix first, as ``CachedLM.logits_for`` does).
+        seq: the context (prompt + generated tokens).
+        tree: the draft tree.
+
+    Returns:
+        (logits, tokens fed). logits: [N + 1, V] float32 on CPU: row 0 predicts the token after ``seq`` (p at the roots' parent),
+        row 1 + i the token after node i. Afterwards the cache (and ``lm.hidden``) holds ``seq`` followed by
+        all N nodes in tree order, and ``lm.ids`` is not yet valid: call ``keep_accepted_path`` next.
+    """
+    n = tree.size
+    common = 0
+    limit = min(len(lm.ids), len(seq))
+    while common < limit and lm.ids[common] == seq[common]:
+        common += 1
+    reuse = common == len(seq) == len(lm.ids) and lm.last_logits is not None
+    if not reuse:
+        common = min(common, len(seq) - 1)  # feed at least the last context token: its logits are row 0
+    row0 = lm.last_logits.cpu()[None] if reuse else None
+    lm.crop(common)
+    ctx = seq[common:]
+    m = len(ctx)
+    q_len = m + n
+    # who sees whom among the fed tokens: causal over the fed context, the tree's ancestor matrix below it
+    new_vis = torch.zeros(q_len, q_len, dtype=torch.bool)
+    new_vis[:m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
+    new_vis[m:, :m] = True
+    new_vis[m:, m:] = tree.visibility()
+    vis = fed_visibility(new_vis, torch.ones(1, common, dtype=torch.bool))
+    mask = model_mask(vis, lm.model).to(lm.device)
+    pos = list(range(common, len(seq))) + [len(seq) + d - 1 for d in tree.depths]
+    inp = torch.tensor([ctx + tree.tokens], dtype=torch.long, device=lm.device)
+    pos_t = torch.tensor([pos], dtype=torch.long, device=lm.device)
+    n_logits = n + (0 if reuse else 1)
+    if lm.keep_hidden:
+        h = lm.model.get_decoder()(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask,
+                                   position_ids=pos_t).last_hidden_state
+        lm.hidden = h[0] if lm.hidden is None else torch.cat([lm.hidden, h[0]])
+        logits = lm.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
+    else:
+        out = lm.model(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask, position_ids=pos_t,
+                       logits_to_keep=n_logits)
+        logits = out.logits[0, -n_logits:].float()
+    lm.ids = list(seq) + list(tree.tokens)  # what the cache holds, in tree order (not a sequence yet)
+    lm.last_logits = None
+    logits = logits.cpu()
+    return (logits if row0 is None else torch.cat([row0, logits])), q_len
+
+
+@torch.no_grad()
+def keep_accepted_path(lm, context_len: int, path: list[int], path_logits: torch.Tensor | None = None) -> None:
+    """Step 2 of a tree round: keep only the accepted path's KV entries, in sequence order, and drop the rest.
+
+    After ``tree_verify_pass`` the cache holds the context (``context_len`` entries) followed by the N nodes
+    in tree order. Each layer's key and value tensors ([batch, kv_heads, positions, head_dim] in
+    transformers 5.24's ``DynamicLayer``) become context + the path's nodes gathered into place, so the cache
+    is exactly what a chain pass over context + path would have left (``lm.hidden`` likewise, for a draft
+    head reading the target's features).
+
+    Args:
+        lm: the target's ``CachedLM``.
+        context_len: len(seq) at the tree pass.
+        path: accepted node indices, root first.
+        path_logits: [V] the logits after the path's last node, kept as ``lm.last_logits``; None forgets them.
+
+    Raises:
+        InputError: for a cache whose layers are not plain ``DynamicLayer`` s (a sliding-window cache keeps
+            fewer positions than the sequence, so positions cannot be gathered this way).
+    """
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    tree_tokens = lm.ids[context_len:]
+    keep = list(range(context_len)) + [context_len + i for i in path]
+    if len(keep) < len(lm.ids) or path != list(range(len(path))):
+        for layer in lm.cache.layers:
+            if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicSlidingWindowLayer):
+                raise InputError(f"Token trees need a full KV cache; this model's cache has {type(layer).__name__} "
+                                 "layers.")
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            idx = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+        if lm.hidden is not None:
+            lm.hidden = lm.hidden.index_select(0, torch.tensor(keep, dtype=torch.long, device=lm.hidden.device))
+    lm.ids = lm.ids[:context_len] + [tree_tokens[i] for i in path]
+    lm.last_logits = path_logits
