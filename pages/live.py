@@ -34,7 +34,7 @@ from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from engine.decoding.measure import measure_speedup_ab, measured_run
-from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
+from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, default_draft_spec, default_gamma
 from engine.decoding.proposers import make_proposer
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
@@ -50,6 +50,7 @@ PROMPT_MAX_CHARS = 8000
 PROMPT_URL_MAX = 2000  # a custom prompt up to this many characters travels in the link (lv_prompt)
 DRAFT_KINDS = {
     "head": "Trained draft head on the target's features (EAGLE-style, embedded)",
+    "medusa": "Medusa heads: guesses for the next positions at once, as a token tree (embedded)",
     "draft": "Trained small draft model (embedded)",
     "ngram": "Prompt lookup (n-gram)",
     "early-exit": "Early exit (target's first k layers)",
@@ -121,7 +122,7 @@ def _on_target_change() -> None:
     default does, and the page says so."""
     spec = st.session_state["lv_target"].strip() or EMBEDDED
     kind = default_draft_kind(default_draft_spec(spec))
-    if st.session_state["lv_draft"] == "head" and kind != "head":
+    if st.session_state["lv_draft"] in ("head", "medusa") and kind != "head":
         st.session_state["lv_draft"] = kind
         st.session_state["lv_gamma"] = default_gamma(default_draft_spec(spec))
         st.session_state["lv_draft_note"] = (f"Draft switched to {DRAFT_KINDS[kind]}, γ = "
@@ -223,6 +224,8 @@ def _proposer(cfg: LiveConfig, tgt):
         if n_layers < 2:
             raise InputError("Early exit needs a target with at least 2 layers.")
         return make_proposer(f"early-exit:{cfg.early_exit_k}", tgt)
+    if kind == "medusa":  # its shipped static tree (assets/smollm2-medusa), depth capped at γ
+        return make_proposer(EMBEDDED_MEDUSA, tgt)
     if kind == "head":
         proposer = make_proposer(EMBEDDED_HEAD, tgt)
         proposer.confidence_threshold = cfg.confidence_gate
@@ -239,8 +242,9 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
     sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     ids = encode_prompt(target.tokenizer, cfg.prompt)
     proposer = None if baseline else _proposer(cfg, target)
+    tree = getattr(proposer, "tree_size", 0) if cfg.draft == "medusa" else 0  # Medusa: a tree round each time
     return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
-                              max_new_tokens=max_new or cfg.max_new_tokens)
+                              max_new_tokens=max_new or cfg.max_new_tokens, tree=tree)
 
 
 def _n_rounds(n: int) -> str:
@@ -325,6 +329,11 @@ if greedy:
     st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
                "likely token (the table's \"argmax of p?\" column), and there is no uniform draw u. p and q "
                "in the tables and charts are the softmax at temperature 1, for display only.")
+if dec.proposer is not None and S["lv_draft"] == "medusa":
+    st.caption(f"Medusa heads (Cai et al. 2024): {dec.proposer.heads.n_heads} small heads read the target's last "
+               "hidden state; head k guesses the token k + 1 positions ahead (the target's own LM head gives the "
+               f"next one). Their top candidates form a static tree of {dec.proposer.tree_size} nodes, depth capped "
+               "at γ, checked in one target pass (assets/smollm2-medusa/README.md).")
 if dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
                "1 fewer after a rejection, so a broken copy stops paying for long target passes.")

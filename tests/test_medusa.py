@@ -91,8 +91,10 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("medusa")
     target = load_model(str(save_tiny_llama(root / "target", vocab_size=32, layers=3, seed=0)), device="cpu")
     heads = random_heads(32, 3, torch.arange(2, 22), seed=1)
-    choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]]
     acc = [[0.5, 0.2, 0.1, 0.05], [0.3, 0.1, 0.05, 0.0], [0.2, 0.1, 0.0, 0.0]]
+    # the best 7 paths by Π a_k(r): [0] .5, [1] .2, [0,0] .15, [2] .1, [1,0] .06, [3] .05, [0,1] .05
+    choices = [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0]]
+    assert best_paths(acc, 7) == choices
     save_medusa(heads, root / "heads", meta={"target": "tiny", "medusa_choices": choices, "head_accuracy": acc})
     return dict(target=target, dir=root / "heads", root=root, choices=choices)
 
@@ -142,10 +144,16 @@ def test_chain_and_tree_match_a_fresh_computation(tiny):
         assert chain.tokens == [int(vocab[int(ref[j].argmax())]) for j in range(3)]
         assert torch.allclose(chain.q.sum(-1), torch.ones(3), atol=1e-5)
         assert float(chain.q[:, 22:].abs().sum()) == 0.0 and float(chain.q[:, :2].abs().sum()) == 0.0
-        tree = prop.propose_tree(dec.seq, cfg)
-        top = vocab[ref.topk(3, dim=-1).indices]
+        tree = prop.propose_tree(dec.seq, 7, 3, cfg, torch.Generator())
+        assert prop.propose_tree(dec.seq, 3, 1, cfg, torch.Generator()).tokens == [int(top_) for top_ in
+                                                                                  vocab[ref[0].topk(3).indices]]
+        top = vocab[ref.topk(4, dim=-1).indices]
         want = [int(top[len(p) - 1, p[-1]]) for p in prop.choices]
         assert tree.tokens == want and tree.draw == "deterministic"
+        assert prop.tree_paths(7, 3) == prop.choices  # the saved tree is the best 7-node tree of its accuracies
+        assert tree.draft_probs == pytest.approx(
+            [float(torch.softmax(ref, -1)[len(p) - 1, int(ref.topk(4, dim=-1).indices[len(p) - 1, p[-1]])])
+             for p in prop.choices], abs=1e-5)
         assert prop.propose(dec.seq, 2, cfg, torch.Generator()).tokens == chain.tokens[:2]
         dec.step()
         checked += 1
@@ -163,6 +171,63 @@ def test_chain_greedy_identical_to_transformers_generate(tiny):
             got = generate(target, prop, ids, gamma=gamma, max_new_tokens=24, stop_on_eos=False)
             assert got.token_ids == ref, gamma
             assert max(r.n_drafted for r in got.rounds) <= 3
+
+
+def test_tree_greedy_identical_to_transformers_generate(tiny):
+    """Tree rounds (engine.decoding.speculative's tree rule) with the static tree: every size and depth
+    limit gives plain greedy decoding's output; the trace holds the tree of each round."""
+    target = tiny["target"]
+    for ids in PROMPTS:
+        ref = hf_greedy(target, ids, 24)
+        for tree, gamma in ((7, 3), (3, 2), (1, 1), (12, 3), (5, 8)):
+            prop = make_proposer(str(tiny["dir"]), target)
+            got = generate_tree(target, prop, ids, gamma=gamma, tree=tree, max_new_tokens=24)
+            assert got.token_ids == ref, (tree, gamma)
+            assert all(r.tree is not None and len(r.tree.nodes) <= tree for r in got.rounds[:-1])
+            assert all(max(n.depth for n in r.tree.nodes) <= min(gamma, 3) for r in got.rounds if r.tree)
+    assert any(r.n_accepted for r in got.rounds)  # random heads still hit sometimes on this tiny target
+
+
+def generate_tree(target, prop, ids, gamma, tree, max_new_tokens, sampling=None, seed=0, accept="exact"):
+    dec = SpeculativeDecoder(target, prop, ids, gamma=gamma, tree=tree, sampling=sampling, seed=seed,
+                             max_new_tokens=max_new_tokens, stop_on_eos=False, accept=accept)
+    return dec.run()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5)])
+def test_tree_sampling_preserves_the_distribution(tmp_path, cfg):
+    """G-test of the joint law of 2 generated tokens against the exact one, with the Medusa proposer's
+    deterministic trees judged by the lossless tree rule (verify_tree_sampling)."""
+    words = ["a", "b", "c", "d", "e", "f"]
+    target = load_model(str(save_tiny_llama(tmp_path / "t", vocab_size=8, layers=2, seed=4, words=words,
+                                            init=0.6)), device="cpu")
+    acc = [[0.4, 0.3, 0.2], [0.3, 0.2, 0.1]]
+    save_medusa(random_heads(32, 2, torch.tensor([0, 2, 3, 5, 7]), seed=3, scale=0.8), tmp_path / "m",
+                meta={"medusa_choices": best_paths(acc, 5), "head_accuracy": acc})
+    prompt = [2, 3, 4, 2]
+    exact = exact_joint_2(target, prompt, cfg)
+    counts: dict[tuple, int] = {}
+    runs = 2000
+    prop = make_proposer(str(tmp_path / "m"), target)
+    for seed in range(runs):
+        res = generate_tree(target, prop, prompt, gamma=2, tree=5, sampling=cfg, seed=seed, max_new_tokens=2)
+        key = tuple(res.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact), "a pair of tokens with probability 0 was generated"
+    big = [c for c in exact if exact[c] * runs >= 5]
+    obs = [counts.get(c, 0) for c in big] + [runs - sum(counts.get(c, 0) for c in big)]
+    probs = [exact[c] for c in big] + [1 - sum(exact[c] for c in big)]
+    pval = g_test_pvalue(torch.tensor(obs, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
+    assert len(big) >= 5 and pval > 1e-3, (len(big), pval)
+
+
+def test_typical_acceptance_runs_and_is_labelled_lossy(tiny):
+    target = tiny["target"]
+    prop = make_proposer(str(tiny["dir"]), target)
+    res = generate_tree(target, prop, PROMPTS[0], gamma=3, tree=7, max_new_tokens=12,
+                        sampling=SamplingConfig(temperature=0.7), accept="typical")
+    assert len(res.token_ids) == 12 and all(r.tree.rule == "typical (lossy)" for r in res.rounds if r.tree)
 
 
 def test_zero_initialised_blocks_are_the_identity():

@@ -463,18 +463,47 @@ class MedusaProposer(Proposer):
         """[K, ranks] target ids: each head's ``ranks`` highest-logit candidates, best first."""
         return self.vocab_ids[logits.topk(ranks, dim=-1).indices]
 
-    def propose_tree(self, seq: list[int], cfg=None, generator: torch.Generator | None = None,
-                     max_nodes: int | None = None) -> TokenTree | None:
-        """This round's static tree (``choices``, cut to its first ``max_nodes`` nodes in breadth-first
-        order when given, which keeps it prefix-closed). ``cfg`` and ``generator`` are unused: the picks
-        are deterministic under every sampling setting (see the class).
+    def tree_paths(self, max_nodes: int, max_depth: int) -> list[list[int]]:
+        """The static tree for a decoder asking for at most ``max_nodes`` nodes of depth ≤ ``max_depth``:
+        the best such tree by the heads' held-out accuracies (``best_paths`` over the first ``max_depth``
+        heads; for the saved size it is the saved ``medusa_choices``, which ``train_medusa`` chose the same
+        way), or, for heads saved without accuracies, the saved tree's first ``max_nodes`` nodes of depth ≤
+        ``max_depth`` in breadth-first order. Memoized per (max_nodes, max_depth)."""
+        key = (int(max_nodes), int(max_depth))
+        memo = self.__dict__.setdefault("_paths_memo", {})
+        if key not in memo:
+            acc = self.heads.config.get("head_accuracy")
+            depth = max(0, min(key[1], self.heads.n_heads))
+            if acc and depth and key[0] > 0:
+                acc = [list(a)[:self.vocab_ids.numel()] for a in acc[:depth]]
+                total = 0
+                width = 1
+                for a in acc:
+                    width *= len(a)
+                    total += width
+                memo[key] = best_paths(acc, min(key[0], total))
+            else:
+                memo[key] = [p for p in self._choices if len(p) <= depth][:max(0, key[0])]
+        return memo[key]
+
+    def propose_tree(self, seq: list[int], max_nodes: int, max_depth: int, cfg=None,
+                     generator: torch.Generator | None = None) -> TokenTree:
+        """This round's static tree of at most ``max_nodes`` nodes and depth ≤ ``max_depth`` (the signature
+        ``SpeculativeDecoder``'s tree rounds call; ``tree_paths`` picks the shape). ``cfg`` and
+        ``generator`` are unused: the picks are deterministic under every sampling setting (see the class);
+        ``draft_probs`` holds each head's softmax probability (T = 1) of its candidate, for display.
 
         Returns:
-            a deterministic ``TokenTree``, or None when there is no hidden state yet or no tree.
+            a deterministic ``TokenTree`` (no nodes when the target holds no hidden state for the newest
+            committed position yet: the round is a plain decoding step).
         """
-        paths = self._choices if max_nodes is None else self._choices[:max(0, max_nodes)]
+        paths = self.tree_paths(max_nodes, max_depth)
         logits = self.head_logits(seq) if paths else None
         if logits is None:
-            return None
+            return TokenTree([], [], torch.zeros(0, self.target_vocab))
         ranks = max(max(p) for p in paths) + 1
-        return tree_from_candidates(self.candidates(logits, ranks), paths, self.target_vocab)
+        top = logits.topk(ranks, dim=-1)
+        tree = tree_from_candidates(self.vocab_ids[top.indices], paths, self.target_vocab)
+        probs = torch.softmax(logits, -1).gather(-1, top.indices)
+        tree.draft_probs = [float(probs[len(p) - 1, p[-1]]) for p in paths]
+        return tree
