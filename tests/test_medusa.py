@@ -336,3 +336,38 @@ def test_training_raises_heldout_accuracy_on_a_tiny_target(tmp_path):
     assert after["topk"] == pytest.approx([sum(a) for a in after["acc"]], abs=1e-3)
     emp = empirical_path_acceptance(after["ranks_of_target"], after["scored"], [[0], [0, 0]])
     assert emp[0] == pytest.approx(after["top1"][0], abs=1e-3) and emp[1] <= emp[0]
+
+
+# -------------------------------------------------------------------------- the shipped heads (slow)
+
+def _shipped() -> bool:
+    from engine.decoding.models import EMBEDDED_MEDUSA_DIR
+
+    return is_medusa_folder(EMBEDDED_MEDUSA_DIR)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _shipped(), reason="no shipped Medusa heads")
+def test_shipped_heads_exact_on_the_embedded_target(embedded):
+    """fp32 greedy: the shipped tree, a chain (tree 0) and a larger tree all give plain greedy's output; the
+    heads agree with the target far more often than chance (49k-way guesses)."""
+    from engine.decoding.models import EMBEDDED_MEDUSA_DIR
+    from engine.decoding.speculative import encode_prompt
+    from engine.training.draft_data import build_prompts
+
+    cfg = json.loads((EMBEDDED_MEDUSA_DIR / "medusa_config.json").read_text())
+    assert cfg["target"] == "embedded" and cfg["n_heads"] >= 3 and cfg["medusa_choices"]
+    size = sum(f.stat().st_size for f in EMBEDDED_MEDUSA_DIR.iterdir())
+    assert size < 20 * 2 ** 20, size
+    accepted = passes = 0
+    for p in build_prompts(2, "heldout", seed=0):
+        ids = encode_prompt(embedded.tokenizer, p["prompt"])
+        ref = generate(embedded, None, ids, max_new_tokens=32).token_ids
+        for tree in (len(cfg["medusa_choices"]), 0, 10):
+            prop = make_proposer("embedded-medusa", embedded)
+            res = SpeculativeDecoder(embedded, prop, ids, gamma=cfg["n_heads"], tree=tree, max_new_tokens=32).run()
+            assert res.token_ids == ref, tree
+            if tree:
+                accepted += sum(r.n_accepted for r in res.rounds)
+                passes += len(res.rounds)
+    assert accepted / passes > 0.2, accepted / passes
