@@ -157,3 +157,97 @@ def test_tree_needs_a_draft_that_branches(tiny):
         SpeculativeDecoder(tiny, make_proposer("ngram", tiny), ids, tree=4, accept="nope")
     with pytest.raises(InputError, match="lossy"):
         SpeculativeDecoder(tiny, make_proposer("ngram", tiny), ids, tree=0, accept="typical")
+
+
+# ---------------------------------------------------------------- the tree drafts: draft head (EAGLE-2), prompt lookup
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory, tiny):
+    from engine.decoding.draft_head import FeatureHead, save_head
+
+    torch.manual_seed(0)
+    head = FeatureHead(tiny.model.config, 1, torch.arange(0, 32, 2))
+    head.init_from_target(tiny.model)
+    return save_head(head, tmp_path_factory.mktemp("treehead") / "head")
+
+
+@pytest.mark.parametrize("kind", ["head", "ngram"])
+def test_tree_drafts_greedy_identical_to_plain(tiny, head_dir, kind):
+    spec = str(head_dir) if kind == "head" else "ngram"
+    accepted = 0
+    for ids in PROMPTS:
+        ref = plain(tiny, ids, 20)
+        for size, branching, gamma in [(1, 1, 3), (2, 2, 2), (4, 2, 3), (8, 4, 4), (16, 3, 6), (64, 16, 8)]:
+            prop = make_proposer(spec, tiny)
+            prop.set_branching(branching)
+            res = generate(tiny, prop, ids, gamma=gamma, max_new_tokens=20, stop_on_eos=False, tree=size)
+            assert res.token_ids == ref, (kind, size, branching)
+            trees = [r.tree for r in res.rounds if r.tree is not None]
+            assert all(len(t.nodes) <= size and max(n.depth for n in t.nodes) <= gamma for t in trees)
+            accepted += res.stats.accepted
+    assert accepted > 0
+
+
+def head_path_probs(head, target, seq, path_tokens):
+    """The head's softmax (T = 1) after each prefix of ``path_tokens``, computed from scratch (no cache, no
+    tree mask): true features of seq[:-1], then the head's own ĥ appended per drafted token."""
+    with torch.no_grad():
+        h = target.model.get_decoder()(input_ids=torch.tensor([seq[:-1]])).last_hidden_state[0]
+        feats, toks, out = list(h), list(seq[1:]), []
+        y = head(torch.tensor([toks]), torch.stack(feats)[None])[0, -1]
+        out.append(torch.softmax(head.logits(y).float(), -1))
+        for t in path_tokens:
+            feats.append(y)
+            toks.append(t)
+            y = head(torch.tensor([toks]), torch.stack(feats)[None])[0, -1]
+            out.append(torch.softmax(head.logits(y).float(), -1))
+    return out
+
+
+def test_eagle2_tree_matches_a_from_scratch_head(tiny, head_dir):
+    """Every node's draft probability is the head's, computed from scratch along the node's path (so one
+    batched head call per depth with a tree mask computes each branch as if it were alone); depth 1 is the
+    head's top-k; the kept nodes are the best N by path probability; a second round (after rollback) too."""
+    prop = make_proposer(str(head_dir), tiny)
+    prop.set_branching(3)
+    dec = SpeculativeDecoder(tiny, prop, PROMPTS[1], gamma=4, max_new_tokens=12, stop_on_eos=False, tree=10)
+    dec.prefill()
+    checked = 0
+    for _round in range(3):
+        tree = prop.propose_tree(dec.seq, 10, 4, SamplingConfig(), torch.Generator())
+        assert 0 < tree.size <= 10 and max(tree.depths) <= 4 and max(tree.depths) >= 2
+        vocab = prop.vocab_ids
+        for i in range(tree.size):
+            path = tree.path_to(i)
+            probs = head_path_probs(prop.head, tiny, dec.seq, [tree.tokens[j] for j in path[:-1]])[-1]
+            j = int((vocab == tree.tokens[i]).nonzero())
+            assert tree.draft_probs[i] == pytest.approx(float(probs[j]), abs=1e-5)
+            checked += 1
+        roots = [tree.tokens[i] for i in tree.children(-1)]
+        top = head_path_probs(prop.head, tiny, dec.seq, [])[0].topk(3).indices
+        assert roots == [int(vocab[j]) for j in top][:len(roots)]
+        value = [float(torch.tensor([tree.draft_probs[j] for j in tree.path_to(i)]).prod()) for i in range(tree.size)]
+        assert min(value) >= 0  # and each kept node is at least as likely as its children
+        assert all(value[tree.parents[i]] >= value[i] - 1e-6 for i in range(tree.size) if tree.parents[i] >= 0)
+        dec.step()
+    assert checked >= 20
+
+
+def test_prompt_lookup_branches_are_the_distinct_matches():
+    from engine.decoding.proposers import PromptLookupProposer
+
+    prop = PromptLookupProposer(32, max_ngram=2, min_ngram=1)
+    seq = [5, 6, 7, 8, 9, 5, 6, 3, 4, 2, 6, 3, 9, 11, 5, 6]
+    # suffix "5 6": matches at 5 (→ 3 4 2) and 0 (→ 7 8 9); suffix "6": adds 10 (→ 3 9 11) (3 4 2 is there)
+    assert prop.lookup_all(seq, 3, 4) == [[3, 4, 2], [7, 8, 9], [3, 9, 11]]
+    assert prop.lookup_all(seq, 3, 1) == [prop.lookup(seq, 3)]
+    prop.set_branching(3)
+    tree = prop.propose_tree(seq, 16, 3, SamplingConfig(), torch.Generator())
+    # "3" is shared by two branches: a trie of 8 nodes
+    assert tree.tokens == [3, 4, 2, 7, 8, 9, 9, 11] and tree.parents == [-1, 0, 1, -1, 3, 4, 0, 6]
+    assert prop.propose_tree(seq, 4, 3, SamplingConfig(), torch.Generator()).tokens == [3, 4, 2, 7]
+    with pytest.raises(InputError, match="branching"):
+        prop.set_branching(0)
+    with pytest.raises(InputError, match="branching"):
+        prop.set_branching(17)

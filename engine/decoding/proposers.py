@@ -24,7 +24,20 @@ import torch
 
 from engine.decoding.models import LoadedModel, check_tokenizers_compatible
 from engine.decoding.sampling import SamplingConfig, sample, warp_probs
+from engine.decoding.tree import MAX_BRANCHING, TokenTree, empty_tree
 from engine.errors import InputError, ModelLoadError
+
+
+def _check_branching(k) -> int:
+    """A tree draft's branching factor, checked: a whole number in 1..``MAX_BRANCHING``.
+
+    Raises:
+        InputError: otherwise.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_BRANCHING:
+        raise InputError(f"The tree branching (children per expanded node) must be a whole number from 1 to "
+                         f"{MAX_BRANCHING}, got {k!r}.")
+    return k
 
 
 @dataclass
@@ -311,29 +324,11 @@ class FeatureHeadProposer(Proposer):
     @torch.inference_mode()
     def propose(self, seq: list[int], k: int, cfg: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
-        if self.target_lm is None:
-            raise ValueError("FeatureHeadProposer.attach(target_lm) was not called")
-        hidden = self.target_lm.hidden
-        n_pairs = min(len(seq) - 1, 0 if hidden is None else hidden.shape[0])
-        if k <= 0 or n_pairs <= 0:
+        synced = self._sync(seq) if k > 0 else None
+        if synced is None:
             return Proposal([], torch.zeros(0, self.target_vocab))
-        # the head's KV rollback: keep only pairs built from true features
-        held = self.cache.get_seq_length()
-        if self.n_true > n_pairs:  # the target's cache was reset/cropped below what we hold
-            self.reset()
-            held = 0
-        if held > self.n_true:
-            self.cache.crop(self.n_true - held)
-        dev = hidden.device
-        start = self.n_true
-        if start < n_pairs:
-            toks = torch.tensor([seq[start + 1:n_pairs + 1]], dtype=torch.long, device=dev)
-            feats = hidden[start:n_pairs].unsqueeze(0)
-            pos = torch.arange(start, n_pairs, device=dev).unsqueeze(0)
-            out = self.head(toks, feats, position_ids=pos, cache=self.cache)
-            self.n_true = n_pairs
-            self.last_true = out[:, -1:]
-        last = self.last_true  # ĥ of the newest position, from true features only
+        last, n_pairs = synced
+        dev = last.device
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for t in range(k):
@@ -352,6 +347,130 @@ class FeatureHeadProposer(Proposer):
                 last = self.head(torch.tensor([[x]], device=dev), last,
                                  position_ids=torch.tensor([[n_pairs + t]], device=dev), cache=self.cache)
         return Proposal(tokens, torch.stack(rows) if rows else torch.zeros(0, self.target_vocab))
+
+    def _sync(self, seq: list[int]):
+        """The head's KV rollback and catch-up: crop what it drafted last round, feed the pairs the target has
+        verified since; (ĥ of the newest position [1, 1, H], number of true pairs), or None when there are
+        no target features yet."""
+        if self.target_lm is None:
+            raise ValueError("FeatureHeadProposer.attach(target_lm) was not called")
+        hidden = self.target_lm.hidden
+        n_pairs = min(len(seq) - 1, 0 if hidden is None else hidden.shape[0])
+        if n_pairs <= 0:
+            return None
+        # the head's KV rollback: keep only pairs built from true features
+        held = self.cache.get_seq_length()
+        if self.n_true > n_pairs:  # the target's cache was reset/cropped below what we hold
+            self.reset()
+            held = 0
+        if held > self.n_true:
+            self.cache.crop(self.n_true - held)
+        dev = hidden.device
+        start = self.n_true
+        if start < n_pairs:
+            toks = torch.tensor([seq[start + 1:n_pairs + 1]], dtype=torch.long, device=dev)
+            feats = hidden[start:n_pairs].unsqueeze(0)
+            pos = torch.arange(start, n_pairs, device=dev).unsqueeze(0)
+            out = self.head(toks, feats, position_ids=pos, cache=self.cache)
+            self.n_true = n_pairs
+            self.last_true = out[:, -1:]
+        return self.last_true, n_pairs  # ĥ of the newest position, from true features only
+
+    branching = 4
+    """Tree drafts: top-k children per expanded node, and nodes expanded per depth (``set_branching``)."""
+
+    def set_branching(self, k: int) -> None:
+        """Raises InputError outside 1..``engine.decoding.tree.MAX_BRANCHING``."""
+        self.branching = _check_branching(k)
+
+    @torch.inference_mode()
+    def propose_tree(self, seq: list[int], max_nodes: int, max_depth: int, cfg: SamplingConfig,
+                     generator: torch.Generator) -> TokenTree:
+        """EAGLE-2's dynamic draft tree (Li et al. 2024, "EAGLE-2", §4.1 expansion, §4.2 reranking).
+
+        Expansion: depth 1 holds the head's top-k tokens after the context (k = ``branching``). At each further
+        depth the k nodes of the previous depth with the highest value V = Π of the head's probabilities along
+        the path (its confidence, softmax at T = 1: EAGLE-2 §4 uses it as the estimate of the path's acceptance
+        probability) are expanded, all k in ONE head call whose attention mask lets each see the true pairs, its
+        own ancestors and itself (``attention.model_mask``), each into its top-k children. Reranking: of all
+        drafted nodes the ``max_nodes`` with the highest V are kept (V never grows along a path, so the kept
+        set contains every kept node's parent; ties go to the earlier node), in drafting order.
+
+        The children are deterministic picks (rank, not a draw), under sampling too: each q row is one-hot,
+        which the lossless rule (``sampling.verify_tree_sampling``, draw "deterministic") needs; the head's own
+        probabilities are in ``draft_probs``. The head's cache entries of the drafted nodes are cropped at
+        the next round (``_sync``), as after a chain. ``confidence_threshold`` does not apply to trees.
+
+        Returns:
+            a ``TokenTree`` of at most ``max_nodes`` nodes and depth ≤ ``max_depth`` (empty before the first
+            target features exist).
+        """
+        synced = self._sync(seq) if max_nodes > 0 and max_depth > 0 else None
+        if synced is None:
+            return empty_tree(self.target_vocab)
+        last, n_pairs = synced
+        from engine.decoding.attention import model_mask
+
+        dev = last.device
+        k = self.branching
+        vocab = self.vocab_ids
+        tokens: list[int] = []
+        parents: list[int] = []
+        depth: list[int] = []
+        logv: list[float] = []  # log V: the path's summed log-probabilities under the head
+        probs: list[float] = []
+        slot: dict[int, int] = {}  # node → its entry in the head's cache (expanded nodes only)
+        h_out: dict[int, torch.Tensor] = {-1: last[0, 0]}  # ĥ after a node (its children's distribution)
+
+        def add_children(par: int, h: torch.Tensor) -> None:
+            lp = torch.log_softmax(self.head.logits(h).float(), -1)
+            top = torch.topk(lp, min(k, lp.shape[-1]))
+            base = logv[par] if par >= 0 else 0.0
+            for v, j in zip(top.values.tolist(), top.indices.tolist()):
+                tokens.append(int(vocab[j]))
+                parents.append(par)
+                depth.append(1 if par < 0 else depth[par] + 1)
+                logv.append(base + v)
+                probs.append(float(torch.tensor(v).exp()))
+
+        add_children(-1, h_out[-1])
+        n_true = self.cache.get_seq_length()
+        for d in range(2, max_depth + 1):
+            layer = [i for i in range(len(tokens)) if depth[i] == d - 1]
+            expand = sorted(sorted(layer, key=lambda i: (-logv[i], i))[:k])
+            m = len(expand)
+            held = self.cache.get_seq_length()
+            # who each fed node sees: every true pair, its expanded ancestors' entries, itself
+            vis = torch.zeros(m, held + m, dtype=torch.bool)
+            vis[:, :n_true] = True
+            for r, i in enumerate(expand):
+                a = parents[i]
+                while a >= 0:
+                    vis[r, slot[a]] = True
+                    a = parents[a]
+                vis[r, held + r] = True
+            mask = model_mask(vis[None], self.head.body).to(dev)
+            toks = torch.tensor([[tokens[i] for i in expand]], dtype=torch.long, device=dev)
+            feats = torch.stack([h_out[parents[i]] for i in expand])[None]
+            pos = torch.full((1, m), n_pairs + d - 2, dtype=torch.long, device=dev)
+            out = self.head(toks, feats, attention_mask=mask, position_ids=pos, cache=self.cache)[0]
+            for r, i in enumerate(expand):
+                slot[i] = held + r
+                h_out[i] = out[r]
+                add_children(i, out[r])
+        keep_set: set[int] = set()
+        for i in sorted(range(len(tokens)), key=lambda i: (-logv[i], i)):
+            if len(keep_set) >= max_nodes:
+                break
+            if parents[i] < 0 or parents[i] in keep_set:
+                keep_set.add(i)
+        keep = sorted(keep_set)
+        new = {old: j for j, old in enumerate(keep)}
+        kept_tokens = [tokens[i] for i in keep]
+        q = torch.zeros(len(keep), self.target_vocab)
+        q[torch.arange(len(keep)), torch.tensor(kept_tokens, dtype=torch.long)] = 1.0
+        return TokenTree(kept_tokens, [new[parents[i]] if parents[i] >= 0 else -1 for i in keep], q,
+                         "deterministic", [probs[i] for i in keep])
 
 
 class PromptLookupProposer(Proposer):
@@ -409,8 +528,9 @@ class PromptLookupProposer(Proposer):
         if not self.adaptive or self._last is None:
             return
         n, k, prop = self._last
-        if prop:
-            full = seq[n:n + len(prop)] == prop
+        branches = prop if prop and isinstance(prop[0], list) else [prop]  # a tree round keeps its branches
+        if any(branches):
+            full = any(b and seq[n:n + len(b)] == b for b in branches)
             self.k_next = k + 2 if full else max(1, k - 1)
         self._last = None
 
@@ -423,21 +543,89 @@ class PromptLookupProposer(Proposer):
             starts = range(n_seq - n - 1, -1, -1) if self.match == "latest" else range(n_seq - n)
             for start in starts:  # excluding the suffix itself
                 if seq[start:start + n] == suffix:
-                    cont = seq[start + n:start + n + k]
-                    if cont and self.match == "latest" and len(cont) < k:
-                        # the match runs into the end of the text: the text repeats with period
-                        # d = n_seq − n − start, so keep copying (an overlapping copy, as in LZ77) up to k
-                        # tokens; without it "a b a b" proposed only d tokens a round, never growing to γ
-                        src = start + n
-                        while len(cont) < k:
-                            i = src + len(cont)
-                            cont.append(seq[i] if i < n_seq else cont[i - n_seq])
-                    if cont:
-                        for i, t in enumerate(cont):
-                            if t in self.stop_ids:
-                                return cont[:i]
+                    cont = self._continuation(seq, n, start, k)
+                    if cont is not None:
                         return cont
         return []
+
+    def _continuation(self, seq: list[int], n: int, start: int, k: int) -> list[int] | None:
+        """Up to k tokens after the match of length n at ``start``, cut before the first stop id; None when
+        the match has no continuation."""
+        n_seq = len(seq)
+        cont = seq[start + n:start + n + k]
+        if cont and self.match == "latest" and len(cont) < k:
+            # the match runs into the end of the text: the text repeats with period
+            # d = n_seq − n − start, so keep copying (an overlapping copy, as in LZ77) up to k
+            # tokens; without it "a b a b" proposed only d tokens a round, never growing to γ
+            src = start + n
+            while len(cont) < k:
+                i = src + len(cont)
+                cont.append(seq[i] if i < n_seq else cont[i - n_seq])
+        if not cont:
+            return None
+        for i, t in enumerate(cont):
+            if t in self.stop_ids:
+                return cont[:i]
+        return cont
+
+    def lookup_all(self, seq: list[int], k: int, max_matches: int) -> list[list[int]]:
+        """Up to ``max_matches`` distinct non-empty continuations (each ≤ k tokens) of earlier matches of the
+        suffix n-grams: longest n first, and for each n the matches in ``match`` order (latest first by
+        default), each found as ``lookup`` finds its one. The first is ``lookup``'s continuation when that is
+        not empty. A continuation that is a prefix of one already found adds nothing to a tree and is skipped."""
+        n_seq = len(seq)
+        found: list[list[int]] = []
+        for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
+            suffix = seq[n_seq - n:]
+            starts = range(n_seq - n - 1, -1, -1) if self.match == "latest" else range(n_seq - n)
+            for start in starts:
+                if seq[start:start + n] != suffix:
+                    continue
+                cont = self._continuation(seq, n, start, k)
+                if not cont or any(f[:len(cont)] == cont for f in found):
+                    continue
+                found = [f for f in found if cont[:len(f)] != f]  # a longer copy replaces its prefix
+                found.append(cont)
+                if len(found) >= max_matches:
+                    return found
+        return found
+
+    branching = 4
+    """Tree drafts: most distinct matches (branches) per round (``set_branching``)."""
+
+    def set_branching(self, k: int) -> None:
+        """Raises InputError outside 1..``engine.decoding.tree.MAX_BRANCHING``."""
+        self.branching = _check_branching(k)
+
+    def propose_tree(self, seq: list[int], max_nodes: int, max_depth: int, cfg: SamplingConfig,
+                     generator: torch.Generator) -> TokenTree:
+        """Prompt lookup with several matches as branches: up to ``branching`` distinct continuations of
+        earlier matches (``lookup_all``, each ≤ max_depth tokens; with ``adaptive``, ≤ the adaptive length),
+        merged into a trie (shared prefixes share nodes) of at most ``max_nodes`` nodes. Each node is a
+        deterministic pick: its q row is one-hot (draw "deterministic")."""
+        k = max_depth
+        if self.adaptive and self.k_next is not None:
+            k = min(k, self.k_next)
+        conts = self.lookup_all(seq, k, self.branching) if k > 0 and max_nodes > 0 else []
+        tokens: list[int] = []
+        parents: list[int] = []
+        child_of: dict[tuple[int, int], int] = {}
+        for cont in conts:
+            node = -1
+            for t in cont:
+                nxt = child_of.get((node, t))
+                if nxt is None:
+                    if len(tokens) >= max_nodes:
+                        break
+                    nxt = len(tokens)
+                    tokens.append(t)
+                    parents.append(node)
+                    child_of[(node, t)] = nxt
+                node = nxt
+        self._last = (len(seq), k, conts)
+        q = torch.zeros(len(tokens), self.target_vocab)
+        q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+        return TokenTree(tokens, parents, q, "deterministic")
 
     def propose(self, seq: list[int], k: int, cfg: SamplingConfig,
                 generator: torch.Generator) -> Proposal:

@@ -431,11 +431,12 @@ class SpeculativeDecoder:
 
 def generate(target: LoadedModel, proposer: Proposer | None, prompt_ids: list[int], gamma: int = 4,
              sampling: SamplingConfig | None = None, seed: int = 0, max_new_tokens: int = 64,
-             stop_on_eos: bool = True, on_round=None, should_stop=None) -> GenerationResult:
+             stop_on_eos: bool = True, on_round=None, should_stop=None, tree: int = 0,
+             accept: str = "exact") -> GenerationResult:
     """Run speculative decoding (or, with ``proposer=None``, plain decoding) to the end.
 
     See ``SpeculativeDecoder`` for arguments and errors.
     """
     dec = SpeculativeDecoder(target, proposer, prompt_ids, gamma=gamma, sampling=sampling, seed=seed,
-                             max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos)
+                             max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos, tree=tree, accept=accept)
     return dec.run(on_round=on_round, should_stop=should_stop)
