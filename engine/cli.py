@@ -24,7 +24,8 @@ def add_generate(sub) -> None:
     p.add_argument("--prompt", required=True, help="the user message (chat template applied)")
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
-                   help="embedded-head (trained EAGLE-style head) | embedded-draft (trained small "
+                   help="embedded-head (trained EAGLE-style head) | embedded-medusa (Medusa heads, a tree "
+                        "draft) | embedded-draft (trained small "
                         "model) | ngram | early-exit:K | none | hub id | folder (default: "
                         f"{_default_draft_help()})")
     p.add_argument("--gamma", type=int, default=None,
@@ -33,6 +34,7 @@ def add_generate(sub) -> None:
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
                         "below this, in [0, 1) (default: off)")
+    _add_tree_args(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
@@ -52,6 +54,26 @@ def add_generate(sub) -> None:
     p.set_defaults(func=run_generate)
 
 
+def _add_tree_args(p) -> None:
+    p.add_argument("--tree", type=int, default=None,
+                   help="token tree of at most N nodes per round, depth ≤ γ, verified in one target pass (0 = a "
+                        "chain; default: embedded-medusa's shipped static tree, a chain for the other drafts)")
+    p.add_argument("--accept", choices=["exact", "typical"], default="exact",
+                   help="tree acceptance rule under sampling: exact (lossless, default) or typical (Medusa's "
+                        "typical acceptance, LOSSY: the output no longer follows the target)")
+
+
+def _tree_settings(args, draft_spec: str, proposer) -> tuple[int, int]:
+    """(tree size, γ) for a run: --tree, else the Medusa heads' shipped static tree (``tree_size``) with γ = K
+    heads unless --gamma is given, else 0 (a chain)."""
+    from engine.decoding.medusa import MedusaProposer
+
+    medusa = isinstance(proposer, MedusaProposer)
+    tree = args.tree if args.tree is not None else (proposer.tree_size if medusa else 0)
+    gamma = args.gamma if args.gamma is not None else (proposer.heads.n_heads if medusa else None)
+    return tree, gamma
+
+
 def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
     """Load the target and build the proposer for ``draft_spec`` (None proposer for "none")."""
     from engine.decoding.models import load_model
@@ -62,8 +84,11 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
     from engine.decoding.draft_head import is_head_folder
     from engine.decoding.models import EMBEDDED_HEAD
 
-    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD) or draft_spec.startswith("early-exit")
-            or is_head_folder(draft_spec)):
+    from engine.decoding.medusa import is_medusa_folder
+    from engine.decoding.models import EMBEDDED_MEDUSA
+
+    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD, EMBEDDED_MEDUSA) or draft_spec.startswith("early-exit")
+            or is_head_folder(draft_spec) or is_medusa_folder(draft_spec)):
         return target, make_proposer(draft_spec, target)
     try:
         draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
@@ -130,8 +155,10 @@ def run_generate(args: argparse.Namespace) -> int:
     ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     from engine.decoding.models import default_gamma
 
+    tree, args.gamma = _tree_settings(args, draft_spec, proposer)
     args.gamma = args.gamma if args.gamma is not None else default_gamma(draft_spec)
-    kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens, tree=tree,
+              accept=args.accept)
     res = generate(target, proposer, ids, **kw)
     cmp = ab = None
     if args.baseline:
@@ -143,7 +170,8 @@ def run_generate(args: argparse.Namespace) -> int:
         from engine.decoding.speculative import SpeculativeDecoder
 
         ab = measure_speedup_ab(lambda: SpeculativeDecoder(target, proposer, ids, **kw),
-                                lambda: SpeculativeDecoder(target, None, ids, **kw), reps=BASELINE_REPS)
+                                lambda: SpeculativeDecoder(target, None, ids, **{**kw, "tree": 0, "accept": "exact"}),
+                                reps=BASELINE_REPS)
         # time per token, not total time: under sampling the two may generate different numbers of tokens
         timed = ab.comparison(res.token_ids)
         cmp = dataclasses.replace(compare_baseline(res.token_ids, res.stats, ab.base_ids, ab.base_stats),
@@ -155,7 +183,8 @@ def run_generate(args: argparse.Namespace) -> int:
         out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
-                           "draft_confidence": getattr(proposer, "confidence_threshold", None)}
+                           "draft_confidence": getattr(proposer, "confidence_threshold", None),
+                           "tree": tree, "accept": args.accept}
         if cmp is not None:
             out["stats"]["baseline_tokens_per_s"] = cmp.base_tokens_per_s
             out["stats"]["baseline_new_tokens"] = len(ab.base_ids)
@@ -176,6 +205,8 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"\n--- {legend}")
     print(f"target: {target.name}   draft: {proposer.name if proposer else 'none (plain decoding)'}   "
           + (f"γ = {args.gamma}   " if proposer else "")
+          + (f"tree ≤ {tree} nodes ({'typical acceptance, LOSSY' if args.accept == 'typical' else 'exact'})   "
+             if tree else "")
           + (f"confidence gate = {proposer.confidence_threshold:g}   "
              if getattr(proposer, "confidence_threshold", 0) else "") + f"T = {args.temperature}")
     if s.acceptance_rate is not None:

@@ -224,3 +224,29 @@ def test_baseline_line_names_each_rate_and_flags_noise(tiny_dir, capsys, monkeyp
         spec_stats=lambda ab: dataclasses.replace(ab.spec_stats, drafted=0)))
     assert main(base + ["--draft", "ngram"]) == 0
     assert "the draft proposed nothing, so both runs decoded plainly" in capsys.readouterr().out
+
+
+def test_generate_with_medusa_heads_tree_by_default_chain_with_tree_0(tiny_dir, tmp_path, capsys):
+    import torch
+
+    from engine.decoding.medusa import MedusaHeads, save_medusa
+
+    heads = MedusaHeads(32, 3, torch.arange(2, 30))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    save_medusa(heads, tmp_path / "m", meta={"medusa_choices": [[0], [1], [0, 0], [0, 0, 0]]})
+    base = ["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", str(tmp_path / "m"),
+            "--max-new-tokens", "10", "--no-chat", "--json"]
+    assert main(base + ["--baseline"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["tree"] == 4 and out["settings"]["gamma"] == 3  # the saved tree, γ = K heads
+    assert out["stats"]["identical_to_baseline"] is True and out["rounds"][0]["tree"] is not None
+    assert main(base + ["--tree", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["tree"] == 0 and out["rounds"][0]["tree"] is None
+    assert main(base + ["--temperature", "0.8", "--accept", "typical"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["accept"] == "typical"
+    assert main(base + ["--tree", "0", "--temperature", "0.8", "--accept", "typical"]) == 2
+    assert "lossy" in capsys.readouterr().err.lower()
