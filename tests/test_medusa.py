@@ -336,6 +336,13 @@ def test_training_raises_heldout_accuracy_on_a_tiny_target(tmp_path):
     assert after["topk"] == pytest.approx([sum(a) for a in after["acc"]], abs=1e-3)
     emp = empirical_path_acceptance(after["ranks_of_target"], after["scored"], [[0], [0, 0]])
     assert emp[0] == pytest.approx(after["top1"][0], abs=1e-3) and emp[1] <= emp[0]
+    # early stopping: with a validation set the heads end at the best epoch's weights
+    heads2 = MedusaHeads(32, 3, draft_vocabulary(samples, 24, 32)).bind(target.model)
+    log2 = train_medusa(heads2, ex, 32, minutes=5, max_steps=80, lr=1e-2, batch=64, log_every=20, bf16=False,
+                        heldout=ex)
+    vals = [sum(r["val_top1"]) / 3 for r in log2 if "val_top1" in r]
+    final = rank_accuracy(heads2, ex, greedy_only=False)
+    assert len(vals) >= 2 and sum(final["top1"]) / 3 == pytest.approx(max(vals), abs=1e-3)
 
 
 # -------------------------------------------------------------------------- the shipped heads (slow)

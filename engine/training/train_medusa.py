@@ -13,7 +13,8 @@ data and feature caches with ``engine.training.train_head`` (same ``--work-dir``
    cross-entropy against the target's own token there (``--soft-weight`` adds the soft cross-entropy against
    the target's stored top-32 distribution at that position, restricted to the draft vocabulary); the
    heads' losses are weighted λ^k (the paper's λ_k = 0.8^k). AdamW, warm-up then cosine decay over the
-   time budget, bf16 autocast;
+   time budget, bf16 autocast; ``--val-fraction`` of the training answers are kept apart and the epoch with
+   the best mean top-1 on them is kept (early stopping);
 4. held-out accuracy: on the held-out answers generated greedily (where the target's choice at t+k+1 is
    the token its greedy decoding would produce after the k tokens before it), a_k(r) = the fraction of
    positions where head k's rank-r candidate is the target's choice (``rank_accuracy``), and the
@@ -189,19 +190,23 @@ def empirical_path_acceptance(ranks_of_target: torch.Tensor, scored: torch.Tenso
 
 def train_medusa(heads: MedusaHeads, ex: dict, vocab_size: int, *, minutes: float, lr: float = 1e-3,
                  batch: int = 2048, soft_weight: float = 1.0, decay: float = 0.8, max_steps: int | None = None,
-                 seed: int = 0, heldout: dict | None = None, log_every: int = 25, bf16: bool = True) -> list[dict]:
+                 seed: int = 0, heldout: dict | None = None, log_every: int = 25, bf16: bool = True,
+                 weight_decay: float = 0.0) -> list[dict]:
     """Train ``heads`` in place on ``make_examples`` output (AdamW; 20 warm-up steps, cosine to 5 % over
-    the time budget or ``max_steps``). Held-out top-1 per head is logged after each epoch.
+    the time budget or ``max_steps``). With ``heldout`` (a validation split of the training answers, not the
+    held-out prompts), its mean top-1 over the heads is measured after each epoch and the heads end with the
+    weights of the best epoch (early stopping: a few thousand answers are soon overfitted).
 
     Returns:
-        log rows {step, minutes, loss} and {step, minutes, heldout_top1}.
+        log rows {step, minutes, loss} and {step, minutes, val_top1}.
     """
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     params = [p for p in heads.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     loss_fn = _Loss(heads, vocab_size, soft_weight, decay)
     soft = soft_weight > 0 and "top_ids" in ex
+    best, best_state = -1.0, None
     heads.train()
     n = ex["h"].shape[0]
     t0, step, log, total = time.perf_counter(), 0, [], minutes * 60
@@ -230,13 +235,18 @@ def train_medusa(heads: MedusaHeads, ex: dict, vocab_size: int, *, minutes: floa
             if step % log_every == 0:
                 log.append({"step": step, "minutes": round(el / 60, 2), "loss": round(float(loss.detach()), 4)})
                 _log(f"[train] step {step} loss {log[-1]['loss']:.3f} lr {cur:.2e} {el / 60:.1f} min")
-        if heldout is not None and not done:
+        if heldout is not None:
             heads.eval()
-            ev = rank_accuracy(heads, heldout)
+            ev = rank_accuracy(heads, heldout, greedy_only=False)
             heads.train()
-            log.append({"step": step, "minutes": round((time.perf_counter() - t0) / 60, 2),
-                        "heldout_top1": ev["top1"]})
-            _log(f"[eval] after {step} steps: held-out top-1 per head {ev['top1']}")
+            score = sum(ev["top1"]) / len(ev["top1"])
+            log.append({"step": step, "minutes": round((time.perf_counter() - t0) / 60, 2), "val_top1": ev["top1"]})
+            _log(f"[eval] after {step} steps: validation top-1 per head {ev['top1']}")
+            if score > best:
+                best, best_state = score, {k: v.detach().clone() for k, v in heads.state_dict().items()}
+                log[-1]["best"] = True
+    if best_state is not None:
+        heads.load_state_dict(best_state)
     heads.eval()
     return log
 
@@ -276,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=2048, help="positions per step")
     ap.add_argument("--soft-weight", type=float, default=1.0,
                     help="weight of the soft CE against the target's top-32 (0: hard labels only)")
+    ap.add_argument("--val-fraction", type=float, default=0.1,
+                    help="training answers kept apart to pick the best epoch (0: no early stopping)")
+    ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--decay", type=float, default=0.8, help="λ: head k's loss is weighted λ^k (Medusa §2.2.1)")
     ap.add_argument("--max-tree", type=int, default=7, help="largest static tree considered (nodes)")
     ap.add_argument("--verify-cost", default=str(ROOT / "benchmarks" / "results" / "verify_cost.json"),
@@ -338,10 +351,17 @@ def main(argv: list[str] | None = None) -> int:
             torch.save(ff, fpath)
         samples += ss
         feats += ff
-    train_ex = make_examples(samples, feats, args.heads, soft=args.soft_weight > 0)
+    rng = random.Random(args.seed)
+    val_idx = set(rng.sample(range(len(samples)), max(1, int(len(samples) * args.val_fraction)))) \
+        if args.val_fraction > 0 and len(samples) > 1 else set()
+    train_ex = make_examples([s for i, s in enumerate(samples) if i not in val_idx],
+                             [f for i, f in enumerate(feats) if i not in val_idx], args.heads,
+                             soft=args.soft_weight > 0)
+    val_ex = make_examples([samples[i] for i in sorted(val_idx)], [feats[i] for i in sorted(val_idx)], args.heads,
+                           soft=False) if val_idx else None
     held_ex = make_examples(held, compute_features(model, held, torch.float32), args.heads, soft=False)
     feat_min = (time.perf_counter() - t0) / 60
-    n_tok = sum(len(s.response_ids) for s in samples)
+    n_tok = sum(len(s.response_ids) for i, s in enumerate(samples) if i not in val_idx)
     _log(f"[data] {len(samples)} training answers ({n_tok} answer tokens, {train_ex['h'].shape[0]} positions) "
          f"from {len(files)} files, {len(held)} held-out; {data_min:.1f} min generating, {feat_min:.1f} min features")
 
@@ -354,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
          f"{n_params / 1e6:.2f}M parameters; held-out top-1 before training {before['top1']}")
     t0 = time.perf_counter()
     log = train_medusa(heads, train_ex, vocab_size, minutes=args.train_minutes, lr=args.lr, batch=args.batch,
-                       soft_weight=args.soft_weight, decay=args.decay, seed=args.seed, heldout=held_ex)
+                       soft_weight=args.soft_weight, decay=args.decay, seed=args.seed, heldout=val_ex,
+                       weight_decay=args.weight_decay)
     train_min = (time.perf_counter() - t0) / 60
 
     # 4. held-out accuracy; 5. the tree
@@ -371,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             "tree": {k: tree[k] for k in ("nodes", "expected_tokens", "pass_cost", "score")},
             "heldout_top1": ev["top1"], f"heldout_top{RANKS}": ev["topk"]}
     save_medusa(heads, args.out, meta=meta)
-    full = {"target": "embedded", "parameters": n_params, "train_answers": len(samples),
+    full = {"target": "embedded", "parameters": n_params, "train_answers": len(samples) - len(val_idx),
+            "validation_answers": len(val_idx),
             "train_answer_tokens": n_tok, "train_positions": int(train_ex["h"].shape[0]),
             "heldout_answers": len(held), "heldout_greedy_answers": sum(s.temperature == 0 for s in held),
             "data_minutes": round(data_min, 1), "feature_minutes": round(feat_min, 1),
