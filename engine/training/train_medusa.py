@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="training answers kept apart to pick the best epoch (0: no early stopping)")
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--decay", type=float, default=0.8, help="λ: head k's loss is weighted λ^k (Medusa §2.2.1)")
+    ap.add_argument("--train-bf16", action="store_true",
+                    help="bf16 autocast while training (fast only on CPUs with AMX / AVX512-BF16; default fp32)")
     ap.add_argument("--max-tree", type=int, default=7, help="largest static tree considered (nodes)")
     ap.add_argument("--verify-cost", default=str(ROOT / "benchmarks" / "results" / "verify_cost.json"),
                     help="measured pass cost per fed token, for choosing the tree size")
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     log = train_medusa(heads, train_ex, vocab_size, minutes=args.train_minutes, lr=args.lr, batch=args.batch,
                        soft_weight=args.soft_weight, decay=args.decay, seed=args.seed, heldout=val_ex,
-                       weight_decay=args.weight_decay)
+                       weight_decay=args.weight_decay, bf16=args.train_bf16)
     train_min = (time.perf_counter() - t0) / 60
 
     # 4. held-out accuracy; 5. the tree
