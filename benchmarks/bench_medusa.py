@@ -63,9 +63,9 @@ def depth_acceptance(rounds, max_depth: int) -> list[dict]:
 
 def methods(target, k_heads: int, medusa_tree: int, extra_trees: list[int], head_tree: int) -> list[tuple]:
     """(name, draft spec, γ, tree size) of every method."""
-    out = [("plain", None, 1, 0),
-           (f"Medusa chain (γ = {k_heads})", EMBEDDED_MEDUSA, k_heads, 0),
-           (f"Medusa tree, shipped ({medusa_tree} nodes)", EMBEDDED_MEDUSA, k_heads, medusa_tree)]
+    out = [("plain", None, 1, 0), (f"Medusa chain (γ = {k_heads})", EMBEDDED_MEDUSA, k_heads, 0)]
+    if medusa_tree:
+        out.append((f"Medusa tree, shipped ({medusa_tree} nodes)", EMBEDDED_MEDUSA, k_heads, medusa_tree))
     out += [(f"Medusa tree, {n} nodes", EMBEDDED_MEDUSA, k_heads, n) for n in extra_trees if n != medusa_tree]
     out.append((f"EAGLE-style head chain (γ = {EMBEDDED_HEAD_GAMMA})", EMBEDDED_HEAD, EMBEDDED_HEAD_GAMMA, 0))
     if head_tree and callable(getattr(make_proposer(EMBEDDED_HEAD, target), "propose_tree", None)):
