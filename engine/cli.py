@@ -28,7 +28,8 @@ def add_generate(sub) -> None:
                    help="a text file with one prompt a line (blank lines skipped), decoded as one batch")
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
-                   help="embedded-head (trained EAGLE-style head) | embedded-draft (trained small "
+                   help="embedded-head (trained EAGLE-style head) | embedded-medusa (Medusa heads, a tree "
+                        "draft) | embedded-draft (trained small "
                         "model) | ngram | early-exit:K | none | hub id | folder (default: "
                         f"{_default_draft_help()})")
     p.add_argument("--gamma", type=int, default=None,
@@ -64,10 +65,11 @@ def add_tree_options(p) -> None:
     """--tree, --tree-branching, --accept (token trees, ``engine.decoding.tree``)."""
     from engine.decoding.tree import MAX_BRANCHING, MAX_TREE, TREE_DEFAULT_DEPTH
 
-    p.add_argument("--tree", type=int, default=0,
-                   help=f"token tree of at most N nodes per round, 0–{MAX_TREE} (0 = a chain, the default): the draft "
-                        "head becomes an EAGLE-2 dynamic tree, prompt lookup takes several matches as branches; "
-                        f"--gamma is then the tree's depth (default {TREE_DEFAULT_DEPTH})")
+    p.add_argument("--tree", type=int, default=None,
+                   help=f"token tree of at most N nodes per round, 0–{MAX_TREE} (0 = a chain; default: a chain, or "
+                        "embedded-medusa's shipped static tree): the draft head becomes an EAGLE-2 dynamic tree, "
+                        "prompt lookup takes several matches as branches, Medusa heads their best N-node tree; "
+                        f"--gamma is then the tree's depth (default {TREE_DEFAULT_DEPTH}; Medusa: its K heads)")
     p.add_argument("--tree-branching", type=int, default=None,
                    help=f"with --tree: children per expanded node (head: top-k, and nodes expanded per depth; "
                         f"lookup: matches), 1–{MAX_BRANCHING} (default 4)")
@@ -85,15 +87,26 @@ def check_tree_cli(args: argparse.Namespace) -> None:
     """
     from engine.decoding.tree import MAX_BRANCHING, MAX_TREE
 
-    if not 0 <= args.tree <= MAX_TREE:
+    if args.tree is not None and not 0 <= args.tree <= MAX_TREE:
         raise InputError(f"--tree must be from 0 (a chain) to {MAX_TREE} nodes, got {args.tree}.")
     if args.tree_branching is not None:
         if not args.tree:
             raise InputError("--tree-branching applies to token trees: add --tree N.")
         if not 1 <= args.tree_branching <= MAX_BRANCHING:
             raise InputError(f"--tree-branching must be from 1 to {MAX_BRANCHING}, got {args.tree_branching}.")
-    if args.accept == "typical" and not args.tree:
+    if args.accept == "typical" and args.tree == 0:
         raise InputError("--accept typical (lossy) judges token trees: add --tree N.")
+
+
+def _tree_settings(args, draft_spec: str, proposer) -> tuple[int, int]:
+    """(tree size, γ) for a run: --tree, else the Medusa heads' shipped static tree (``tree_size``) with γ = K
+    heads unless --gamma is given, else 0 (a chain)."""
+    from engine.decoding.medusa import MedusaProposer
+
+    medusa = isinstance(proposer, MedusaProposer)
+    tree = args.tree if args.tree is not None else (proposer.tree_size if medusa else 0)
+    gamma = args.gamma if args.gamma is not None else (proposer.heads.n_heads if medusa else None)
+    return tree, gamma
 
 
 def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
@@ -106,8 +119,11 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
     from engine.decoding.draft_head import is_head_folder
     from engine.decoding.models import EMBEDDED_HEAD
 
-    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD) or draft_spec.startswith("early-exit")
-            or is_head_folder(draft_spec)):
+    from engine.decoding.medusa import is_medusa_folder
+    from engine.decoding.models import EMBEDDED_MEDUSA
+
+    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD, EMBEDDED_MEDUSA) or draft_spec.startswith("early-exit")
+            or is_head_folder(draft_spec) or is_medusa_folder(draft_spec)):
         return target, make_proposer(draft_spec, target)
     try:
         draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
@@ -186,13 +202,20 @@ def run_generate(args: argparse.Namespace) -> int:
     from engine.decoding.models import default_gamma
     from engine.decoding.tree import TREE_DEFAULT_DEPTH
 
+    tree, gamma = _tree_settings(args, draft_spec, proposer)
+    args.tree = tree
+    if args.accept == "typical" and not tree:
+        raise InputError("--accept typical (lossy) judges token trees: add --tree N.")
     if args.gamma is None:
-        args.gamma = TREE_DEFAULT_DEPTH if args.tree else default_gamma(draft_spec)
+        args.gamma = gamma if gamma is not None else (TREE_DEFAULT_DEPTH if tree else default_gamma(draft_spec))
     if len(prompts) > 1:
+        if tree:
+            raise InputError("Several prompts are decoded as one batch of chain drafts: add --tree 0 (the Medusa "
+                             "heads draft a tree by default).")
         return _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling)
     ids = encode_prompt(target.tokenizer, prompts[0], chat=not args.no_chat)
     kw = dict(gamma=args.gamma, sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens,
-              tree=args.tree, accept=args.accept)
+              tree=tree, accept=args.accept)
     res = generate(target, proposer, ids, **kw)
     cmp = ab = None
     if args.baseline:
@@ -221,7 +244,7 @@ def run_generate(args: argparse.Namespace) -> int:
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
                            "draft_confidence": getattr(proposer, "confidence_threshold", None)}
         if args.tree:  # chain runs keep their settings as they were
-            out["settings"].update(tree=args.tree, tree_branching=proposer.branching,
+            out["settings"].update(tree=args.tree, tree_branching=getattr(proposer, "branching", None),
                                    accept="typical (lossy)" if args.accept == "typical" else "exact")
         if cmp is not None:
             out["stats"]["baseline_tokens_per_s"] = cmp.base_tokens_per_s
@@ -250,7 +273,9 @@ def run_generate(args: argparse.Namespace) -> int:
             "typical acceptance (LOSSY: the output does not follow the target)" if args.accept == "typical"
             else "exact (lossless)")
         nodes = [len(r.tree.nodes) for r in res.rounds if r.tree is not None]
-        print(f"token tree: ≤ {args.tree} nodes, depth ≤ γ = {args.gamma}, branching {proposer.branching}; rule "
+        branching = getattr(proposer, "branching", None)
+        print(f"token tree: ≤ {args.tree} nodes, depth ≤ γ = {args.gamma}"
+              + (f", branching {branching}" if branching else ", the heads' static tree") + "; rule "
               f"{rule}; {sum(nodes) / max(len(nodes), 1):.1f} nodes per round drafted. For a tree, α̂ is the "
               "per-depth acceptance (the chance the accepted path grows by one more node) and 'drafted' counts the "
               "accepted path plus its first rejected node")

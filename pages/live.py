@@ -36,7 +36,7 @@ from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
-from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec, default_gamma
+from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, default_draft_spec, default_gamma
 from engine.decoding.proposers import make_proposer
 from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
@@ -53,6 +53,7 @@ PROMPT_MAX_CHARS = 8000
 PROMPT_URL_MAX = 2000  # a custom prompt up to this many characters travels in the link (lv_prompt)
 DRAFT_KINDS = {
     "head": "Trained draft head on the target's features (EAGLE-style, embedded)",
+    "medusa": "Medusa heads: guesses for the next positions at once, as a token tree (embedded)",
     "draft": "Trained small draft model (embedded)",
     "ngram": "Prompt lookup (n-gram)",
     "early-exit": "Early exit (target's first k layers)",
@@ -130,7 +131,7 @@ def _on_target_change() -> None:
     default does, and the page says so."""
     spec = st.session_state["lv_target"].strip() or EMBEDDED
     kind = default_draft_kind(default_draft_spec(spec))
-    if st.session_state["lv_draft"] == "head" and kind != "head":
+    if st.session_state["lv_draft"] in ("head", "medusa") and kind != "head":
         st.session_state["lv_draft"] = kind
         st.session_state["lv_gamma"] = default_gamma(default_draft_spec(spec))
         st.session_state["lv_draft_note"] = (f"Draft switched to {DRAFT_KINDS[kind]}, γ = "
@@ -253,6 +254,8 @@ def _proposer(cfg: LiveConfig, tgt):
         if n_layers < 2:
             raise InputError("Early exit needs a target with at least 2 layers.")
         return make_proposer(f"early-exit:{cfg.early_exit_k}", tgt)
+    if kind == "medusa":  # its shipped static tree (assets/smollm2-medusa), depth capped at γ
+        return make_proposer(EMBEDDED_MEDUSA, tgt)
     if kind == "head":
         proposer = make_proposer(EMBEDDED_HEAD, tgt)
         proposer.confidence_threshold = cfg.confidence_gate
@@ -270,9 +273,12 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
     ids = encode_prompt(target.tokenizer, cfg.prompt)
     proposer = None if baseline else _proposer(cfg, target)
     tree = {}
-    if cfg.tree and not baseline:  # the engine raises InputError for a draft that cannot branch
-        tree = {"tree": cfg.tree, "accept": cfg.accept}
-        if callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches per node
+    n_tree = cfg.tree
+    if cfg.draft == "medusa" and not n_tree and not baseline:
+        n_tree = getattr(proposer, "tree_size", 0)  # Medusa heads: their shipped static tree unless a size is set
+    if n_tree and not baseline:  # the engine raises InputError for a draft that cannot branch
+        tree = {"tree": n_tree, "accept": cfg.accept}
+        if cfg.tree and callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches
             proposer.set_branching(cfg.branching)  # InputError when out of range
     return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
                               max_new_tokens=max_new or cfg.max_new_tokens, **tree)
@@ -361,6 +367,11 @@ if greedy:
     st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
                "likely token (the table's \"argmax of p?\" column), and there is no uniform draw u. p and q "
                "in the tables and charts are the softmax at temperature 1, for display only.")
+if dec.proposer is not None and S["lv_draft"] == "medusa":
+    st.caption(f"Medusa heads (Cai et al. 2024): {dec.proposer.heads.n_heads} small heads read the target's last "
+               "hidden state; head k guesses the token k + 1 positions ahead (the target's own LM head gives the "
+               f"next one). Their top candidates form a static tree of {dec.proposer.tree_size} nodes, depth capped "
+               "at γ, checked in one target pass (assets/smollm2-medusa/README.md).")
 if dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
                "1 fewer after a rejection, so a broken copy stops paying for long target passes.")

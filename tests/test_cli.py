@@ -267,3 +267,29 @@ def test_generate_tree_text_names_the_rule(tiny_dir, capsys):
                "--temperature", "1", "--accept", "typical", "--max-new-tokens", "8", "--no-chat", "--color", "never"])
     assert rc == 0
     assert "LOSSY" in capsys.readouterr().out
+
+
+def test_generate_with_medusa_heads_tree_by_default_chain_with_tree_0(tiny_dir, tmp_path, capsys):
+    import torch
+
+    from engine.decoding.medusa import MedusaHeads, save_medusa
+
+    heads = MedusaHeads(32, 3, torch.arange(2, 30))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    save_medusa(heads, tmp_path / "m", meta={"medusa_choices": [[0], [1], [0, 0], [0, 0, 0]]})
+    base = ["generate", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_dir, "--draft", str(tmp_path / "m"),
+            "--max-new-tokens", "10", "--no-chat", "--json"]
+    assert main(base + ["--baseline"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["tree"] == 4 and out["settings"]["gamma"] == 3  # the saved tree, γ = K heads
+    assert out["stats"]["identical_to_baseline"] is True and out["rounds"][0]["tree"] is not None
+    assert main(base + ["--tree", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "tree" not in out["settings"] and out["rounds"][0]["tree"] is None  # a chain: settings as before
+    assert main(base + ["--temperature", "0.8", "--accept", "typical"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["accept"] == "typical (lossy)"
+    assert main(base + ["--tree", "0", "--temperature", "0.8", "--accept", "typical"]) == 2
+    assert "lossy" in capsys.readouterr().err.lower()

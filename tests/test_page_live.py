@@ -331,3 +331,23 @@ def test_back_past_a_prompt_preset_change_brings_its_prompt_back(tiny, monkeypat
     assert not at.exception, at.exception
     assert at.session_state["lv_preset"] == first
     assert at.session_state["lv_prompt"] == preset_text(first)
+
+
+@pytest.mark.slow
+def test_medusa_kind_runs_tree_rounds_on_the_embedded_model():
+    from engine.decoding.medusa import MedusaProposer, is_medusa_folder
+    from engine.decoding.models import EMBEDDED_MEDUSA_DIR
+
+    if not is_medusa_folder(EMBEDDED_MEDUSA_DIR):
+        pytest.skip("no shipped Medusa heads")
+    at = _app("embedded", prompt=None, lv_preset="chat", lv_max_new=8, lv_gamma=4, lv_draft="medusa")
+    assert not at.error
+    at = _click(at, "lv_step")
+    dec = at.session_state["lv_dec"]
+    assert isinstance(dec.proposer, MedusaProposer) and dec.tree == dec.proposer.tree_size > 0
+    assert dec.rounds[0].tree is not None and "Medusa heads" in "\n".join(c.value for c in at.caption)
+
+
+def test_medusa_kind_needs_the_embedded_target(tiny):
+    at = _app(tiny, lv_draft="medusa")
+    assert at.error and "embedded target" in at.error[0].value

@@ -46,6 +46,11 @@ EMBEDDED_HEAD_GAMMA = 2
 """γ for the shipped head: the fastest γ measured in benchmarks/results/head.md (on this CPU a target pass
 over γ + 1 ≤ 3 tokens costs little more than one decode step; 4 and more cost ~1.5×)."""
 
+EMBEDDED_MEDUSA = "embedded-medusa"
+EMBEDDED_MEDUSA_DIR = ASSETS_DIR / "smollm2-medusa"
+"""The shipped Medusa heads for the embedded target (``engine.decoding.medusa``, assets/smollm2-medusa): K heads
+guessing the next K positions at once from one hidden state, drafted as a static token tree."""
+
 
 def default_gamma(draft_spec: str) -> int:
     """The default γ for a draft spec: ``EMBEDDED_HEAD_GAMMA`` for the shipped head, else 4."""

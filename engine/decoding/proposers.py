@@ -643,29 +643,54 @@ _HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]"
 
 
 def _cached_head(folder: str, target_model: torch.nn.Module):
-    """Load a draft head once per (target model, folder) in this process (read-only while drafting)."""
+    """Load a draft head (or Medusa heads) once per (target model, folder) in this process (read-only while
+    drafting)."""
     from engine.decoding.draft_head import load_head
+    from engine.decoding.medusa import is_medusa_folder, load_medusa
 
     heads = _HEADS.setdefault(target_model, {})
     if folder not in heads:
-        heads[folder] = load_head(folder, target_model)
+        heads[folder] = load_medusa(folder, target_model) if is_medusa_folder(folder) else \
+            load_head(folder, target_model)
     return heads[folder]
+
+
+def _medusa_proposer(kind: str, target: LoadedModel) -> Proposer:
+    """Medusa heads (``engine.decoding.medusa``): the shipped ones ("embedded-medusa") or a folder; their
+    saved static tree (set ``proposer.choices`` to another, [] for a chain)."""
+    from engine.decoding.medusa import MedusaProposer, is_medusa_folder
+    from engine.decoding.models import EMBEDDED, EMBEDDED_MEDUSA, EMBEDDED_MEDUSA_DIR
+
+    shipped = kind == EMBEDDED_MEDUSA
+    folder = EMBEDDED_MEDUSA_DIR if shipped else kind
+    if shipped and target.spec != EMBEDDED:
+        raise InputError("The shipped Medusa heads were trained for the embedded target only; pick another "
+                         "draft for this target.")
+    if not is_medusa_folder(folder):
+        raise ModelLoadError(f"The shipped Medusa heads are missing from {folder}.")
+    heads = _cached_head(str(folder), target.model)
+    label = f"Medusa heads ({heads.n_heads} heads)" if shipped else f"Medusa heads: {kind}"
+    return MedusaProposer(heads, _vocab_size(target), name=label)
 
 
 def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
     """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", "embedded-head" or a folder
-    with a saved draft head (``engine.decoding.draft_head``), or a draft model (pass ``draft``).
+    with a saved draft head (``engine.decoding.draft_head``), "embedded-medusa" or a folder with saved
+    Medusa heads (``engine.decoding.medusa``), or a draft model (pass ``draft``).
 
     Raises:
         InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model;
         ModelLoadError for a draft head that cannot be loaded for this target.
     """
     from engine.decoding.draft_head import is_head_folder
-    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR
+    from engine.decoding.medusa import is_medusa_folder
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR, EMBEDDED_MEDUSA
 
     kind = (kind or "").strip()
     if kind in ("none", "baseline"):
         return None
+    if kind == EMBEDDED_MEDUSA or is_medusa_folder(kind):
+        return _medusa_proposer(kind, target)
     if kind == EMBEDDED_HEAD or is_head_folder(kind):
         folder = EMBEDDED_HEAD_DIR if kind == EMBEDDED_HEAD else kind
         if kind == EMBEDDED_HEAD and target.spec != EMBEDDED:

@@ -121,3 +121,19 @@ def test_token_text_renders_literally(page, escape_app_url):
     assert any("<b>x</b>" in t and "[a](b)" in t and "*c*" in t for t in texts)
     assert md.locator("del, s").count() >= 21  # every struck-through chip is a real strikethrough
     screenshot(page, "live_escape")
+
+
+def test_live_medusa_heads_round(page, app_url):
+    """The Medusa kind runs a tree round on the embedded model (the tree itself is drawn by the page's tree
+    view for any round with Round.tree)."""
+    page.goto(app_url + "/live?lv_draft=medusa&lv_preset=chat&lv_gamma=4&lv_temp=0&lv_max_new=16&lv_seed=0")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_text("No round yet.").wait_for()
+    page.get_by_role("button", name=re.compile(r"^Step one round")).click()
+    page.get_by_text("Round 1:").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    body = page.inner_text("body")
+    assert "Medusa heads (Cai et al. 2024)" in body
+    wait_url(page, "lv_draft=medusa")
+    assert not page.locator('[data-testid="stException"]').count()
+    assert screenshot(page, "live-medusa").stat().st_size > 20_000
