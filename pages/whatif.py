@@ -451,15 +451,17 @@ def _gap_parts(run) -> None:
                                         "speedup ×": "%.2f", "off from measured %": "%+.1f"})
     fg = go.Figure()
     fg.add_bar(x=[s.label for s in pred.steps], y=[s.speedup for s in pred.steps], name="predicted",
-               text=[f"{s.speedup:.2f}×" for s in pred.steps], textposition="outside")
+               text=[f"{s.speedup:.2f}×" for s in pred.steps], textposition="inside")
     if pred.measured is not None:
         fg.add_bar(x=["Measured"], y=[pred.measured], name="measured", marker_color="#2ca02c",
-                   text=[f"{pred.measured:.2f}×"], textposition="outside")
+                   text=[f"{pred.measured:.2f}×"], textposition="inside")
         fg.add_hline(y=pred.measured, line_dash="dot", line_color=REFERENCE_LINE)
     fg.update_layout(title="Predicted speedup, one assumption at a time, and the measured one", yaxis_title="speedup ×",
                      height=CHART_H, margin={"t": 40, "b": 10}, showlegend=False)
     show_chart(fg, key="wi_fig_gap")
     st.markdown(pred.summary)
+    with st.expander("What each step assumes"):
+        st.markdown("\n".join(f"- **{s.label}**: {s.assumption}." for s in pred.steps))
 
 
 for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),

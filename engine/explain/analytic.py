@@ -688,7 +688,9 @@ def compare_with_measured(run: object) -> MeasuredComparison:
     run's mean target pass), ``verify_ms_by_tokens`` ({tokens fed to the target in one pass: ms}),
     ``measured_speedup`` (float or None), ``gamma`` and optionally ``draft_ms_per_token`` (ms).
     Predictions: :func:`speedup` with the simple cost (Leviathan et al. 2023, Theorem 3.8) and with
-    t(γ+1)/t(1) from :func:`verify_cost_ratio`.
+    t(γ+1)/t(1) from :func:`verify_cost_ratio`. Both are steady-state rounds of γ draft tokens, prefill left out
+    on both sides; :func:`predict_from_run` predicts from what the run did (its draft lengths, α̂ by position,
+    prefill included on both sides as in the measured speedup).
 
     The verify-cost prediction needs a timed 1-token pass t(1) (a plain decode step: the live page's
     baseline times them), since t(1) extrapolated from longer passes is noise (two passes, one of them
@@ -945,15 +947,15 @@ def gap_summary(pred: RunPrediction, gamma: int) -> str:
     if "lengths" in s:
         d = s["constant"].speedup / s["lengths"].speedup - 1.0
         parts.append(f"assuming every round drafts γ = {gamma} (the run drafted {pred.mean_draft_length:.1f} per "
-                     f"round on average, {pred.empty_rounds} of {pred.n_rounds} rounds none) adds {d:+.0%}")
+                     f"round on average, {pred.empty_rounds} of {pred.n_rounds} rounds none) moves it by {d:+.0%}")
     if "positions" in s:
         d = s["lengths"].speedup / s["positions"].speedup - 1.0
-        parts.append(f"one α̂ for every draft position instead of α̂ by position adds {d:+.0%}")
+        parts.append(f"one α̂ for every draft position instead of α̂ by position moves it by {d:+.0%}")
     if "from_run" in s:
         d = s["positions"].speedup / s["from_run"].speedup - 1.0
-        parts.append(f"leaving out the prefill and the per-round bookkeeping adds {d:+.0%}")
+        parts.append(f"leaving out the prefill and the per-round bookkeeping moves it by {d:+.0%}")
     last = pred.steps[-1]
-    text = "Against the prediction from the run: " + "; ".join(parts) + "."
+    text = "Against the prediction from the run, " + "; ".join(parts) + "."
     if pred.measured is not None and last.error is not None:
         text += (f" The prediction from the run is {last.speedup:.2f}× against {pred.measured:.2f}× measured "
                  f"({last.error:+.1%}); today's formula is {s['constant'].error:+.1%} off.")
@@ -962,12 +964,8 @@ def gap_summary(pred: RunPrediction, gamma: int) -> str:
 
 def gap_rows(pred: RunPrediction) -> list[dict]:
     """The table of What-if's "Where the gap comes from": one row per step of :func:`predict_from_run`
-    and one for the measured speedup. "off" is speedup ÷ measured − 1 in % (None without a measurement)."""
-    rows = [{"step": s.label, "assumes": s.assumption, "tokens per round": s.tokens_per_round,
-             "round cost (decode steps)": s.cost_per_round, "speedup ×": s.speedup,
-             "off from measured %": None if s.error is None else 100.0 * s.error} for s in pred.steps]
-    if pred.measured is not None:
-        rows.append({"step": "Measured", "assumes": "median of the timed runs, prefill included",
-                     "tokens per round": None, "round cost (decode steps)": None, "speedup ×": pred.measured,
-                     "off from measured %": 0.0})
-    return rows
+    (the measured speedup is the chart's last bar and the column "off", speedup ÷ measured − 1 in %, None
+    without a measurement)."""
+    return [{"step": s.label, "tokens per round": s.tokens_per_round, "round cost (decode steps)": s.cost_per_round,
+             "speedup ×": s.speedup, "off from measured %": None if s.error is None else 100.0 * s.error}
+            for s in pred.steps]
