@@ -11,7 +11,7 @@ noisy the machine was (slowest ÷ fastest run of a kind) and an accounting check
 got against E from α̂ by position).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_predict.py [--kinds embedded-head,ngram,...]
-        [--prompts chat,code] [--reps 3] [--max-new-tokens 96] [--threads 2] [--out predict]
+        [--prompts chat,code] [--reps 3] [--max-new-tokens 96] [--threads 2] [--out predict] [--append]
 
 Writes benchmarks/results/<out>.json and <out>.md (default predict).
 """
@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--gamma", type=int, default=None, help="one γ for every kind (default: per kind)")
     ap.add_argument("--out", default="predict")
+    ap.add_argument("--append", action="store_true", help="keep the rows already in <out>.json (a run in parts)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model("embedded", device="cpu")
@@ -156,6 +157,11 @@ def main() -> None:
            "threads": args.threads, "reps": args.reps, "max_new_tokens": args.max_new_tokens,
            "load_start": round(os.getloadavg()[0], 1), "rows": []}
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.append and (RESULTS / f"{args.out}.json").exists():
+        old = json.loads((RESULTS / f"{args.out}.json").read_text())
+        res["rows"] = old["rows"]
+        res["command"] = old["command"] + " ; then " + res["command"]
+        res["load_start"] = f"{old['load_start']} (first part), {res['load_start']}"
     for kind in kinds:
         for preset in [p.strip() for p in args.prompts.split(",") if p.strip()]:
             gamma = args.gamma or GAMMAS.get(kind, 4)

@@ -294,8 +294,9 @@ def test_predict_from_run_steps_by_hand():
     assert (p.mean_draft_length, p.empty_rounds, p.n_rounds) == (2.0, 2, 4)
     # the sentence: constant ÷ lengths − 1 = 1.60567 / 1.39682 − 1 = +15 %; lengths ÷ positions − 1 = +1 %;
     # positions ÷ from_run − 1 = 1.37931 / 1.07368 − 1 = +28 %
-    assert "drafts γ = 4 (the run drafted 2.0 per round on average, 2 of 4 rounds none) moves it by +15%" in p.summary
-    assert "by position moves it by +1%" in p.summary and "bookkeeping moves it by +28%" in p.summary
+    assert ("drafts γ = 4 (the run drafted 2.0 per round on average, 2 of 4 rounds none) moves the prediction "
+            "by +15%") in p.summary
+    assert "by position by +1%" in p.summary and "bookkeeping by +28%" in p.summary
     assert "1.07× against 1.50× measured (-28.4%)" in p.summary
     rows = gap_rows(p)
     assert len(rows) == 4 and rows[-1]["speedup ×"] == pytest.approx(204 / 190)

@@ -290,8 +290,8 @@ def test_measured_numbers_show_where_the_gap_comes_from():
                                                                     2.0 / 1.45, 204 / 190)]
     assert df["off from measured %"].iloc[-1] == pytest.approx(100 * (204 / 190 / 1.5 - 1))
     assert any("included on both sides" in c.value for c in at.caption)
-    summary = next(m.value for m in at.markdown if m.value.startswith("Against the prediction from the run,"))
-    assert "moves it by +15%" in summary and "1.07× against 1.50× measured (-28.4%)" in summary
+    summary = next(m.value for m in at.markdown if m.value.startswith("Assuming every round drafts"))
+    assert "moves the prediction by +15%" in summary and "1.07× against 1.50× measured (-28.4%)" in summary
     _no_bad_numbers(at)
     # a run stored before Run baseline (no rounds profile): the old comparison, and what to press
     at.session_state["measured_run"] = types.SimpleNamespace(

@@ -940,22 +940,23 @@ def predict_from_run(run: object) -> RunPrediction | None:
 
 
 def gap_summary(pred: RunPrediction, gamma: int) -> str:
-    """One sentence: how far each assumption moves the prediction (relative change from the step before,
+    """One sentence: how far each assumption moves the prediction (each step's speedup ÷ the next one's − 1,
     in %) and what is left against the measurement."""
     parts = []
     s = {x.key: x for x in pred.steps}
     if "lengths" in s:
         d = s["constant"].speedup / s["lengths"].speedup - 1.0
-        parts.append(f"assuming every round drafts γ = {gamma} (the run drafted {pred.mean_draft_length:.1f} per "
-                     f"round on average, {pred.empty_rounds} of {pred.n_rounds} rounds none) moves it by {d:+.0%}")
+        parts.append(f"Assuming every round drafts γ = {gamma} (the run drafted {pred.mean_draft_length:.1f} per "
+                     f"round on average, {pred.empty_rounds} of {pred.n_rounds} rounds none) moves the prediction "
+                     f"by {d:+.0%}")
     if "positions" in s:
         d = s["lengths"].speedup / s["positions"].speedup - 1.0
-        parts.append(f"one α̂ for every draft position instead of α̂ by position moves it by {d:+.0%}")
+        parts.append(f"one α̂ for every draft position instead of α̂ by position by {d:+.0%}")
     if "from_run" in s:
         d = s["positions"].speedup / s["from_run"].speedup - 1.0
-        parts.append(f"leaving out the prefill and the per-round bookkeeping moves it by {d:+.0%}")
+        parts.append(f"leaving out the prefill and the per-round bookkeeping by {d:+.0%}")
     last = pred.steps[-1]
-    text = "Against the prediction from the run, " + "; ".join(parts) + "."
+    text = "; ".join(parts) + "."
     if pred.measured is not None and last.error is not None:
         text += (f" The prediction from the run is {last.speedup:.2f}× against {pred.measured:.2f}× measured "
                  f"({last.error:+.1%}); today's formula is {s['constant'].error:+.1%} off.")

@@ -102,7 +102,7 @@ def test_whatif_shows_where_a_live_runs_gap_comes_from(page, app_url):
     page.get_by_role("tab", name="My measured numbers").click()
     wait_idle(page)
     page.get_by_text("Where the gap comes from").first.wait_for(timeout=60_000)
-    page.get_by_text("Against the prediction from the run").first.wait_for(timeout=60_000)
+    page.get_by_text("The prediction from the run is").first.wait_for(timeout=60_000)
     wait_url(page, "wi_tab=My+measured+numbers")
     body = page.inner_text("body")
     assert "included on both sides" in body
