@@ -508,8 +508,8 @@ ab = S.get("lv_base")  # SpeedupAB after Run baseline
 cmp = ab.comparison(dec.new_ids) if ab is not None else None
 # timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
 timing = ab.spec_stats if ab is not None else stats
-rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None,
-                   ab.base_stats if ab is not None else None) if dec.proposer is not None else None
+rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None, ab.base_stats if ab is not None else None,
+                   rounds=ab.spec_rounds if ab is not None else dec.rounds) if dec.proposer is not None else None
 if rec is not None:
     S["measured_run"] = rec
 

@@ -33,6 +33,8 @@ from engine.explain.analytic import (
     best_tree,
     compare_with_measured,
     fit_tree_acceptance,
+    gap_rows,
+    predict_from_run,
     simulate_rounds,
     tree_size_curve,
     try_it_exercises,
@@ -594,6 +596,7 @@ def _section_measured() -> None:
                 st.caption("The run has no verify-time curve; only the simple prediction is shown.")
             if mc.curve_note:
                 st.caption(mc.curve_note)
+            _gap_parts(run)
             use = {"alpha": round(mc.alpha, 2), "gamma": min(max(mc.gamma, 1), GAMMA_MAX),
                    "cost": round(mc.c, 2), "steps": 0}
             if mc.verify_slope is not None:  # so the analytic model's "with verify cost" agrees
@@ -712,6 +715,39 @@ def _section_tree() -> None:
                "it is a chain and the numbers are the Analytic model tab's. Formulas: "
                "engine/explain/analytic.py (tree_size_curve). On the Live page, the tree size and branching "
                "settings run real trees.")
+
+
+def _gap_parts(run) -> None:
+    """Where the gap between today's formula and the measured speedup comes from (engine.explain.analytic.
+    predict_from_run): one assumption at a time, in a table and a chart."""
+    st.subheader("Where the gap comes from")
+    try:
+        pred = predict_from_run(run)
+    except SpeedupLabError as e:
+        st.error(str(e))
+        return
+    if pred is None:
+        st.caption("Press **Run baseline** on the live page: the prediction from the run needs its rounds and a "
+                   "timed plain decode step t(1).")
+        return
+    st.caption(f"Costs in plain decode steps t(1) = {pred.t1_ms:.1f} ms; c = {pred.c:.3f} per draft token. Prefill "
+               "is **included on both sides** in the last step, as in the measured speedup (whole-run ms per "
+               "token); the steps before it are steady-state rounds without prefill.")
+    show_table(gap_rows(pred), formats={"tokens per round": "%.2f", "round cost (decode steps)": "%.2f",
+                                        "speedup ×": "%.2f", "off from measured %": "%+.1f"})
+    fg = go.Figure()
+    fg.add_bar(x=[s.label for s in pred.steps], y=[s.speedup for s in pred.steps], name="predicted",
+               text=[f"{s.speedup:.2f}×" for s in pred.steps], textposition="inside")
+    if pred.measured is not None:
+        fg.add_bar(x=["Measured"], y=[pred.measured], name="measured", marker_color="#2ca02c",
+                   text=[f"{pred.measured:.2f}×"], textposition="inside")
+        fg.add_hline(y=pred.measured, line_dash="dot", line_color=REFERENCE_LINE)
+    fg.update_layout(title="Predicted speedup, one assumption at a time, and the measured one", yaxis_title="speedup ×",
+                     height=CHART_H, margin={"t": 40, "b": 10}, showlegend=False)
+    show_chart(fg, key="wi_fig_gap")
+    st.markdown(pred.summary)
+    with st.expander("What each step assumes"):
+        st.markdown("\n".join(f"- **{s.label}**: {s.assumption}." for s in pred.steps))
 
 
 for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),

@@ -235,3 +235,100 @@ def test_expected_tokens_per_round_at_each_rounds_draft_length():
         expected_tokens_per_round(0.5, [])
     with pytest.raises(InputError):
         expected_tokens_per_round(0.5, [2, -1])
+
+
+def test_expected_tokens_by_position_by_hand():
+    from engine.explain.analytic import expected_tokens_by_position
+
+    # α = (0.5, 0.8): 1 + 0.5 + 0.5·0.8 = 1.9; no draft: 1 token
+    assert expected_tokens_by_position([0.5, 0.8], 2) == pytest.approx(1.9)
+    assert expected_tokens_by_position([0.5, 0.8], 0) == 1.0
+    # a third position the run never judged takes the pooled α̂ 0.6: + 0.4·0.6 = 2.14
+    assert expected_tokens_by_position([0.5, 0.8], 3, 0.6) == pytest.approx(2.14)
+    # one α at every position: Leviathan et al.'s E
+    assert expected_tokens_by_position([0.7] * 4, 4) == pytest.approx(expected_tokens_per_pass(0.7, 4))
+    with pytest.raises(InputError):
+        expected_tokens_by_position([0.5], 2)
+    with pytest.raises(InputError):
+        expected_tokens_by_position([1.5], 1)
+    with pytest.raises(InputError):
+        expected_tokens_by_position([0.5], -1)
+
+
+def _run_record(**kw):
+    """A prompt-lookup-like measured_run record: 4 rounds, 2 with no draft and 2 of γ = 4 tokens."""
+    rec = dict(acceptance_rate=0.75, draft_cost_ratio=0.08, gamma=4, draft_ms_per_token=2.0,
+               verify_ms_by_tokens={1: 20.0, 2: 22.0, 5: 30.0}, measured_speedup=1.5,
+               draft_length_counts={0: 2, 4: 2}, verify_tokens_counts={1: 2, 5: 2},
+               acceptance_by_position=[0.5, 1.0, 1.0, 1.0], new_tokens=8, prefill_ms=100.0,
+               prefill_round_tokens=5, draft_prefill_ms=0.0, overhead_ms_per_round=1.0,
+               base_new_tokens=8, base_prefill_ms=60.0, base_overhead_ms_per_round=0.5)
+    rec.update(kw)
+    return types.SimpleNamespace(**rec)
+
+
+def test_predict_from_run_steps_by_hand():
+    from engine.explain.analytic import gap_rows, predict_from_run
+
+    p = predict_from_run(_run_record())
+    # t(1) = 20 ms, c = 2 / 20 = 0.1.
+    assert p.t1_ms == 20.0 and p.c == pytest.approx(0.1)
+    # constant: E(0.75, 4) = 3.05078125; cost 4·0.1 + t(5)/t(1) = 0.4 + 1.5 = 1.9 → 1.60567
+    s = p.step("constant")
+    assert (s.tokens_per_round, s.cost_per_round) == (pytest.approx(3.05078125), pytest.approx(1.9))
+    assert s.speedup == pytest.approx(3.05078125 / 1.9)
+    assert s.speedup == pytest.approx(compare_with_measured(_run_record()).predicted_curve)
+    # the run's lengths: E = (2·1 + 2·3.05078125) / 4 = 2.025390625; cost = (2·4·0.1 + 2·1 + 2·1.5) / 4 = 1.45
+    s = p.step("lengths")
+    assert (s.tokens_per_round, s.cost_per_round) == (pytest.approx(2.025390625), pytest.approx(1.45))
+    assert s.speedup == pytest.approx(2.025390625 / 1.45)
+    # α̂ by position (0.5, 1, 1, 1): a round of 4 gives 1 + 0.5·4 = 3; E = (2 + 2·3) / 4 = 2.0 → 2 / 1.45
+    s = p.step("positions")
+    assert s.tokens_per_round == pytest.approx(2.0) and s.speedup == pytest.approx(2.0 / 1.45)
+    # prefill and bookkeeping: 8 tokens in 8 / 2 = 4 rounds; spec = 100 + 4·(1.45·20 + 1) − t(5) = 100 + 120 −
+    # 30 = 190 ms; base = 60 + 7·20 + 8·0.5 = 204 ms → (204 / 8) / (190 / 8) = 1.07368
+    s = p.step("from_run")
+    assert s.speedup == pytest.approx(204 / 190)
+    assert s.error == pytest.approx(204 / 190 / 1.5 - 1)
+    assert [x.key for x in p.steps] == ["constant", "lengths", "positions", "from_run"]
+    assert (p.mean_draft_length, p.empty_rounds, p.n_rounds) == (2.0, 2, 4)
+    # the sentence: constant ÷ lengths − 1 = 1.60567 / 1.39682 − 1 = +15 %; lengths ÷ positions − 1 = +1 %;
+    # positions ÷ from_run − 1 = 1.37931 / 1.07368 − 1 = +28 %
+    assert ("drafts γ = 4 (the run drafted 2.0 per round on average, 2 of 4 rounds none) moves the prediction "
+            "by +15%") in p.summary
+    assert "by position by +1%" in p.summary and "bookkeeping by +28%" in p.summary
+    assert "1.07× against 1.50× measured (-28.4%)" in p.summary
+    rows = gap_rows(p)
+    assert len(rows) == 4 and rows[-1]["speedup ×"] == pytest.approx(204 / 190)
+    assert rows[0]["off from measured %"] == pytest.approx(100 * (3.05078125 / 1.9 / 1.5 - 1))
+
+
+def test_predict_from_run_with_full_length_drafts_is_todays_formula():
+    """Every round drafts γ and feeds γ + 1 tokens: the run's lengths change nothing; with one α̂ at every
+    position neither does α̂ by position."""
+    from engine.explain.analytic import predict_from_run
+
+    rec = _run_record(draft_length_counts={4: 7}, verify_tokens_counts={5: 7}, acceptance_by_position=[0.75] * 4)
+    p = predict_from_run(rec)
+    today = compare_with_measured(rec).predicted_curve
+    assert p.step("lengths").speedup == pytest.approx(today)
+    assert p.step("positions").speedup == pytest.approx(today)
+    assert today == pytest.approx(expected_tokens_per_pass(0.75, 4) / (4 * 0.1 + 30 / 20))
+
+
+def test_predict_from_run_needs_the_profile_and_t1():
+    from engine.explain.analytic import predict_from_run
+
+    assert predict_from_run(types.SimpleNamespace(acceptance_rate=0.5, draft_cost_ratio=0.1, gamma=2,
+                                                  verify_ms_by_tokens={1: 20.0}, measured_speedup=None)) is None
+    assert predict_from_run(_run_record(verify_ms_by_tokens={5: 30.0})) is None  # no timed t(1)
+    # without a baseline's prefill there is no whole-run step; without a measurement no errors
+    p = predict_from_run(_run_record(base_prefill_ms=None, measured_speedup=None))
+    assert [s.key for s in p.steps] == ["constant", "lengths", "positions"]
+    assert p.measured is None and all(s.error is None for s in p.steps)
+    with pytest.raises(InputError):
+        predict_from_run(_run_record(draft_length_counts={-1: 3}))
+    with pytest.raises(InputError):
+        predict_from_run(_run_record(acceptance_by_position=[1.2]))
+    with pytest.raises(InputError):
+        predict_from_run(_run_record(verify_tokens_counts={1: 2, 5: 3}))  # 4 rounds against 5

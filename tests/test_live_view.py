@@ -406,3 +406,52 @@ def test_round_summary_of_a_first_pass_after_the_prefill():
     assert round_summary(rnd(2)).endswith("(2 tokens in the target pass: only the draft tokens, since the "
                                           "prefill pass already gave p for the first one).")
     assert round_summary(rnd(3)).endswith("(3 tokens in the target pass).")
+
+
+def _profile_rounds():
+    """Four rounds of a prompt-lookup-like run: a fused prefill pass, a round without a draft, a full
+    acceptance, a rejection at position 2."""
+    def rnd(i, verdicts, tv, draft_ms, verify_ms, prefill_tokens=0):
+        drafted = [_pos(1, "a", v) for v in verdicts]
+        n_acc = sum(v == "accepted" for v in verdicts)
+        kind = "plain" if not verdicts else "bonus" if n_acc == len(verdicts) else "correction"
+        return Round(index=i, context_len=10, drafted=drafted, n_accepted=n_acc, next_token_id=1, next_text="a",
+                     next_kind=kind, next_top_p=[], residual_top=None, emitted_ids=[1] * (n_acc + 1),
+                     draft_ms=draft_ms, verify_ms=verify_ms, tokens_verified=tv, prefill_tokens=prefill_tokens)
+    return [rnd(0, ["accepted", "accepted", "rejected"], 13, 5.0, 80.0, prefill_tokens=10),
+            rnd(1, [], 1, 0.5, 20.0),
+            rnd(2, ["accepted", "accepted"], 3, 1.5, 25.0),
+            rnd(3, ["accepted", "rejected", "discarded", "discarded"], 5, 2.0, 30.0)]
+
+
+def test_run_profile_by_hand():
+    from engine.decoding.measure import run_profile
+
+    rounds = _profile_rounds()
+    spec = run_stats(rounds, prefill_ms=80.0, total_ms=200.0)
+    # c leaves out the first drafting round: (0.5 + 1.5 + 2.0) ms / (0 + 2 + 4) tokens = 2/3 ms
+    assert spec.draft_ms_per_token == pytest.approx(2 / 3)
+    base = run_stats([Round(index=i, context_len=10 + i, drafted=[], n_accepted=0, next_token_id=1, next_text="a",
+                            next_kind="plain", next_top_p=[], residual_top=None, emitted_ids=[1], draft_ms=0.0,
+                            verify_ms=ms, tokens_verified=int(i > 0)) for i, ms in enumerate([0.0, 8.0, 10.0])],
+                     prefill_ms=30.0, total_ms=60.0)
+    p = run_profile(rounds, spec, base)
+    assert p["new_tokens"] == 9 and p["n_rounds"] == 4  # 3 + 1 + 3 + 2 emitted
+    assert p["draft_length_counts"] == {0: 1, 2: 1, 3: 1, 4: 1}
+    # the fused pass (13 tokens: 10 of them the prompt) stands for a pass over its 3 drafts + 1
+    assert p["verify_tokens_counts"] == {1: 1, 3: 1, 4: 1, 5: 1} and p["prefill_round_tokens"] == 4
+    # position 1: judged in rounds 0, 2, 3, all accepted; position 2: accepted in 0 and 2, rejected in 3;
+    # position 3: rejected in round 0 (round 3's positions 3-4 were discarded, not judged)
+    assert p["judged_by_position"] == [3, 3, 1]
+    assert p["acceptance_by_position"] == pytest.approx([1.0, 2 / 3, 0.0])
+    # the first drafting round's draft time beyond c: 5.0 − 3 × 2/3 = 3.0 ms
+    assert p["draft_prefill_ms"] == pytest.approx(3.0)
+    # 200 − 80 (prefill = round 0's pass) − 9 (Σ draft) − 75 (Σ other passes) = 36 ms over 4 rounds
+    assert p["overhead_ms_per_round"] == pytest.approx(9.0)
+    # baseline: 60 − 30 prefill − 2 passes × 9 ms mean = 12 ms over 3 rounds
+    assert (p["base_new_tokens"], p["base_prefill_ms"]) == (3, 30.0)
+    assert p["base_overhead_ms_per_round"] == pytest.approx(4.0)
+    assert run_profile(rounds, spec)["base_prefill_ms"] is None
+    rec = measured_run(spec, 4, 1.3, base, rounds=rounds)
+    assert rec.draft_length_counts == p["draft_length_counts"] and rec.verify_ms_by_tokens[1] == 9.0
+    assert not hasattr(measured_run(spec, 4, 1.3, base), "draft_length_counts")  # no rounds, no profile

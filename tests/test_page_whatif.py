@@ -271,3 +271,35 @@ def test_best_gamma_says_none_when_speculation_never_pays():
 def test_unknown_tab_in_a_link_is_named():
     at = _app(wi_tab="Nope")
     assert "wi_tab=Nope → Analytic model" in " ".join(t.value for t in at.toast)
+
+
+def test_measured_numbers_show_where_the_gap_comes_from():
+    """The prediction from the run, one assumption at a time (engine.explain.analytic.predict_from_run; the
+    values are hand-computed in tests/test_analytic.py::test_predict_from_run_steps_by_hand)."""
+    from tests.test_analytic import _run_record
+
+    at = _tab(_app(), "My measured numbers")
+    at.session_state["measured_run"] = _run_record()
+    at.run()
+    assert not at.exception
+    assert "Where the gap comes from" in [h.value for h in at.subheader]
+    df = at.dataframe[0].value
+    assert list(df["step"]) == ["Today's formula", "The run's draft lengths", "+ α̂ by draft position",
+                                "+ prefill and bookkeeping"]
+    assert list(df["speedup ×"].round(4)) == [round(x, 4) for x in (3.05078125 / 1.9, 2.025390625 / 1.45,
+                                                                    2.0 / 1.45, 204 / 190)]
+    assert df["off from measured %"].iloc[-1] == pytest.approx(100 * (204 / 190 / 1.5 - 1))
+    assert any("included on both sides" in c.value for c in at.caption)
+    summary = next(m.value for m in at.markdown if m.value.startswith("Assuming every round drafts"))
+    assert "moves the prediction by +15%" in summary and "1.07× against 1.50× measured (-28.4%)" in summary
+    _no_bad_numbers(at)
+    # a run stored before Run baseline (no rounds profile): the old comparison, and what to press
+    at.session_state["measured_run"] = types.SimpleNamespace(
+        acceptance_rate=0.75, draft_cost_ratio=0.1, gamma=3, verify_ms_by_tokens={1: 20.0, 4: 26.0},
+        measured_speedup=1.7)
+    at.run()
+    assert not at.dataframe and any("Run baseline" in c.value for c in at.caption)
+    # a broken profile: a clear message, no traceback
+    at.session_state["measured_run"] = _run_record(verify_tokens_counts={1: 2, 5: 3})
+    at.run()
+    assert not at.exception and any("count different rounds" in e.value for e in at.error)

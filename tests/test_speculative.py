@@ -512,3 +512,27 @@ def test_cached_lm_reuses_the_last_logits_only_while_valid(tiny):
         assert len(calls) == 3 and torch.allclose(d[0], full[5], atol=1e-4)
     finally:
         handle.remove()
+
+
+def test_a_separate_prefill_is_counted_once_in_the_total_time(tiny):
+    """The first step of a decoder that was not prefilled early prefills in a pass of its own: its time is
+    prefill_ms and must be in total_ms once (it was added twice, inflating plain decoding's ms per token
+    and so the measured speedup). A 1.5 s sleep in the prompt's pass makes the prefill dominate: counted
+    twice, total − prefill ≥ prefill whatever the machine's load."""
+    import time
+
+    target = tiny["target"]
+
+    def slow_prompt(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] > 1:
+            time.sleep(1.5)
+
+    handle = target.model.register_forward_pre_hook(slow_prompt, with_kwargs=True)
+    try:
+        st = generate(target, None, PROMPTS[1], max_new_tokens=6, stop_on_eos=False).stats
+    finally:
+        handle.remove()
+    assert st.prefill_ms >= 1500
+    rounds_ms = st.total_ms - st.prefill_ms  # 6 one-token steps of a tiny model: well under the prefill
+    assert 0 < rounds_ms < st.prefill_ms, (st.total_ms, st.prefill_ms)

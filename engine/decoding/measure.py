@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from engine.decoding.trace import Round, RunStats
+from engine.decoding.trace import AFTER_END, Round, RunStats
 
 
 @dataclass
@@ -154,21 +154,86 @@ def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) ->
 
 
 def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
-                 base_stats: RunStats | None = None) -> SimpleNamespace | None:
+                 base_stats: RunStats | None = None, rounds: list[Round] | None = None) -> SimpleNamespace | None:
     """The record the what-if page reads from ``st.session_state["measured_run"]``, or None while the
     run has no measured α or c yet (nothing judged, or no draft time).
 
     ``base_stats`` (the baseline's, after Run baseline) supplies t(1), the plain decode step's median
     time, as the curve's 1-token point: what-if needs it for the verify-cost prediction and to express
-    c per decode step (``engine.explain.analytic.compare_with_measured``)."""
+    c per decode step (``engine.explain.analytic.compare_with_measured``). ``rounds`` (the rounds of the run
+    ``stats`` describes: ``SpeedupAB.spec_rounds`` after Run baseline) add what the prediction from the run
+    needs (``engine.explain.analytic.predict_from_run``): see :func:`run_profile`."""
     if stats.acceptance_rate is None or stats.draft_cost_ratio is None:
         return None
     sp = measured_speedup if measured_speedup is not None and math.isfinite(measured_speedup) else None
     curve = {int(k): float(v) for k, v in stats.verify_ms_by_tokens.items()}
     if base_stats is not None and 1 in base_stats.verify_ms_by_tokens:
         curve[1] = float(base_stats.verify_ms_by_tokens[1])
-    return SimpleNamespace(acceptance_rate=float(stats.acceptance_rate),
-                           draft_cost_ratio=float(stats.draft_cost_ratio),
-                           draft_ms_per_token=stats.draft_ms_per_token,
-                           verify_ms_by_tokens=dict(sorted(curve.items())),
-                           measured_speedup=sp, gamma=int(gamma))
+    rec = SimpleNamespace(acceptance_rate=float(stats.acceptance_rate),
+                          draft_cost_ratio=float(stats.draft_cost_ratio),
+                          draft_ms_per_token=stats.draft_ms_per_token,
+                          verify_ms_by_tokens=dict(sorted(curve.items())),
+                          measured_speedup=sp, gamma=int(gamma))
+    if rounds:
+        vars(rec).update(run_profile(rounds, stats, base_stats))
+    return rec
+
+
+def run_profile(rounds: list[Round], stats: RunStats, base_stats: RunStats | None = None) -> dict:
+    """What a speculative run did, round by round, for the prediction from the run
+    (``engine.explain.analytic.predict_from_run``). ``stats`` are ``run_stats`` of ``rounds``; ``base_stats``
+    those of the plain-decoding run it was timed against (None: no baseline yet).
+
+    Returns a dict (the ``measured_run`` record's extra fields; times in ms, counts in rounds):
+        new_tokens, n_rounds: tokens generated and rounds of the run.
+        draft_length_counts: {draft tokens proposed in a round: rounds} (0 = a round with no draft, e.g.
+            prompt lookup without a match: it still costs a target pass).
+        verify_tokens_counts: {tokens fed to the target in the round's pass: rounds}, 0 for a round with no
+            pass; the round whose pass also prefilled the prompt counts as its draft length + 1 (the pass it
+            stands for in a steady state; its real time is ``prefill_ms``).
+        prefill_round_tokens: that draft length + 1 (None when the prefill ran as a pass of its own).
+        acceptance_by_position: α̂ at draft position i (P(accept at i | all before accepted), as
+            ``RunStats.acceptance_by_position``); judged_by_position: how many times each was judged.
+        prefill_ms: the target's prefill pass (the fused first verify pass when ``prefill_round_tokens``).
+        draft_prefill_ms: the draft's own pass over the prompt: the first drafting round's draft time beyond
+            c's per-token time (``RunStats.draft_ms_per_token`` leaves that round out); 0 when it was not
+            left out.
+        overhead_ms_per_round: wall time per round outside the draft and verify timers (the decoder's
+            bookkeeping: top-5 lists, trace records, KV crops): (total − separate prefill − Σ draft
+            − Σ verify) ÷ rounds.
+        base_new_tokens, base_prefill_ms, base_overhead_ms_per_round: the same for the baseline run (None
+            without one); its passes' sum is verify_ms_mean × its one-token passes.
+    """
+    fused = next((r for r in rounds if r.prefill_tokens), None)
+    lengths: dict[int, int] = {}
+    fed: dict[int, int] = {}
+    judged: dict[int, int] = {}
+    for r in rounds:
+        lengths[r.n_drafted] = lengths.get(r.n_drafted, 0) + 1
+        n = r.n_drafted + 1 if r is fused else r.tokens_verified
+        fed[n] = fed.get(n, 0) + 1
+        for i, d in enumerate(r.drafted):
+            if d.verdict in ("discarded", AFTER_END):
+                break
+            judged[i] = judged.get(i, 0) + 1
+    drafting = [r for r in rounds if r.n_drafted]
+    draft_prefill = 0.0
+    if len(drafting) > 1 and stats.draft_ms_per_token is not None:  # run_stats left the first one out of c
+        draft_prefill = max(drafting[0].draft_ms - stats.draft_ms_per_token * drafting[0].n_drafted, 0.0)
+    sum_draft = sum(r.draft_ms for r in rounds)
+    sum_verify = sum(r.verify_ms for r in rounds if r is not fused)
+    overhead = stats.total_ms - stats.prefill_ms - sum_draft - sum_verify
+    out = dict(new_tokens=stats.new_tokens, n_rounds=len(rounds),
+               draft_length_counts=dict(sorted(lengths.items())), verify_tokens_counts=dict(sorted(fed.items())),
+               prefill_round_tokens=None if fused is None else fused.n_drafted + 1,
+               acceptance_by_position=list(stats.acceptance_by_position),
+               judged_by_position=[judged[i] for i in sorted(judged)],
+               prefill_ms=float(stats.prefill_ms), draft_prefill_ms=float(draft_prefill),
+               overhead_ms_per_round=max(overhead, 0.0) / len(rounds),
+               base_new_tokens=None, base_prefill_ms=None, base_overhead_ms_per_round=None)
+    if base_stats is not None and base_stats.rounds and base_stats.verify_ms_mean is not None:
+        passes = base_stats.target_passes - 1  # its one-token passes (the prefill is a pass of its own)
+        base_over = base_stats.total_ms - base_stats.prefill_ms - base_stats.verify_ms_mean * passes
+        out.update(base_new_tokens=base_stats.new_tokens, base_prefill_ms=float(base_stats.prefill_ms),
+                   base_overhead_ms_per_round=max(base_over, 0.0) / base_stats.rounds)
+    return out

@@ -709,7 +709,9 @@ def compare_with_measured(run: object) -> MeasuredComparison:
     run's mean target pass), ``verify_ms_by_tokens`` ({tokens fed to the target in one pass: ms}),
     ``measured_speedup`` (float or None), ``gamma`` and optionally ``draft_ms_per_token`` (ms).
     Predictions: :func:`speedup` with the simple cost (Leviathan et al. 2023, Theorem 3.8) and with
-    t(γ+1)/t(1) from :func:`verify_cost_ratio`.
+    t(γ+1)/t(1) from :func:`verify_cost_ratio`. Both are steady-state rounds of γ draft tokens, prefill left out
+    on both sides; :func:`predict_from_run` predicts from what the run did (its draft lengths, α̂ by position,
+    prefill included on both sides as in the measured speedup).
 
     The verify-cost prediction needs a timed 1-token pass t(1) (a plain decode step: the live page's
     baseline times them), since t(1) extrapolated from longer passes is noise (two passes, one of them
@@ -1086,3 +1088,226 @@ HEAD_RANK_COUNTS = {
 depth d (rows, 1..4) was the head's rank-r candidate (columns, 1..8), given the path above it was the target's;
 12 held-out prompts × 64 tokens. ``benchmarks/results/tree_ranks.json`` (``benchmarks/bench_tree_ranks.py
 --prompts 12 --max-new-tokens 64 --depth 4 --threads 1``). Fit with :func:`fit_tree_acceptance`."""
+
+
+# The prediction from what a run did, and where today's formula's gap comes from
+
+
+def expected_tokens_by_position(alpha_by_position: Sequence[float], draft_length: int,
+                                alpha_fallback: float | None = None) -> float:
+    """Expected tokens a round emits when it drafts ``draft_length`` tokens and draft position i is accepted
+    with probability α_i given all before it were (the run's α̂ by position).
+
+    E = Σ_{k=0..n} Π_{j<k} α_j: Leviathan et al. 2023, Eq. (1) with a per-position α instead of one α (the
+    round emits the accepted prefix plus the target's own token; the first k drafts are all accepted with
+    probability Π_{j<k} α_j). With every α_j = α it is Σ_{k=0..n} α^k, :func:`expected_tokens_per_pass`.
+    A position the run never judged (every earlier draft rejected) takes ``alpha_fallback`` (the pooled α̂).
+
+    Raises:
+        InputError: an α outside [0, 1], a negative length, or an unjudged position without a fallback.
+    """
+    alphas = [_check_alpha(a) for a in alpha_by_position]
+    if isinstance(draft_length, bool) or not isinstance(draft_length, (int, np.integer)) or draft_length < 0:
+        raise InputError(f"A draft length must be a whole number ≥ 0, got {draft_length!r}.")
+    e, p = 1.0, 1.0
+    for j in range(int(draft_length)):
+        if j < len(alphas):
+            a = alphas[j]
+        elif alpha_fallback is not None:
+            a = _check_alpha(alpha_fallback)
+        else:
+            raise InputError(f"No acceptance rate for draft position {j + 1}.")
+        p *= a
+        e += p
+    return float(e)
+
+
+@dataclass
+class GapStep:
+    """One prediction of a run's speedup, under one set of assumptions (see :func:`predict_from_run`).
+
+    Attributes:
+        key: "constant", "lengths", "positions" or "from_run".
+        label: a short name; assumption: what it assumes, in words.
+        tokens_per_round: expected tokens per round (per target pass).
+        cost_per_round: a round's time in plain decode steps t(1) (draft + verify; for "from_run" the
+            run's whole time ÷ its predicted rounds, prefill and bookkeeping included).
+        speedup: the prediction (×).
+        error: speedup ÷ measured − 1 (None without a measured speedup).
+    """
+
+    key: str
+    label: str
+    assumption: str
+    tokens_per_round: float
+    cost_per_round: float
+    speedup: float
+    error: float | None
+
+
+@dataclass
+class RunPrediction:
+    """The gap between today's formula and a measured run, in steps (see :func:`predict_from_run`).
+
+    Attributes:
+        steps: constant γ and α̂ → the run's draft lengths → α̂ by position → prefill and bookkeeping.
+        measured: the measured speedup (None if not measured).
+        summary: one sentence saying which assumption costs what.
+        mean_draft_length: drafted tokens per round; empty_rounds: rounds that drafted nothing; n_rounds.
+        t1_ms: the plain decode step t(1) (ms) all costs are counted in; c: draft ms per token ÷ t(1).
+    """
+
+    steps: list[GapStep]
+    measured: float | None
+    summary: str
+    mean_draft_length: float
+    empty_rounds: int
+    n_rounds: int
+    t1_ms: float
+    c: float
+
+    def step(self, key: str) -> GapStep:
+        return next(s for s in self.steps if s.key == key)
+
+
+def _counts(mapping, what: str) -> dict[int, int]:
+    try:
+        out = {int(k): int(v) for k, v in dict(mapping).items()}
+    except (TypeError, ValueError, AttributeError):
+        raise InputError(f"The stored run's {what} must map whole numbers to round counts.") from None
+    if not out or any(k < 0 or v < 0 for k, v in out.items()) or sum(out.values()) == 0:
+        raise InputError(f"The stored run's {what} is empty or negative: run the live page again.")
+    return out
+
+
+def predict_from_run(run: object) -> RunPrediction | None:
+    """Predict a measured run's speedup from what the run did, in steps that show where the gap between
+    today's formula and the measurement comes from.
+
+    ``run`` is the ``measured_run`` record (``engine.decoding.measure.measured_run`` with the run's rounds,
+    see ``run_profile`` there for each field). All costs are in plain decode steps t(1), the baseline's
+    median one-token pass; c = draft ms per token ÷ t(1) (the first drafting round, which also runs the
+    draft over the prompt, left out). With h(n) the rounds that drafted n tokens, v(m) the rounds that fed
+    m tokens to the target, R = Σ h, r(m) = t(m)/t(1) from the measured curve (:func:`verify_cost_ratio`;
+    r(0) = 0, no pass):
+
+    1. "constant": every round drafts γ, every draft accepted with the pooled α̂ (today's formula):
+       E(α̂, γ) / (γc + r(γ + 1)), Leviathan et al. 2023, Eq. (1) and Theorem 3.8.
+    2. "lengths": the run's draft lengths, one α̂: E_L = Σ_n h(n)·E(α̂, n) / R (:func:`expected_tokens_per_round`),
+       cost C = [Σ_n h(n)·n·c + Σ_m v(m)·r(m)] / R; speedup E_L / C.
+    3. "positions": the same with α̂ by draft position: E_P = Σ_n h(n)·Σ_{k≤n} Π_{j<k} α̂_j / R
+       (:func:`expected_tokens_by_position`); speedup E_P / C.
+    4. "from_run": prefill on both sides, as the measured speedup counts it (both include it: ms per token
+       of the whole run, prefill included, ``engine.decoding.measure.measure_speedup_ab``), and the time
+       each round spends outside the draft and verify timers. For N tokens in R̂ = N / E_P rounds:
+       spec = P + P_d + R̂·(C·t(1) + o) − t(m_p) [a fused prefill pass stands for one round's pass],
+       base = P_b + (N_b − 1)·t(1) + N_b·o_b [plain decoding's prefill yields its first token], speedup =
+       (base / N_b) / (spec / N), with P, P_b the target's prefill passes, P_d the draft's pass over the
+       prompt, o, o_b the per-round bookkeeping of each run.
+
+    With only full-length drafts (every h at γ, every pass over γ + 1 tokens) step 2 equals step 1; with one α̂
+    at every position step 3 equals step 2.
+
+    Returns:
+        A :class:`RunPrediction`, or None when the record lacks what it needs (no rounds profile, no
+        timed 1-token pass t(1), no draft time).
+
+    Raises:
+        InputError: a profile that is malformed (negative counts, α outside [0, 1]).
+    """
+    lengths = getattr(run, "draft_length_counts", None)
+    fed = getattr(run, "verify_tokens_counts", None)
+    curve = getattr(run, "verify_ms_by_tokens", None) or {}
+    draft_ms = getattr(run, "draft_ms_per_token", None)
+    if not lengths or not fed or 1 not in {int(k) for k in curve} or draft_ms is None:
+        return None
+    h, v = _counts(lengths, "draft lengths"), _counts(fed, "tokens fed per pass")
+    if sum(h.values()) != sum(v.values()):
+        raise InputError("The stored run's draft lengths and pass sizes count different rounds: run the live "
+                         "page again.")
+    alpha = _check_alpha(getattr(run, "acceptance_rate"))
+    gamma = _check_gamma(int(getattr(run, "gamma")))
+    by_pos = [_check_alpha(a) for a in (getattr(run, "acceptance_by_position", None) or [])]
+    ns, ms = _clean_curve(curve)
+    t1 = float(ms[list(ns).index(1.0)])
+    c = float(draft_ms) / t1
+    if not (math.isfinite(c) and c >= 0):
+        raise InputError(f"The stored run's draft time per token is {draft_ms!r} ms: run the live page again.")
+    measured = getattr(run, "measured_speedup", None)
+    measured = float(measured) if measured is not None and math.isfinite(float(measured)) else None
+
+    def ratio(m: int) -> float:
+        return 0.0 if m == 0 else verify_cost_ratio(m, measured_ms=curve)
+
+    n_rounds = sum(h.values())
+    steps: list[GapStep] = []
+
+    def add(key: str, label: str, assumption: str, e: float, cost: float, sp: float | None = None) -> None:
+        s = e / cost if sp is None else sp
+        steps.append(GapStep(key, label, assumption, e, cost, s,
+                             None if not measured else s / measured - 1.0))
+
+    e_const = expected_tokens_per_pass(alpha, gamma)
+    add("constant", "Today's formula", f"every round drafts γ = {gamma}, every draft token accepted with α̂ = "
+        f"{alpha:.3f}", e_const, gamma * c + ratio(gamma + 1))
+    cost = (sum(n * k for n, k in h.items()) * c + sum(ratio(m) * k for m, k in v.items())) / n_rounds
+    e_len = sum(expected_tokens_per_round(alpha, [n]) * k for n, k in h.items()) / n_rounds
+    add("lengths", "The run's draft lengths", "each round's own draft length and pass size, one α̂", e_len, cost)
+    e_pos = sum(expected_tokens_by_position(by_pos, n, alpha) * k for n, k in h.items()) / n_rounds \
+        if by_pos else e_len
+    add("positions", "+ α̂ by draft position", "α̂ measured at each draft position", e_pos, cost)
+
+    n_new = getattr(run, "new_tokens", None)
+    n_base = getattr(run, "base_new_tokens", None) or n_new
+    p_base = getattr(run, "base_prefill_ms", None)
+    if n_new and p_base is not None:
+        pr_tokens = getattr(run, "prefill_round_tokens", None)
+        spec_ms = (float(getattr(run, "prefill_ms", 0.0)) + float(getattr(run, "draft_prefill_ms", 0.0) or 0.0)
+                   + n_new / e_pos * (cost * t1 + float(getattr(run, "overhead_ms_per_round", 0.0) or 0.0))
+                   - (ratio(int(pr_tokens)) * t1 if pr_tokens else 0.0))
+        base_ms = (float(p_base) + (n_base - 1) * t1
+                   + n_base * float(getattr(run, "base_overhead_ms_per_round", 0.0) or 0.0))
+        if spec_ms > 0 and base_ms > 0:
+            sp = (base_ms / n_base) / (spec_ms / n_new)
+            add("from_run", "+ prefill and bookkeeping",
+                "both sides include the prefill (as the measured speedup does) and the per-round time outside "
+                "the draft and verify timers", e_pos, spec_ms / t1 / (n_new / e_pos), sp)
+    mean_len = sum(n * k for n, k in h.items()) / n_rounds
+    empty = h.get(0, 0)
+    pred = RunPrediction(steps=steps, measured=measured, summary="", mean_draft_length=mean_len,
+                         empty_rounds=empty, n_rounds=n_rounds, t1_ms=t1, c=c)
+    pred.summary = gap_summary(pred, gamma)
+    return pred
+
+
+def gap_summary(pred: RunPrediction, gamma: int) -> str:
+    """One sentence: how far each assumption moves the prediction (each step's speedup ÷ the next one's − 1,
+    in %) and what is left against the measurement."""
+    parts = []
+    s = {x.key: x for x in pred.steps}
+    if "lengths" in s:
+        d = s["constant"].speedup / s["lengths"].speedup - 1.0
+        parts.append(f"Assuming every round drafts γ = {gamma} (the run drafted {pred.mean_draft_length:.1f} per "
+                     f"round on average, {pred.empty_rounds} of {pred.n_rounds} rounds none) moves the prediction "
+                     f"by {d:+.0%}")
+    if "positions" in s:
+        d = s["lengths"].speedup / s["positions"].speedup - 1.0
+        parts.append(f"one α̂ for every draft position instead of α̂ by position by {d:+.0%}")
+    if "from_run" in s:
+        d = s["positions"].speedup / s["from_run"].speedup - 1.0
+        parts.append(f"leaving out the prefill and the per-round bookkeeping by {d:+.0%}")
+    last = pred.steps[-1]
+    text = "; ".join(parts) + "."
+    if pred.measured is not None and last.error is not None:
+        text += (f" The prediction from the run is {last.speedup:.2f}× against {pred.measured:.2f}× measured "
+                 f"({last.error:+.1%}); today's formula is {s['constant'].error:+.1%} off.")
+    return text
+
+
+def gap_rows(pred: RunPrediction) -> list[dict]:
+    """The table of What-if's "Where the gap comes from": one row per step of :func:`predict_from_run`
+    (the measured speedup is the chart's last bar and the column "off", speedup ÷ measured − 1 in %, None
+    without a measurement)."""
+    return [{"step": s.label, "tokens per round": s.tokens_per_round, "round cost (decode steps)": s.cost_per_round,
+             "speedup ×": s.speedup, "off from measured %": None if s.error is None else 100.0 * s.error}
+            for s in pred.steps]

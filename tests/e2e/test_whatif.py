@@ -83,3 +83,36 @@ def test_closed_tabs_keep_their_settings_and_back_undoes_a_change(page, app_url)
         page.go_back()
         wait_idle(page)
     assert page.url.rstrip("/") == app_url
+
+
+def test_whatif_shows_where_a_live_runs_gap_comes_from(page, app_url):
+    """Live → What-if in one browser session: Run baseline on the Live page (the trained head, chat, 24 tokens),
+    then What-if's "My measured numbers" shows the prediction one assumption at a time, the measured value,
+    the chart and the sentence (engine.explain.analytic.predict_from_run)."""
+    import re
+
+    page.goto(app_url + "/live?lv_draft=head&lv_preset=chat&lv_temp=0&lv_max_new=24&lv_speed=instant")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_role("button", name=re.compile(r"^Run baseline")).click()
+    page.get_by_text("Greedy outputs identical?").wait_for(timeout=300_000)
+    wait_idle(page)
+    # in-app navigation keeps the session (and its measured_run); a new page load would not
+    page.get_by_role("link", name="What-if: how much faster?").first.click()
+    wait_idle(page)
+    page.get_by_role("tab", name="My measured numbers").click()
+    wait_idle(page)
+    page.get_by_text("Where the gap comes from").first.wait_for(timeout=60_000)
+    page.get_by_text("The prediction from the run is").first.wait_for(timeout=60_000)
+    wait_url(page, "wi_tab=My+measured+numbers")
+    body = page.inner_text("body")
+    assert "included on both sides" in body
+    m = re.search(r"The prediction from the run is ([\d.]+)× against ([\d.]+)× measured \(([-+][\d.]+)%\)", body)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, body[-2000:]
+    print(f"page: from the run {m.group(1)}×, measured {m.group(2)}× ({m.group(3)} %)")
+    grid = page.locator('[data-testid="stDataFrame"]').first
+    grid.wait_for()
+    page.locator(".js-plotly-plot").nth(1).wait_for(timeout=30_000)  # the pass-time curve and the gap chart
+    assert not page.locator('[data-testid="stException"]').count()
+    page.set_viewport_size({"width": 1400, "height": 2200})
+    wait_idle(page)
+    assert screenshot(page, "whatif_measured_gap").stat().st_size > 20_000
