@@ -43,8 +43,8 @@ from engine.decoding.attention import fed_visibility, model_mask
 from engine.decoding.models import LoadedModel
 from engine.decoding.proposers import Proposer
 from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, verify_greedy, verify_sampling, warp_probs
-from engine.decoding.speculative import MAX_NEW_TOKENS, GenerationResult, _TokenText, encode_prompt
-from engine.decoding.trace import AFTER_END, DraftPosition, Round, TopToken, run_stats
+from engine.decoding.speculative import MAX_NEW_TOKENS, GenerationResult, _TokenText, chain_positions, encode_prompt
+from engine.decoding.trace import Round, run_stats
 from engine.errors import InputError
 
 MAX_BATCH = 4096
@@ -555,22 +555,7 @@ class BatchDecoder:
         text = self.text
         k = len(draft)
         top_p = text.top_rows(p)
-        top_q = [[TopToken(x, text(x), 1.0)] for x in draft] if point_mass else text.top_rows(q[:k])
-        positions = []
-        for i, x in enumerate(draft):
-            if n_kept < verdict.n_accepted and i >= n_kept:
-                verdict_s = AFTER_END
-            elif i < verdict.n_accepted:
-                verdict_s = "accepted"
-            elif i == verdict.n_accepted:
-                verdict_s = "rejected"
-            else:
-                verdict_s = "discarded"
-            positions.append(DraftPosition(
-                token_id=x, text=text(x), q=float(q[i, x]), p=float(p[i, x]),
-                accept_prob=verdict.accept_probs[i] if i < len(verdict.accept_probs) else None,
-                u=verdict.uniforms[i] if i < len(verdict.uniforms) else None,
-                verdict=verdict_s, top_p=top_p[i], top_q=top_q[i]))
+        positions = chain_positions(text, draft, q, point_mass, p, verdict, n_kept, top_p)
         return Round(
             index=len(r.rounds), context_len=context_len, drafted=positions, n_accepted=n_kept,
             next_token_id=verdict.next_token, next_text=text(verdict.next_token),

@@ -94,6 +94,37 @@ class _TokenText:
                 for vr, ir in zip(vals.tolist(), idx.tolist())]
 
 
+def chain_positions(text: "_TokenText", draft: list[int], q: torch.Tensor, point_mass: bool, p: torch.Tensor,
+                    verdict, n_kept: int, top_p: list[list[TopToken]]) -> list[DraftPosition]:
+    """The ``DraftPosition`` records of a judged chain draft (shared by the single-sequence and batched rounds).
+
+    Args:
+        text: the decoder's memoized token text.
+        draft: k draft ids; q: [k, V] their draft distributions; point_mass: q rows are one-hot.
+        p: [k + 1, V] the target's distributions; verdict: the ``engine.decoding.sampling.Verdict``.
+        n_kept: draft tokens the output keeps (fewer than accepted when an accepted EOS ended it).
+        top_p: ``text.top_rows(p)``, the top-5 of each p row.
+    """
+    # a one-hot q has one token with q > 0: no need to search V for it
+    top_q = [[TopToken(x, text(x), 1.0)] for x in draft] if point_mass else text.top_rows(q[:len(draft)])
+    positions = []
+    for i, x in enumerate(draft):
+        if n_kept < verdict.n_accepted and i >= n_kept:
+            verdict_s = AFTER_END
+        elif i < verdict.n_accepted:
+            verdict_s = "accepted"
+        elif i == verdict.n_accepted:
+            verdict_s = "rejected"
+        else:
+            verdict_s = "discarded"
+        positions.append(DraftPosition(
+            token_id=x, text=text(x), q=float(q[i, x]), p=float(p[i, x]),
+            accept_prob=verdict.accept_probs[i] if i < len(verdict.accept_probs) else None,
+            u=verdict.uniforms[i] if i < len(verdict.uniforms) else None,
+            verdict=verdict_s, top_p=top_p[i], top_q=top_q[i]))
+    return positions
+
+
 @dataclass
 class GenerationResult:
     """A finished run: prompt and generated ids, text, rounds and statistics."""
@@ -303,25 +334,8 @@ class SpeculativeDecoder:
         # draft tokens the output keeps: an accepted end-of-sequence token inside the draft ends the output
         # there, and the draft tokens after it (accepted or not) are past the end, not part of α̂
         n_kept = min(verdict.n_accepted, len(emitted))
-        positions = []
         top_p = text.top_rows(p)
-        # a one-hot q has one token with q > 0: no need to search V for it
-        top_q = [[TopToken(x, text(x), 1.0)] for x in draft] if point_mass else text.top_rows(q[:k])
-        for i, x in enumerate(draft):
-            if n_kept < verdict.n_accepted and i >= n_kept:
-                verdict_s = AFTER_END
-            elif i < verdict.n_accepted:
-                verdict_s = "accepted"
-            elif i == verdict.n_accepted:
-                verdict_s = "rejected"
-            else:
-                verdict_s = "discarded"
-            evaluated = i < len(verdict.accept_probs)
-            positions.append(DraftPosition(
-                token_id=x, text=text(x), q=float(q[i, x]), p=float(p[i, x]),
-                accept_prob=verdict.accept_probs[i] if evaluated else None,
-                u=verdict.uniforms[i] if i < len(verdict.uniforms) else None,
-                verdict=verdict_s, top_p=top_p[i], top_q=top_q[i]))
+        positions = chain_positions(text, draft, q, point_mass, p, verdict, n_kept, top_p)
         kind = verdict.next_kind if k > 0 else "plain"
         rnd = Round(
             index=len(self.rounds), context_len=context_len, drafted=positions,
