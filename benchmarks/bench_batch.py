@@ -70,8 +70,9 @@ def main() -> int:
         f"Command: `{cmd}`  ",
         f"{sweep.max_new_tokens} new tokens per row (rows stop at EOS too), {sweep.reps} alternating runs per cell "
         f"(median), torch threads {sweep.threads}, {sweep.elapsed_s:.0f} s in all. Load average before/after: "
-        f"{load_before[0]:.1f} / {load_after[0]:.1f} on 2 cores (the machine was shared: other engineers' jobs ran "
-        "meanwhile; " + (f"a cell's slowest ÷ fastest run: up to {max(spreads):.2f}×)." if sweep.reps > 1 and spreads
+        f"{load_before[0]:.1f} / {load_after[0]:.1f} on 2 cores (" + (
+            "above 2: other jobs ran meanwhile, the timings are noisy; " if max(load_before[0], load_after[0]) > 2
+            else "") + (f"a cell's slowest ÷ fastest run: up to {max(spreads):.2f}×)." if sweep.reps > 1 and spreads
                          else "one run per cell, so no spread was measured)."), "",
         f"Measured machine: {peaks['bandwidth_gbs']:.1f} GB/s copy bandwidth, {peaks['peak_tflops'] * 1000:.1f} "
         f"GFLOP/s fp32 matmul (median of before and after).", "",

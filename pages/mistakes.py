@@ -91,8 +91,8 @@ else:
         c2.metric(f"Speedup at batch {mb.large_batch}", f"{mb.speedup_large:.2f}×")
         c3.metric("Slower than plain decoding from batch (measured)",
                   f"{mb.crossover_batch}" if mb.crossover_batch is not None else f"none up to {mb.large_batch}")
-        shipped_note = ("" if "session" in mb.source else " That run was taken while the machine was shared with "
-                        "other jobs, so its ratios are noisy: read the notes in benchmarks/results/batch.md.")
+        shipped_note = ("" if "session" in mb.source else " That run timed each cell once (no spread measured), "
+                        "12 tokens per row on the 32 built-in prompts: see benchmarks/results/batch.md.")
         st.caption(f"From {mb.source}; torch threads {mb.threads}.{shipped_note} Run your own on the What-if page's "
                    "“When it does not help” tab (Measured on this machine).")
 
