@@ -138,8 +138,9 @@ def markdown(res: dict) -> str:
     lines = [f"# Token trees vs chains (embedded SmolLM2-135M, greedy, CPU)\n",
              f"Command: `{m['command']}`  ",
              f"Machine: {m['machine']}, torch threads {m['threads']}; load average at start {m['load_start']}, "
-             f"at end {m['load_end']} (a shared machine: other engineers' jobs ran at the same time, so the "
-             "timings are noisy; the counts — accepted, tokens per pass, identical — are not).  ",
+             f"at end {m['load_end']}" + (" (above 2: other jobs ran at the same time, so the timings are noisy; "
+                                          "the counts — accepted, tokens per pass, identical — are not)"
+                                          if max(float(m['load_start']), float(m['load_end'])) > 2 else "") + ".  ",
              f"Prompts: {m['n_prompts']} ({', '.join(m['prompt_labels'])}), up to {m['max_new_tokens']} new tokens "
              "each; methods one after another per prompt.\n",
              "| method | accepted per round | tokens per pass | α̂ (per depth) | nodes per round | draft ms per round | "
