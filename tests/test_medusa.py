@@ -67,6 +67,26 @@ def test_choose_tree_maximises_tokens_per_unit_of_pass_time():
         choose_tree(ACC, [])
 
 
+def test_choose_tree_again_rewrites_the_saved_tree_for_another_cost_curve(tmp_path):
+    from engine.training.train_medusa import choose_tree_again
+
+    heads = MedusaHeads(8, 3, torch.arange(5))
+    save_medusa(heads, tmp_path / "m", meta={"medusa_choices": [[0]], "head_accuracy": ACC})
+    (tmp_path / "m" / "train_meta.json").write_text(json.dumps({"tree": {}, "pass_cost": [1.0]}))
+    # same curve as above: n = 2 wins (1.7 / 1.2)
+    out = choose_tree_again(tmp_path / "m", [1.0, 1.1, 1.2, 1.5, 1.5, 1.6, 1.7], 6)
+    cfg = json.loads((tmp_path / "m" / "medusa_config.json").read_text())
+    assert out["nodes"] == 2 and cfg["medusa_choices"] == [[0], [1]]
+    assert cfg["tree"]["expected_tokens"] == pytest.approx(1.7)
+    # passes that cost the same up to 4 tokens: n = 3 (E = 1.9) beats n = 2 (1.7) and n = 0..1
+    out = choose_tree_again(tmp_path / "m", [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0], 6)
+    assert out["medusa_choices"] == [[0], [1], [0, 0]]
+    assert json.loads((tmp_path / "m" / "train_meta.json").read_text())["pass_cost"][4] == 2.0
+    save_medusa(heads, tmp_path / "bare")
+    with pytest.raises(InputError, match="head_accuracy"):
+        choose_tree_again(tmp_path / "bare", [1.0, 1.0], 1)
+
+
 def test_validate_choices():
     assert validate_choices([[0, 1], [0], [1]], 2) == [[0], [1], [0, 1]]
     for bad in ([[0, 1]], [[0], [0]], [[0, 0, 0]], [[-1]], [[]], "x"):

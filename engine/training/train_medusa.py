@@ -264,6 +264,45 @@ def load_pass_cost(path: Path) -> list[float]:
         raise InputError(f"Cannot read the verify cost curve {str(path)!r}: {e}") from None
 
 
+def choose_tree_again(folder: str | Path, pass_cost: list[float], max_tree: int) -> dict:
+    """Re-choose the static tree of saved heads for another measured pass-cost curve, without retraining.
+
+    The choice (``engine.decoding.medusa.choose_tree``) needs only the heads' held-out accuracies
+    (``head_accuracy`` in ``medusa_config.json``) and the cost of a pass over m tokens; the curve depends on
+    the machine, so a tree chosen on one CPU is re-chosen here for another. Rewrites ``medusa_choices`` and
+    ``tree`` in ``medusa_config.json`` and, when present, ``tree`` and ``pass_cost`` in ``train_meta.json``.
+
+    Args:
+        folder: saved Medusa heads (``save_medusa``).
+        pass_cost: pass_cost[m − 1] = a pass over m tokens ÷ a pass over one token.
+        max_tree: largest tree considered (nodes).
+
+    Returns:
+        ``choose_tree``'s result.
+
+    Raises:
+        InputError: no readable config, or heads saved without ``head_accuracy``.
+    """
+    folder = Path(folder)
+    path = folder / "medusa_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"Cannot read the Medusa config {str(path)!r}: {e}") from None
+    if not cfg.get("head_accuracy"):
+        raise InputError(f"{str(path)!r} has no head_accuracy to choose a tree from.")
+    tree = choose_tree(cfg["head_accuracy"], pass_cost, max_tree)
+    cfg["medusa_choices"] = tree["medusa_choices"]
+    cfg["tree"] = {k: tree[k] for k in ("nodes", "expected_tokens", "pass_cost", "score")}
+    path.write_text(json.dumps(cfg, indent=1) + "\n")
+    meta_path = folder / "train_meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        meta["tree"], meta["pass_cost"] = tree, list(pass_cost)
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    return tree
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.training.train_medusa", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "smollm2-medusa"), help="output folder")
@@ -295,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tree", type=int, default=7, help="largest static tree considered (nodes)")
     ap.add_argument("--verify-cost", default=str(ROOT / "benchmarks" / "results" / "verify_cost.json"),
                     help="measured pass cost per fed token, for choosing the tree size")
+    ap.add_argument("--choose-tree-only", action="store_true",
+                    help="only re-choose the static tree of the heads in --out for --verify-cost (no training)")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
@@ -305,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     from engine.decoding.models import load_model
 
     pass_cost = load_pass_cost(Path(args.verify_cost))
+    if args.choose_tree_only:
+        tree = choose_tree_again(args.out, pass_cost, args.max_tree)
+        _log(f"[tree] {tree['nodes']} nodes {tree['medusa_choices']}: estimated {tree['expected_tokens']} tokens "
+             f"per pass at {tree['pass_cost']}× a single-token pass (written to {args.out})")
+        return 0
     t_start = time.perf_counter()
     target = load_model("embedded", device="cpu")
     model, tok, eos = target.model, target.tokenizer, target.eos_token_ids
