@@ -69,6 +69,17 @@ def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
 
 
 @torch.inference_mode()
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100) -> dict:
     """Median ms of one target pass over n = 1..max_tokens new tokens after a cached context (the verify
     pass of γ = n − 1), sizes interleaved so noise hits all alike."""
@@ -186,18 +197,20 @@ def main() -> int:
                          "head_acceptance.json/.md")
     ap.add_argument("--verify-only", action="store_true",
                     help="only measure the target pass cost by tokens verified (results/verify_cost.*)")
+    ap.add_argument("--verify-out", default=str(OUT.parent / "verify_cost"),
+                    help="with --verify-only: output path without suffix (another machine: another name)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.verify_only:
         target = load_model("embedded", device="cpu")
         vc = verify_costs(target)
-        out = OUT.parent / "verify_cost"
-        vc["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+        out = Path(args.verify_out)
+        vc["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cpu": cpu_model(),
                       "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0]}
         out.with_suffix(".json").write_text(json.dumps(vc, indent=2) + "\n")
         lines = [f"# Target pass cost by tokens verified ({vc['meta']['date']})", "",
-                 f"Embedded target, fp32, {vc['meta']['threads']} threads, after {vc['context']} cached tokens, "
+                 f"Embedded target, fp32, {vc['meta']['cpu']}, {vc['meta']['threads']} threads, after {vc['context']} cached tokens, "
                  f"median of {vc['reps']} interleaved reps. `{vc['meta']['command']}`", "",
                  "| tokens in the pass (γ + 1) | ms | × one token |", "|---|---|---|"]
         lines += [f"| {n} | {vc['ms'][n]:.1f} | {vc['ratio_to_one_token'][n]:.2f} |" for n in vc["ms"]]

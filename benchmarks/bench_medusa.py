@@ -41,6 +41,7 @@ from engine.decoding.proposers import make_proposer  # noqa: E402
 from engine.decoding.sampling import SamplingConfig  # noqa: E402
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt  # noqa: E402
 from engine.training.draft_data import build_prompts  # noqa: E402
+from benchmarks.bench_head import cpu_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "medusa"
 
@@ -134,7 +135,7 @@ def main() -> int:
     prompts = [p["prompt"] for p in build_prompts(args.prompts, "heldout", seed=0)]
     cfg = SamplingConfig(temperature=args.temperature)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load_avg_1min_start": os.getloadavg()[0],
+            "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load_avg_1min_start": os.getloadavg()[0],
             "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "medusa_choices": medusa.choices, "plan": [list(p) for p in plan]}
     res = {"meta": meta, "rows": run(target, prompts, args.max_new_tokens, cfg, plan)}
@@ -144,7 +145,7 @@ def main() -> int:
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     rule = "greedy" if cfg.greedy else f"T = {args.temperature:g}, lossless tree/chain rules"
     lines = [f"# Medusa heads vs the EAGLE-style head vs plain decoding ({meta['date']})", "",
-             f"Embedded SmolLM2-135M-Instruct (fp32 CPU, {meta['threads']} threads), {len(prompts)} held-out prompts × "
+             f"Embedded SmolLM2-135M-Instruct (fp32, {meta['cpu']}, {meta['threads']} threads), {len(prompts)} held-out prompts × "
              f"≤ {args.max_new_tokens} new tokens, {rule}; methods alternate on each prompt in one process. "
              f"`{meta['command']}`. Load average (1 min) {meta['load_avg_1min_start']:.1f} at the start, "
              f"{meta['load_avg_1min_end']:.1f} at the end (a shared 2-core machine: tokens/s are noisy; the counts "
