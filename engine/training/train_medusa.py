@@ -468,4 +468,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except InputError as e:  # bad arguments or files: a message, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
