@@ -670,7 +670,27 @@ def _medusa_proposer(kind: str, target: LoadedModel) -> Proposer:
         raise ModelLoadError(f"The shipped Medusa heads are missing from {folder}.")
     heads = _cached_head(str(folder), target.model)
     label = f"Medusa heads ({heads.n_heads} heads)" if shipped else f"Medusa heads: {kind}"
-    return MedusaProposer(heads, _vocab_size(target), name=label)
+    return MedusaProposer(heads, _vocab_size(target), choices=_machine_medusa_tree(heads, target) if shipped else None,
+                          name=label)
+
+
+MEDUSA_MAX_TREE = 15
+"""Largest static tree re-chosen for this machine (a pass over ≤ 16 tokens: ``pass_cost.SIZES``)."""
+
+
+def _machine_medusa_tree(heads, target: LoadedModel):
+    """The shipped heads' static tree re-chosen for this machine's measured pass cost (``medusa.choose_tree``
+    from the heads' held-out accuracies, as ``train_medusa --choose-tree-only`` does), when this machine's
+    curve was measured (``engine.decoding.pass_cost``); else None (the saved ``medusa_choices``)."""
+    from engine.decoding.medusa import choose_tree
+    from engine.decoding.pass_cost import cached_pass_cost
+
+    acc = heads.config.get("head_accuracy")
+    curve = cached_pass_cost(target.spec, target.compute.path if target.compute else "default",
+                             target.device.type)
+    if not acc or curve is None:
+        return None
+    return choose_tree(acc, curve.ratios(MEDUSA_MAX_TREE + 1), MEDUSA_MAX_TREE)["medusa_choices"]
 
 
 def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
