@@ -17,6 +17,7 @@ Kinds:
 from __future__ import annotations
 
 import copy
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -422,18 +423,22 @@ class FeatureHeadProposer(Proposer):
         slot: dict[int, int] = {}  # node → its entry in the head's cache (expanded nodes only)
         h_out: dict[int, torch.Tensor] = {-1: last[0, 0]}  # ĥ after a node (its children's distribution)
 
-        def add_children(par: int, h: torch.Tensor) -> None:
-            lp = torch.log_softmax(self.head.logits(h).float(), -1)
-            top = torch.topk(lp, min(k, lp.shape[-1]))
-            base = logv[par] if par >= 0 else 0.0
-            for v, j in zip(top.values.tolist(), top.indices.tolist()):
-                tokens.append(int(vocab[j]))
-                parents.append(par)
-                depth.append(1 if par < 0 else depth[par] + 1)
-                logv.append(base + v)
-                probs.append(float(torch.tensor(v).exp()))
+        vocab_list = vocab.tolist()
 
-        add_children(-1, h_out[-1])
+        def add_children(pars: list[int], h: torch.Tensor) -> None:
+            """Each parent's top-k children from its row of ĥ ([len(pars), H]): one LM-head product for all."""
+            lp = torch.log_softmax(self.head.logits(h).float(), -1)
+            top = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+            for par, vals, idx in zip(pars, top.values.tolist(), top.indices.tolist()):
+                base = logv[par] if par >= 0 else 0.0
+                for v, j in zip(vals, idx):
+                    tokens.append(int(vocab_list[j]))
+                    parents.append(par)
+                    depth.append(1 if par < 0 else depth[par] + 1)
+                    logv.append(base + v)
+                    probs.append(math.exp(v))
+
+        add_children([-1], h_out[-1][None])
         n_true = self.cache.get_seq_length()
         for d in range(2, max_depth + 1):
             layer = [i for i in range(len(tokens)) if depth[i] == d - 1]
@@ -457,7 +462,7 @@ class FeatureHeadProposer(Proposer):
             for r, i in enumerate(expand):
                 slot[i] = held + r
                 h_out[i] = out[r]
-                add_children(i, out[r])
+            add_children(expand, out)
         keep_set: set[int] = set()
         for i in sorted(range(len(tokens)), key=lambda i: (-logv[i], i)):
             if len(keep_set) >= max_nodes:
