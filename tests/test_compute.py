@@ -178,3 +178,44 @@ def test_cli_bad_compute_value_is_one_error_line():
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: Unknown compute path 'fastest'")
     assert "Traceback" not in r.stderr
+
+
+@needs_onednn
+def test_sibling_fusion_keeps_outputs_weights_and_memory(tmp_path):
+    """q/k/v and gate/up run as one product each; the layers' weights are views into it (no extra memory),
+    the state dict is unchanged, and the model's logits equal the unfused oneDNN path's within fp32."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.decoding.compute import FusedFollowerLinear, FusedLeadLinear
+
+    path = save_tiny_llama(tmp_path / "tiny", layers=2)
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.inference_mode():
+        ref = model(ids).logits
+    apply_path(model, "onednn")
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert type(attn.q_proj) is FusedLeadLinear and type(attn.v_proj) is FusedFollowerLinear
+    assert type(mlp.gate_proj) is FusedLeadLinear and type(mlp.up_proj) is FusedFollowerLinear
+    assert type(mlp.down_proj) is OneDNNLinear
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == attn.q_proj._fused_weight.untyped_storage().data_ptr()
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    with torch.inference_mode():
+        got = model(ids).logits
+        # a follower called on another input computes on its own
+        x = torch.randn(1, 2, attn.q_proj.in_features)
+        attn.q_proj(x)
+        y = torch.randn(1, 2, attn.q_proj.in_features)
+        torch.testing.assert_close(attn.k_proj(y), F.linear(y, attn.k_proj.weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    apply_path(model, "onednn")  # applying again is harmless
+    apply_path(model, "default")
+    assert path_of(model) == "default" and type(attn.q_proj) is nn.Linear
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    # training after a fused inference: autograd takes F.linear on the (viewed) weights
+    apply_path(model, "onednn")
+    model(ids).logits.sum().backward()
+    assert attn.k_proj.weight.grad is not None
