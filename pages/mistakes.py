@@ -74,8 +74,11 @@ def _measured_batch():
     shipped = _shipped_sweep(str(f), f.stat().st_mtime_ns)
     if shipped is None:
         return None
+    machine = shipped[1]
+    where = (f", measured on {machine['cpu']} with the {machine.get('compute', 'default')} compute path"
+             if machine.get("cpu") else ", measured on an earlier machine (not recorded)")
     return measured_batch_mistake(shipped[0], f"the shipped benchmark result {f.parent.parent.name}/{f.parent.name}/"
-                                              f"{f.name} (benchmarks/bench_batch.py)")
+                                              f"{f.name} (benchmarks/bench_batch.py{where})")
 
 
 try:
@@ -84,7 +87,8 @@ except SpeedupLabError as e:
     st.error(str(e))
 else:
     if mb is not None:
-        st.markdown(f"**Measured on this machine** (the embedded SmolLM2-135M, {mb.label} against plain decoding of "
+        where = "on this machine" if "session" in mb.source else "by the shipped benchmark"
+        st.markdown(f"**Measured {where}** (the embedded SmolLM2-135M, {mb.label} against plain decoding of "
                     "the same batch, total tokens/s):")
         c1, c2, c3 = st.columns(3)
         c1.metric(f"Speedup at batch {mb.small_batch}", f"{mb.speedup_small:.2f}×")

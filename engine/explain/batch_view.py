@@ -131,7 +131,8 @@ def measured_batch_view(sweep: BatchSweep, peaks: MachinePeaks | dict) -> BatchM
 
 
 def shipped_sweep(path: Path | None = None) -> tuple[BatchSweep, dict] | None:
-    """The benchmark's shipped sweep and the machine peaks it measured, or None when there is no file.
+    """The benchmark's shipped sweep and the machine it measured (peaks; CPU model and compute path when the
+    file records them), or None when there is no file.
 
     Args:
         path: default ``SHIPPED_SWEEP`` (benchmarks/results/batch.json, written by benchmarks/bench_batch.py).
@@ -148,4 +149,5 @@ def shipped_sweep(path: Path | None = None) -> tuple[BatchSweep, dict] | None:
         raise InputError(f"Cannot read the shipped batch sweep {path}: {e}") from None
     if not isinstance(data, dict) or "sweep" not in data or "machine" not in data:
         raise InputError(f"{path} is not a batch sweep result (no 'sweep' or 'machine').")
-    return BatchSweep.from_dict(data["sweep"]), data["machine"]
+    # the machine the file was measured on (CPU model, compute path: benchmarks/machine.py), when recorded
+    return BatchSweep.from_dict(data["sweep"]), {**data["machine"], **data.get("machine_meta", {})}
