@@ -502,6 +502,7 @@ def add_draft_card(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's own choice)")
     p.add_argument("--target", default="embedded",
                    help="embedded (default; the trained drafts need it) | a folder (early-exit:K only)")
+    add_compute_option(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true", help="print the card as one JSON object instead of markdown")
     p.add_argument("--out", default=None, metavar="PREFIX", help="also write PREFIX.json and PREFIX.md")
@@ -521,6 +522,10 @@ def run_draft_card(args: argparse.Namespace) -> int:
         raise InputError(f"--max-prompts must be at least 1, got {args.max_prompts}.")
     if args.threads < 0:
         raise InputError(f"--threads must be 0 (torch's default) or more, got {args.threads}.")
+    if args.compute is not None:
+        from engine.decoding.compute import parse_override
+
+        parse_override(args.compute)
     prompts = read_prompts(args.prompts) if args.prompts is not None else None
     if args.threads:
         import torch
@@ -531,13 +536,14 @@ def run_draft_card(args: argparse.Namespace) -> int:
     from engine.decoding.models import load_model
 
     hf_logging.disable_progress_bar()
-    target = load_model(args.target, device="cpu",
+    target = load_model(args.target, device="cpu", compute=args.compute,
                         progress=lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True))
     card = draft_card(target, args.draft, prompts=prompts, max_new_tokens=args.max_new_tokens,
                       max_prompts=args.max_prompts, chat=not args.no_chat, progress=print_progress)
     parts = [args.draft] + (["--prompts", args.prompts] if args.prompts else ["--max-prompts", str(args.max_prompts)])
     parts += ["--max-new-tokens", str(args.max_new_tokens)] + (["--threads", str(args.threads)] if args.threads else [])
     parts += (["--target", args.target] if args.target != "embedded" else []) + (["--no-chat"] if args.no_chat else [])
+    parts += ["--compute", args.compute] if args.compute else []
     command = "python -m engine draft-card " + " ".join(parts)
     card["command"] = command
     md = card_markdown(card, command)

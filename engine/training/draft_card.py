@@ -19,15 +19,13 @@ measures, with the embedded target in fp32 and greedy decoding:
 3. **speed** against plain decoding on this machine: per prompt one plain and one speculative run, in
    alternating order (plain first on even prompts, the draft first on odd ones), after one warm-up of each;
    the ratio of ms per token (prefill included), per prompt, and its median (``measure.py``'s rule:
-   alternate, compare medians); the CPU model and the compute path (``engine/decoding/compute.py`` when this
-   checkout has it).
+   alternate, compare medians); the CPU model and the compute path (``engine.decoding.compute``).
 
 Add a draft kind with one entry in ``DRAFTS``. Output: a dict (``draft_card``), rendered by ``card_markdown``.
 """
 
 from __future__ import annotations
 
-import importlib
 import platform
 import statistics
 import sys
@@ -37,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from engine.decoding.compute import cpu_model, path_of
 from engine.decoding.models import EMBEDDED_HEAD_GAMMA, default_gamma
 from engine.decoding.proposers import make_proposer
 from engine.decoding.sampling import SamplingConfig
@@ -247,25 +246,13 @@ def teacher_forced(target, proposer, prompt_ids: list[int], answer: list[int], p
     return proposals, answers
 
 
-def cpu_model() -> str:
-    """The CPU's model name (lscpu's "Model name", from /proc/cpuinfo; ``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def compute_path(target) -> str:
-    """The target's compute path (``engine.decoding.compute.path_of``) or a note that this checkout has none."""
-    try:
-        mod = importlib.import_module("engine.decoding.compute")
-    except ImportError:
-        return "default PyTorch (no engine/decoding/compute.py in this checkout)"
-    fn = getattr(mod, "path_of", None)
-    return str(fn(target.model)) if callable(fn) else "unknown (engine.decoding.compute has no path_of)"
+def compute_path(target) -> dict:
+    """The target's compute path (``engine.decoding.compute``, chosen when the model loaded): {"path", "label",
+    "reason"}; "default" when the model was loaded without a choice (a test's model)."""
+    c = getattr(target, "compute", None)
+    if c is None:
+        return {"path": path_of(target.model), "label": "PyTorch default (no choice recorded)", "reason": ""}
+    return {"path": c.path, "label": c.label(), "reason": c.reason}
 
 
 def _settings(kind: DraftKind, proposer) -> tuple[int, int]:
@@ -318,7 +305,7 @@ def draft_card(target, draft: str, prompts: list[str] | None = None, max_new_tok
     if spec == "embedded-draft":
         from engine.decoding.models import load_model
 
-        draft_model = load_model(spec, device=target.device)
+        draft_model = load_model(spec, device=target.device, compute=getattr(target.compute, "path", None))
     make = lambda: make_proposer(spec, target, draft_model)  # noqa: E731 - a fresh proposer per run
     first = make()
     gamma, tree = _settings(kind, first)
@@ -403,7 +390,7 @@ def card_markdown(card: dict, command: str | None = None) -> str:
     lines += [f"Prompts: {card['prompts']['source']}; {card['prompts']['count']} prompts, chat template "
               f"{'on' if card['prompts']['chat_template'] else 'off'}, greedy, ≤ {st['max_new_tokens']} new tokens, "
               f"{st['dtype']}; {shape}. Machine: {m['cpu']}, {m['torch_threads']} torch threads, compute path: "
-              f"{m['compute_path']}.", "",
+              f"{m['compute_path']['label']}.", "",
               "| measure | value |", "|---|---|",
               f"| teacher-forced top-1 agreement by draft position 1..{len(tf['by_position'])} ({tf['contexts']} contexts) "
               f"| {_positions(tf['by_position'])} |",
