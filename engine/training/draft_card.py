@@ -380,6 +380,11 @@ def _positions(rows: list[dict], key: str = "rate") -> str:
     return ", ".join(_fmt(r[key]) for r in rows)
 
 
+def _spread(per_prompt: list[dict]) -> str:
+    r = [p["ratio"] for p in per_prompt if p.get("ratio") is not None]
+    return f"{min(r):.2f}–{max(r):.2f}×" if r else "—"
+
+
 def card_markdown(card: dict, command: str | None = None) -> str:
     """The card as a markdown section: what was run, then one table of the measures."""
     e, tf, sp, m, st = card["engine"], card["teacher_forced"], card["speed"], card["machine"], card["settings"]
@@ -403,8 +408,8 @@ def card_markdown(card: dict, command: str | None = None) -> str:
               f"{_fmt(e['later']['accepted_per_round'])} |",
               f"| tokens per target pass (prefill pass included) | {_fmt(e['tokens_per_pass'])} |",
               f"| tokens/s, plain / draft | {_fmt(sp['plain_tokens_per_s'], 1)} / {_fmt(sp['draft_tokens_per_s'], 1)} |",
-              f"| speed × plain: median of per-prompt ratios (all tokens ÷ all time) | **{_fmt(sp['median_ratio'])}×** "
-              f"({_fmt(sp['total_ratio'])}×) |",
+              f"| speed × plain: median of per-prompt ratios (all tokens ÷ all time; per-prompt range) "
+              f"| **{_fmt(sp['median_ratio'])}×** ({_fmt(sp['total_ratio'])}×; {_spread(sp['per_prompt'])}) |",
               f"| greedy output identical to plain decoding | {'yes' if e['identical_to_plain'] else 'NO'} |", ""]
     return "\n".join(lines)
 
