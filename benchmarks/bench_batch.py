@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, measure_machine, parse_batches  # noqa: E402
 from engine.decoding.models import load_model  # noqa: E402
 
@@ -57,7 +58,7 @@ def main() -> int:
              "before": peaks_before.__dict__, "after": peaks_after.__dict__}
     cmd = "OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", "(unset)") + " .venv/bin/python " + " ".join(
         [str(Path(sys.argv[0]).relative_to(ROOT)) if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]])
-    out = {"command": cmd, "sweep": sweep.to_dict(), "machine": peaks, "torch_threads": torch.get_num_threads(),
+    out = {"command": cmd, "sweep": sweep.to_dict(), "machine": peaks, "machine_meta": machine_meta(target), "torch_threads": torch.get_num_threads(),
            "load_average_before": load_before, "load_average_after": load_after,
            "spread": {f"{c.method}@{c.batch}": (max(c.runs_tokens_per_s) / min(c.runs_tokens_per_s)
                                                  if min(c.runs_tokens_per_s) > 0 else None) for c in sweep.cells}}
@@ -68,6 +69,7 @@ def main() -> int:
     lines = [
         "# Batch sweep: plain vs speculative batched decoding (embedded SmolLM2-135M, fp32, greedy)", "",
         f"Command: `{cmd}`  ",
+        machine_line(out["machine_meta"]) + "  ",
         f"{sweep.max_new_tokens} new tokens per row (rows stop at EOS too), {sweep.reps} alternating runs per cell "
         f"(median), torch threads {sweep.threads}, {sweep.elapsed_s:.0f} s in all. Load average before/after: "
         f"{load_before[0]:.1f} / {load_after[0]:.1f} on 2 cores (" + (

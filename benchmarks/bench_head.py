@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
+from engine.decoding.compute import cpu_model  # noqa: E402,F401 - bench_medusa imports it from here
 from engine.decoding.models import load_model  # noqa: E402
 from engine.decoding.proposers import make_proposer  # noqa: E402
 from engine.decoding.sampling import SamplingConfig  # noqa: E402
@@ -69,17 +71,6 @@ def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
 
 
 @torch.inference_mode()
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo; ``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100) -> dict:
     """Median ms of one target pass over n = 1..max_tokens new tokens after a cached context (the verify
     pass of γ = n − 1), sizes interleaved so noise hits all alike."""
@@ -206,12 +197,12 @@ def main() -> int:
         target = load_model("embedded", device="cpu")
         vc = verify_costs(target)
         out = Path(args.verify_out)
-        vc["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cpu": cpu_model(),
-                      "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0]}
+        vc["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+                      "load_avg_1min": os.getloadavg()[0], **machine_meta(target)}
         out.with_suffix(".json").write_text(json.dumps(vc, indent=2) + "\n")
         lines = [f"# Target pass cost by tokens verified ({vc['meta']['date']})", "",
                  f"Embedded target, fp32, {vc['meta']['cpu']}, {vc['meta']['threads']} threads, after {vc['context']} cached tokens, "
-                 f"median of {vc['reps']} interleaved reps. `{vc['meta']['command']}`", "",
+                 f"median of {vc['reps']} interleaved reps. `{vc['meta']['command']}`", "", machine_line(vc["meta"]), "",
                  "| tokens in the pass (γ + 1) | ms | × one token |", "|---|---|---|"]
         lines += [f"| {n} | {vc['ms'][n]:.1f} | {vc['ratio_to_one_token'][n]:.2f} |" for n in vc["ms"]]
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -246,7 +237,7 @@ def main() -> int:
     res = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
                     "platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                     "load_avg_1min_start": os.getloadavg()[0], "prompts": len(prompts),
-                    "max_new_tokens": args.max_new_tokens, "head": head.config}}
+                    "max_new_tokens": args.max_new_tokens, "head": head.config, **machine_meta(target)}}
     print("greedy ...", file=sys.stderr, flush=True)
     confs = [float(c) for c in args.confidence.split(",")]
     res["greedy"] = run_compare(target, prompts, gammas, args.max_new_tokens, SamplingConfig(),
@@ -256,7 +247,7 @@ def main() -> int:
                                SamplingConfig(temperature=0.7), spec=args.head, confidences=confs,
                                other_head=args.other_head)
     res["step_cost"] = step_costs(target, head, encode_prompt(target.tokenizer, prompts[0]), args.steps)
-    res["meta"]["load_avg_1min_end"] = os.getloadavg()[0]
+    res["meta"]["load_avg_1min_end"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
@@ -264,7 +255,7 @@ def main() -> int:
     lines = [f"# Draft head benchmark ({res['meta']['date']})", "",
              f"Embedded SmolLM2-135M-Instruct target (fp32 CPU, {res['meta']['threads']} threads), the shipped "
              f"EAGLE-style head, {len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, methods "
-             f"alternating prompt by prompt. `{res['meta']['command']}`", "",
+             f"alternating prompt by prompt. `{res['meta']['command']}`", "", machine_line(res["meta"]), "",
              f"Draft step cost: head {sc['head_step_ms']} ms vs target {sc['target_step_ms']} ms per step → "
              f"**c = {sc['c']}** (median of {sc['steps']} alternating steps).", ""]
     for key, title in (("greedy", "Greedy (temperature 0)"), ("t0.7", "Temperature 0.7 (same seed)")):

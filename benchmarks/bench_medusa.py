@@ -42,6 +42,7 @@ from engine.decoding.sampling import SamplingConfig  # noqa: E402
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt  # noqa: E402
 from engine.training.draft_data import build_prompts  # noqa: E402
 from benchmarks.bench_head import cpu_model  # noqa: E402
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "medusa"
 
@@ -138,13 +139,14 @@ def main() -> int:
             "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load_avg_1min_start": os.getloadavg()[0],
             "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "medusa_choices": medusa.choices, "plan": [list(p) for p in plan]}
+    meta.update(machine_meta(target))
     res = {"meta": meta, "rows": run(target, prompts, args.max_new_tokens, cfg, plan)}
     meta["load_avg_1min_end"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     rule = "greedy" if cfg.greedy else f"T = {args.temperature:g}, lossless tree/chain rules"
-    lines = [f"# Medusa heads vs the EAGLE-style head vs plain decoding ({meta['date']})", "",
+    lines = [f"# Medusa heads vs the EAGLE-style head vs plain decoding ({meta['date']})", "", machine_line(meta), "",
              f"Embedded SmolLM2-135M-Instruct (fp32, {meta['cpu']}, {meta['threads']} threads), {len(prompts)} held-out prompts × "
              f"≤ {args.max_new_tokens} new tokens, {rule}; methods alternate on each prompt in one process. "
              f"`{meta['command']}`. Load average (1 min) {meta['load_avg_1min_start']:.1f} at the start, "

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.measure import measure_speedup_ab, measured_run  # noqa: E402
 from engine.decoding.models import EMBEDDED_DRAFT, load_model  # noqa: E402
 from engine.decoding.proposers import make_proposer  # noqa: E402
@@ -105,6 +106,7 @@ def _x(x: float | None) -> str:
 def markdown(res: dict) -> str:
     lines = ["# Predicted vs measured speedup (Live → What-if)", "",
              f"Command: `{res['command']}`", "",
+             *([machine_line(res["machine_meta"]), ""] if "machine_meta" in res else []),
              f"Machine: {res['machine']}; torch threads {res['threads']}; load average at start "
              f"{res['load_start']}, at end {res['load_end']}. Greedy, {res['max_new_tokens']} new tokens, "
              f"{res['reps']} runs of each kind (A B B A A B), medians; prefill included on both sides.", "",
@@ -155,7 +157,7 @@ def main() -> None:
            + " ".join(["benchmarks/bench_predict.py", *sys.argv[1:]]),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
            "threads": args.threads, "reps": args.reps, "max_new_tokens": args.max_new_tokens,
-           "load_start": round(os.getloadavg()[0], 1), "rows": []}
+           "load_start": round(os.getloadavg()[0], 1), "rows": [], "machine_meta": machine_meta(target)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.append and (RESULTS / f"{args.out}.json").exists():
         old = json.loads((RESULTS / f"{args.out}.json").read_text())

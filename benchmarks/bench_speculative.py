@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, EMBEDDED_HEAD_DIR, load_model  # noqa: E402
 from engine.decoding.proposers import PromptLookupProposer, make_proposer  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
@@ -214,7 +215,8 @@ def main() -> int:
             "torch": torch.__version__, "machine": platform.machine(), "cpus": torch.get_num_threads(),
             "device": str(target.device), "dtype": args.dtype, "hardware": hardware,
             "transformers": __import__("transformers").__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv)}
+            "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), **machine_meta(target)}
+    meta["threads"] = torch.get_num_threads()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
@@ -222,7 +224,7 @@ def main() -> int:
              f"Embedded SmolLM2-135M-Instruct, {args.dtype} on {hardware}, torch {torch.__version__}, "
              f"transformers {meta['transformers']}, greedy, γ = {g} (prompt lookup {lg}, draft head "
              f"{meta['head_gamma']}), {n} new tokens, median of "
-             f"{args.reps} alternating reps. `{meta['command']}`", "",
+             f"{args.reps} alternating reps. `{meta['command']}`", "", machine_line(meta), "",
              "× transformers: against the same proposer in transformers (for our adaptive prompt lookup, "
              "against transformers' prompt lookup at the same γ: default against default).", ""]
     for pname, rows in results.items():

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.models import load_model  # noqa: E402
 from engine.decoding.proposers import CachedLM, make_proposer  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
@@ -137,6 +138,7 @@ def markdown(res: dict) -> str:
     m = res["meta"]
     lines = [f"# Token trees vs chains (embedded SmolLM2-135M, greedy, CPU)\n",
              f"Command: `{m['command']}`  ",
+             (machine_line(m["machine_meta"]) + "  ") if "machine_meta" in m else "",
              f"Machine: {m['machine']}, torch threads {m['threads']}; load average at start {m['load_start']}, "
              f"at end {m['load_end']}" + (" (above 2: other jobs ran at the same time, so the timings are noisy; "
                                           "the counts — accepted, tokens per pass, identical — are not)"
@@ -190,7 +192,8 @@ def main() -> None:
                     "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "threads": args.threads,
                     "load_start": load_start, "load_end": round(os.getloadavg()[0], 1),
                     "n_prompts": len(prompts), "prompt_labels": [p[0] for p in prompts],
-                    "max_new_tokens": args.max_new_tokens, "torch": torch.__version__},
+                    "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
+                    "machine_meta": machine_meta(target)},
            "rows": rows, "verify": verify, "reading": args.reading}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")

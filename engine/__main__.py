@@ -14,6 +14,18 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
     path = prepare_embedded(progress)
     print(f"Embedded model cached at {path}")
+    # this machine's compute path and target pass-cost curve, measured once (later loads read them)
+    from transformers.utils import logging as hf_logging
+
+    from engine.decoding.models import load_model
+    from engine.decoding.pass_cost import machine_pass_cost
+
+    hf_logging.disable_progress_bar()
+    target = load_model("embedded", device="cpu", progress=progress)
+    print(f"Compute path: {target.compute.label()} [{target.compute.cpu}, {target.compute.threads} threads]")
+    curve = machine_pass_cost(target, progress=progress)
+    print("Target pass cost on this machine, × one token: "
+          + ", ".join(f"{n}: {curve.ratio(n):.2f}" for n in sorted(curve.ms)) + f" ({curve.source})")
     return 0
 
 
@@ -21,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic,batch-sweep,draft-card}",
                                 title="commands (python -m engine COMMAND --help for each)")
-    p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache")
+    p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache, choose this "
+                                        "machine's compute path and measure its target pass-cost curve")
     p.set_defaults(func=_cmd_prepare)
     from engine.cli import add_generate  # the generate command (speculative decoding)
 

@@ -175,7 +175,8 @@ def _default_draft_help() -> str:
 def _default_gamma_help() -> str:
     from engine.decoding.models import EMBEDDED_HEAD, default_gamma
 
-    return f"{default_gamma(EMBEDDED_HEAD)} for embedded-head, {default_gamma('ngram')} for the others"
+    return (f"for embedded-head the best γ on this machine's measured pass cost (else {default_gamma(EMBEDDED_HEAD)}), "
+            f"{default_gamma('ngram')} for the others")
 
 
 BASELINE_REPS = 3  # --baseline: timed runs of each kind, alternating (engine.decoding.measure.measure_speedup_ab)
@@ -220,15 +221,16 @@ def run_generate(args: argparse.Namespace) -> int:
         if not hasattr(proposer, "set_branching"):
             raise InputError(f"The draft '{proposer.name}' cannot make token trees; use embedded-head or ngram.")
         proposer.set_branching(args.tree_branching)
-    from engine.decoding.models import default_gamma
     from engine.decoding.tree import TREE_DEFAULT_DEPTH
+    from engine.explain.analytic import default_gamma_here
 
     tree, gamma = _tree_settings(args, draft_spec, proposer)
     args.tree = tree
     if args.accept == "typical" and not tree:
         raise InputError("--accept typical (lossy) judges token trees: add --tree N.")
     if args.gamma is None:
-        args.gamma = gamma if gamma is not None else (TREE_DEFAULT_DEPTH if tree else default_gamma(draft_spec))
+        args.gamma = gamma if gamma is not None else (TREE_DEFAULT_DEPTH if tree else
+                                                      default_gamma_here(draft_spec, args.target)[0])
     if len(prompts) > 1:
         if tree:
             raise InputError("Several prompts are decoded as one batch of chain drafts: add --tree 0 (the Medusa "

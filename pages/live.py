@@ -36,12 +36,13 @@ from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
-from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, default_draft_spec, default_gamma
+from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, default_draft_spec
 from engine.decoding.proposers import make_proposer
 from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
 from engine.errors import InputError, SpeedupLabError
-from engine.explain.analytic import TREE_MAX_BRANCHING, TREE_MAX_NODES, expected_tokens_per_pass, expected_tokens_per_round
+from engine.explain.analytic import (TREE_MAX_BRANCHING, TREE_MAX_NODES, default_gamma_here, expected_tokens_per_pass,
+                                     expected_tokens_per_round)
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
 from engine.explain.teaching import live_questions
 from engine.explain.tree_view import round_tree_layout, tree_counts, tree_frames
@@ -93,7 +94,8 @@ url_param("lv_preset", default_preset(default_draft_kind(_default_spec)), str,
 url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT_KINDS))
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
-url_param("lv_gamma", default_gamma(_default_spec), int, lo=1, hi=GAMMA_MAX)
+_gamma_default, _gamma_why = default_gamma_here(_default_spec, st.session_state["lv_target"].strip() or EMBEDDED)
+url_param("lv_gamma", _gamma_default, int, lo=1, hi=GAMMA_MAX)
 url_param("lv_conf", 0.0, float, lo=0.0, hi=CONF_MAX, step=0.05)  # off: α̂ and γ keep the analytic model's meaning
 url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
 url_param("lv_topk", 0, int, lo=0, hi=1000)
@@ -133,7 +135,7 @@ def _on_target_change() -> None:
     kind = default_draft_kind(default_draft_spec(spec))
     if st.session_state["lv_draft"] in ("head", "medusa") and kind != "head":
         st.session_state["lv_draft"] = kind
-        st.session_state["lv_gamma"] = default_gamma(default_draft_spec(spec))
+        st.session_state["lv_gamma"] = default_gamma_here(default_draft_spec(spec), spec)[0]
         st.session_state["lv_draft_note"] = (f"Draft switched to {DRAFT_KINDS[kind]}, γ = "
                                              f"{st.session_state['lv_gamma']}: the shipped draft head was trained "
                                              "on the embedded target's features only.")
@@ -180,7 +182,8 @@ with st.sidebar:
     elif st.session_state["lv_draft"] == "model":
         st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
                       help="Must share the target's tokenizer.")
-    st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma")
+    st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma",
+              help=f"Default {_gamma_default}: {_gamma_why}.")
     st.slider("Tree size (nodes; 0 = chain)", 0, TREE_MAX_NODES, key="lv_tree",
               help="0: the draft proposes one chain of γ tokens. N ≥ 1: a token tree of at most N nodes and "
                    "depth ≤ γ, several continuations verified in one target pass with a tree attention mask "

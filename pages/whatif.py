@@ -19,9 +19,10 @@ from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from app.tree_view import shape_figure
+from engine.decoding.models import EMBEDDED
+from engine.decoding.pass_cost import current_pass_cost, machine_pass_cost
 from engine.errors import SpeedupLabError
 from engine.explain.analytic import (
-    CPU_VERIFY_MS,
     GAMMA_MAX,
     HARDWARE_PRESETS,
     HEAD_RANK_COUNTS,
@@ -621,9 +622,18 @@ def _tree_curve() -> tuple[dict[int, float] | None, str]:
         st.info("No usable Live run yet: it needs timed passes of several lengths and a 1-token pass (press Run "
                 "baseline on the Live page). Using this CPU's measured curve instead.")
         choice = "cpu"
-    if choice == "cpu":
-        return CPU_VERIFY_MS, ("this CPU's measured passes up to 8 tokens (benchmarks/results/verify_cost.json), "
-                               "extended linearly beyond: trees over 7 nodes are an extrapolation")
+    if choice == "cpu":  # engine/decoding/pass_cost.py: measured here once (make run's prepare), else shipped
+        pc = current_pass_cost(EMBEDDED)
+        if not pc.measured_here and st.button("Measure this machine's curve (loads the embedded model, ~5 s)",
+                                              key="wi_measure_curve"):
+            from app.resources import get_model
+
+            bar = st.progress(0.0, text="Loading the embedded model…")
+            machine_pass_cost(get_model(EMBEDDED), progress=lambda msg, f: bar.progress(min(f, 1.0), text=msg))
+            st.rerun()
+        n_max = max(pc.ms)
+        return dict(pc.ms), (f"{pc.source}: passes of 1–{n_max} tokens, extended linearly beyond: trees over "
+                             f"{n_max - 1} nodes are an extrapolation")
     return None, f"t(n) = t(1)·(1 + s·(n − 1)) with s = {st.session_state['wi_slope']:.2f}"
 
 

@@ -351,3 +351,24 @@ def test_medusa_kind_runs_tree_rounds_on_the_embedded_model():
 def test_medusa_kind_needs_the_embedded_target(tiny):
     at = _app(tiny, lv_draft="medusa")
     assert at.error and "embedded target" in at.error[0].value
+
+
+def test_compute_path_shown_beside_the_model(tiny):
+    """The sidebar names the kernels every pass runs (engine/decoding/compute.py), with the CPU."""
+    from engine.decoding.compute import cpu_model
+
+    at = _app(tiny)
+    caps = [c.value for c in at.sidebar.caption if c.value.startswith("Compute path:")]
+    assert len(caps) == 1 and cpu_model() in caps[0]
+    assert "oneDNN" in caps[0] or "PyTorch default" in caps[0]
+    at.query_params["lv_target"] = tiny
+    import os
+
+    os.environ["SPEEDUP_LAB_COMPUTE"] = "bogus"
+    try:  # a bad override: the page says so (the model cannot load), no traceback
+        bad = AppTest.from_file(PAGE, default_timeout=120)
+        bad.query_params.update({"lv_target": tiny + "/", "lv_draft": "ngram"})
+        bad.run()
+        assert not bad.exception and any("Unknown compute path 'bogus'" in e.value for e in bad.error)
+    finally:
+        del os.environ["SPEEDUP_LAB_COMPUTE"]

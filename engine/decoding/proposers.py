@@ -17,6 +17,7 @@ Kinds:
 from __future__ import annotations
 
 import copy
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -422,18 +423,22 @@ class FeatureHeadProposer(Proposer):
         slot: dict[int, int] = {}  # node → its entry in the head's cache (expanded nodes only)
         h_out: dict[int, torch.Tensor] = {-1: last[0, 0]}  # ĥ after a node (its children's distribution)
 
-        def add_children(par: int, h: torch.Tensor) -> None:
-            lp = torch.log_softmax(self.head.logits(h).float(), -1)
-            top = torch.topk(lp, min(k, lp.shape[-1]))
-            base = logv[par] if par >= 0 else 0.0
-            for v, j in zip(top.values.tolist(), top.indices.tolist()):
-                tokens.append(int(vocab[j]))
-                parents.append(par)
-                depth.append(1 if par < 0 else depth[par] + 1)
-                logv.append(base + v)
-                probs.append(float(torch.tensor(v).exp()))
+        vocab_list = vocab.tolist()
 
-        add_children(-1, h_out[-1])
+        def add_children(pars: list[int], h: torch.Tensor) -> None:
+            """Each parent's top-k children from its row of ĥ ([len(pars), H]): one LM-head product for all."""
+            lp = torch.log_softmax(self.head.logits(h).float(), -1)
+            top = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+            for par, vals, idx in zip(pars, top.values.tolist(), top.indices.tolist()):
+                base = logv[par] if par >= 0 else 0.0
+                for v, j in zip(vals, idx):
+                    tokens.append(int(vocab_list[j]))
+                    parents.append(par)
+                    depth.append(1 if par < 0 else depth[par] + 1)
+                    logv.append(base + v)
+                    probs.append(math.exp(v))
+
+        add_children([-1], h_out[-1][None])
         n_true = self.cache.get_seq_length()
         for d in range(2, max_depth + 1):
             layer = [i for i in range(len(tokens)) if depth[i] == d - 1]
@@ -457,7 +462,7 @@ class FeatureHeadProposer(Proposer):
             for r, i in enumerate(expand):
                 slot[i] = held + r
                 h_out[i] = out[r]
-                add_children(i, out[r])
+            add_children(expand, out)
         keep_set: set[int] = set()
         for i in sorted(range(len(tokens)), key=lambda i: (-logv[i], i)):
             if len(keep_set) >= max_nodes:
@@ -670,7 +675,27 @@ def _medusa_proposer(kind: str, target: LoadedModel) -> Proposer:
         raise ModelLoadError(f"The shipped Medusa heads are missing from {folder}.")
     heads = _cached_head(str(folder), target.model)
     label = f"Medusa heads ({heads.n_heads} heads)" if shipped else f"Medusa heads: {kind}"
-    return MedusaProposer(heads, _vocab_size(target), name=label)
+    return MedusaProposer(heads, _vocab_size(target), choices=_machine_medusa_tree(heads, target) if shipped else None,
+                          name=label)
+
+
+MEDUSA_MAX_TREE = 15
+"""Largest static tree re-chosen for this machine (a pass over ≤ 16 tokens: ``pass_cost.SIZES``)."""
+
+
+def _machine_medusa_tree(heads, target: LoadedModel):
+    """The shipped heads' static tree re-chosen for this machine's measured pass cost (``medusa.choose_tree``
+    from the heads' held-out accuracies, as ``train_medusa --choose-tree-only`` does), when this machine's
+    curve was measured (``engine.decoding.pass_cost``); else None (the saved ``medusa_choices``)."""
+    from engine.decoding.medusa import choose_tree
+    from engine.decoding.pass_cost import cached_pass_cost
+
+    acc = heads.config.get("head_accuracy")
+    curve = cached_pass_cost(target.spec, target.compute.path if target.compute else "default",
+                             target.device.type)
+    if not acc or curve is None:
+        return None
+    return choose_tree(acc, curve.ratios(MEDUSA_MAX_TREE + 1), MEDUSA_MAX_TREE)["medusa_choices"]
 
 
 def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:

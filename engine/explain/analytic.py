@@ -245,6 +245,38 @@ def best_gamma(alpha: float, c: float, slope: float = 0.0,
     return i + 1, float(s[i])
 
 
+HEAD_CARD_ALPHA = 0.60
+"""The shipped EAGLE-style head's greedy α̂ on held-out prompts (assets/smollm2-head/README.md)."""
+HEAD_CARD_C = 0.10
+"""The shipped head's draft cost c, one head step ÷ one target step (assets/smollm2-head/README.md)."""
+HEAD_GAMMA_MAX = 8
+
+
+def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[int, str]:
+    """The default γ for a draft on this machine, and why.
+
+    For the shipped head ("embedded-head") on the embedded target: :func:`best_gamma` with the head card's
+    α and c (``HEAD_CARD_ALPHA``, ``HEAD_CARD_C``) and this machine's measured pass-cost curve
+    (``engine.decoding.pass_cost``), γ ≤ ``HEAD_GAMMA_MAX``. Elsewhere, or before this machine's curve was
+    measured (``python -m engine prepare``), the static default ``engine.decoding.models.default_gamma``.
+
+    Returns:
+        (γ, one sentence saying where it comes from).
+    """
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, default_gamma
+    from engine.decoding.pass_cost import cached_pass_cost
+
+    static = default_gamma(draft_spec)
+    if draft_spec != EMBEDDED_HEAD or (target_spec or EMBEDDED) != EMBEDDED:
+        return static, "the draft's static default"
+    curve = cached_pass_cost(EMBEDDED)
+    if curve is None:
+        return static, "the shipped default (this machine's pass cost is not measured yet)"
+    g, sp = best_gamma(HEAD_CARD_ALPHA, HEAD_CARD_C, measured_ms=curve.ms, gamma_max=HEAD_GAMMA_MAX)
+    return g, (f"best γ for the head card's α = {HEAD_CARD_ALPHA} and c = {HEAD_CARD_C} on this machine's "
+               f"measured pass cost (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f}; expected {sp:.2f}×)")
+
+
 def break_even_alpha(c: float, slope: float = 0.0, measured_ms: Mapping[int, float] | None = None,
                      gamma: int | None = None, gamma_max: int = GAMMA_MAX) -> float | None:
     """The acceptance rate below which speculative decoding is slower than plain decoding.
@@ -797,13 +829,6 @@ def compare_with_measured(run: object) -> MeasuredComparison:
 TREE_MAX_NODES = 64      # the largest tree the what-if search and the page offer
 TREE_MAX_BRANCHING = 8   # children per node (top-k candidates)
 
-CPU_VERIFY_MS = {1: 63.47, 2: 68.04, 3: 71.83, 4: 89.72, 5: 90.16, 6: 97.28, 7: 104.5, 8: 107.72}
-"""The embedded target's pass time (ms) by tokens fed, fp32 on this repo's 2-core CPU, 100 cached tokens,
-median of 15 interleaved reps: ``benchmarks/results/verify_cost.json`` (``benchmarks/bench_head.py
---verify-only --threads 2``). Beyond 8 tokens :func:`verify_cost_ratio` extends it linearly from its
-last two points."""
-
-
 def _check_sibling(sigma: float) -> float:
     try:
         s = float(sigma)
@@ -995,7 +1020,7 @@ def tree_size_curve(depth_alphas: Sequence[float] | float, sigma: float, branchi
     speedup(N) = E(N) / (c·depth(N) + t(N + 1)/t(1)), the tree version of Leviathan et al. 2023, Theorem 3.8
     (:func:`speedup`): a round costs one draft pass per depth (c each, as a fraction of a decode step) and one
     target pass over N + 1 tokens, t(n) from :func:`verify_cost_ratio` (linear slope s, or a measured curve
-    such as ``CPU_VERIFY_MS``). With c = 0 it is tokens per pass ÷ relative pass time. A chain (branching 1)
+    such as this machine's, ``engine.decoding.pass_cost``). With c = 0 it is tokens per pass ÷ relative pass time. A chain (branching 1)
     reproduces :func:`speedup` at γ = N.
 
     Raises:

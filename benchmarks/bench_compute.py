@@ -1,0 +1,180 @@
+"""The compute path on this machine: PyTorch's default (MKL) vs oneDNN linears, side by side in one process.
+
+Measures, alternating the two paths rep by rep (``engine/decoding/compute.py``'s ``apply_path``):
+1. the LM head product (49152 × 576) for 1, 2, 3, 8 and 16 rows;
+2. a whole target pass over n = 1, 2, 3, 4, 9, 16 new tokens after 100 cached tokens, and a 9-node token
+   tree's verify pass (tree attention mask, ``engine.decoding.attention``);
+3. plain greedy decoding (this engine, 64 new tokens) in tokens/s, and as a share of the machine's read
+   bandwidth: parameter bytes × tokens/s ÷ the bandwidth of reading 1 GiB of fp32 (``torch.sum``, best of 5);
+   transformers' own ``generate`` beside it on the same path.
+
+    python benchmarks/bench_compute.py [--reps 7] [--threads N] [--out PATH_WITHOUT_SUFFIX]
+
+Writes benchmarks/results/compute.json and compute.md. Run it with nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks.machine import machine_line, machine_meta  # noqa: E402
+from engine.decoding import compute  # noqa: E402
+from engine.decoding.attention import fed_visibility, model_mask, tree_visibility  # noqa: E402
+from engine.decoding.models import load_model  # noqa: E402
+from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
+
+PATHS = ("default", "onednn")
+TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3, 4, 5]  # 9 nodes, depth 4, as an EAGLE-2 tree of branching 2
+
+
+def read_bandwidth_gbs(reps: int = 5) -> float:
+    """GB/s of a 1 GiB fp32 ``torch.sum`` (best of ``reps``)."""
+    x = torch.ones(256 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+@torch.inference_mode()
+def lm_head_ms(target, rows=(1, 2, 3, 8, 16), reps: int = 7) -> dict:
+    w = target.model.get_output_embeddings().weight.detach()
+    op = compute._ONEDNN_OP
+    out = {p: {r: [] for r in rows} for p in PATHS}
+    for rep in range(reps + 1):
+        for p in (PATHS if rep % 2 else PATHS[::-1]):
+            for r in rows:
+                x = torch.randn(1, r, w.shape[1])
+                t0 = time.perf_counter()
+                F.linear(x, w) if p == "default" else op(x, w, None, "none", [], "")
+                if rep:
+                    out[p][r].append((time.perf_counter() - t0) * 1e3)
+    return {p: {r: round(statistics.median(v), 3) for r, v in d.items()} for p, d in out.items()}
+
+
+@torch.inference_mode()
+def pass_ms(target, sizes=(1, 2, 3, 4, 9, 16), reps: int = 7, context: int = 100) -> dict:
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 20000, (1, context + max(sizes)), generator=g)
+    out = {p: {**{n: [] for n in sizes}, "tree9": []} for p in PATHS}
+    vis = tree_visibility(TREE_PARENTS)
+    depth = [1, 2, 2, 3, 3, 3, 4, 4, 4]
+    caches = {}
+    for p in PATHS:
+        compute.apply_path(target.model, p)
+        caches[p] = DynamicCache()
+        target.model(input_ids=ids[:, :context], cache=caches[p], use_cache=True, logits_to_keep=1)
+    for rep in range(reps + 1):
+        for p in (PATHS if rep % 2 else PATHS[::-1]):
+            compute.apply_path(target.model, p)
+            cache = caches[p]
+            for n in sizes:
+                t0 = time.perf_counter()
+                target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True, logits_to_keep=n)
+                dt = (time.perf_counter() - t0) * 1e3
+                cache.crop(-n)
+                if rep:
+                    out[p][n].append(dt)
+            t0 = time.perf_counter()  # the tree's verify pass: mask and position ids built as the engine does
+            mask = model_mask(fed_visibility(vis, torch.ones(1, context, dtype=torch.bool)), target.model)
+            pos = torch.tensor([[context - 1 + d for d in depth]])
+            target.model(input_ids=ids[:, context:context + 9], cache=cache, use_cache=True, logits_to_keep=9,
+                         attention_mask=mask, position_ids=pos)
+            dt = (time.perf_counter() - t0) * 1e3
+            cache.crop(-9)
+            if rep:
+                out[p]["tree9"].append(dt)
+    return {p: {str(k): round(statistics.median(v), 2) for k, v in d.items()} for p, d in out.items()}
+
+
+def decode_tps(target, prompt: str, n: int, reps: int) -> dict:
+    ids = encode_prompt(target.tokenizer, prompt)
+    out = {f"{p} {kind}": [] for p in PATHS for kind in ("engine", "transformers")}
+    texts = {}
+    for rep in range(reps + 1):
+        for p in (PATHS if rep % 2 else PATHS[::-1]):
+            compute.apply_path(target.model, p)
+            res = generate(target, None, ids, max_new_tokens=n, stop_on_eos=False)
+            if rep:
+                out[f"{p} engine"].append(res.stats.tokens_per_s)
+            texts[f"{p} engine"] = res.token_ids
+            with torch.inference_mode():
+                x = torch.tensor([ids])
+                t0 = time.perf_counter()
+                o = target.model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                          pad_token_id=target.tokenizer.pad_token_id)
+                dt = time.perf_counter() - t0
+            if rep:
+                out[f"{p} transformers"].append(n / dt)
+            texts[f"{p} transformers"] = o[0, len(ids):].tolist()
+    ref = texts["default engine"]
+    return {k: {"tokens_per_s": round(statistics.median(v), 2), "identical_to_default_engine": texts[k] == ref}
+            for k, v in out.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compute"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if compute._ONEDNN_OP is None:
+        print("this PyTorch build has no oneDNN linear op: nothing to compare", file=sys.stderr)
+        return 2
+    target = load_model("embedded", device="cpu")
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), **machine_meta(target)}
+    chosen = target.compute.path
+    params = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    bw = read_bandwidth_gbs()
+    res = {"meta": meta, "param_bytes": params, "read_bandwidth_gbs": round(bw, 2),
+           "lm_head_ms": lm_head_ms(target, reps=args.reps), "pass_ms": pass_ms(target, reps=args.reps),
+           "decode": decode_tps(target, "Explain in a few sentences why the sky is blue.", args.max_new_tokens,
+                                max(2, args.reps // 2))}
+    compute.apply_path(target.model, chosen)
+    for k, d in res["decode"].items():
+        d["share_of_read_bandwidth"] = round(params * d["tokens_per_s"] / (bw * 1e9), 3)
+    meta["load_avg_1min_end"] = round(os.getloadavg()[0], 2)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    pm, lh = res["pass_ms"], res["lm_head_ms"]
+    lines = [f"# Compute path: PyTorch default (MKL) vs oneDNN linears ({meta['date']})", "",
+             machine_line(meta), f"`{meta['command']}`; medians of {args.reps} alternating reps. "
+             f"Read bandwidth (1 GiB fp32 sum, best of 5): {bw:.1f} GB/s; parameters {params / 1e6:.0f} MB (fp32).", "",
+             "## The LM head product (49152 × 576), ms", "", "| rows | default (MKL) | oneDNN |", "|---|---|---|"]
+    lines += [f"| {r} | {lh['default'][r]:.2f} | {lh['onednn'][r]:.2f} |" for r in lh["default"]]
+    lines += ["", "## A target pass after 100 cached tokens, ms (× one token)", "",
+              "| tokens in the pass | default (MKL) | oneDNN |", "|---|---|---|"]
+    for k in pm["default"]:
+        label = "9-node tree (tree mask)" if k == "tree9" else k
+        lines.append(f"| {label} | {pm['default'][k]:.1f} ({pm['default'][k] / pm['default']['1']:.2f}×) | "
+                     f"{pm['onednn'][k]:.1f} ({pm['onednn'][k] / pm['onednn']['1']:.2f}×) |")
+    lines += ["", f"## Plain greedy decoding, {args.max_new_tokens} new tokens", "",
+              "| path, decoder | tokens/s | share of read bandwidth | same tokens as default engine |", "|---|---|---|---|"]
+    lines += [f"| {k} | {d['tokens_per_s']:.1f} | {d['share_of_read_bandwidth']:.0%} | "
+              f"{'yes' if d['identical_to_default_engine'] else 'no'} |" for k, d in res["decode"].items()]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""What every speed benchmark records about the machine it ran on: CPU model, compute path, threads, load.
+
+``machine_meta(target)`` goes into each result's JSON ``meta``; ``machine_line(meta)`` into its markdown
+header, so a number is never read without the machine and the kernels that produced it
+(``engine/decoding/compute.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from engine.decoding.compute import cpu_model
+
+
+def machine_meta(target=None) -> dict:
+    """{"cpu", "cpus", "threads", "torch", "platform", "compute", "compute_reason", "load_avg_1min_start"}."""
+    c = getattr(target, "compute", None)
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "platform": platform.platform(), "compute": c.path if c else "default",
+            "compute_reason": c.reason if c else "", "load_avg_1min_start": round(os.getloadavg()[0], 2)}
+
+
+def machine_line(meta: dict) -> str:
+    """One markdown line: CPU, compute path, threads, load at start (and at the end when recorded)."""
+    end = meta.get("load_avg_1min_end")
+    load = f"load average (1 min) {meta.get('load_avg_1min_start', '?')}" + ("" if end is None else f" → {end}")
+    return (f"Machine: {meta['cpu']} ({meta['cpus']} CPUs), {meta['threads']} torch threads, torch {meta['torch']}, "
+            f"compute path **{meta['compute']}** ({meta.get('compute_reason') or 'n/a'}), {load}.")

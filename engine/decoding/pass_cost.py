@@ -1,0 +1,220 @@
+"""This machine's target pass cost by tokens fed: t(n) for a pass over n new tokens after a cached context.
+
+Speculative decoding pays off when verifying γ + 1 tokens costs little more than one decode step, so
+every choice that trades tokens per pass against pass time (What-if's verify-cost curve, the shipped
+head's default γ, the Medusa heads' static tree) needs t(n)/t(1) **of the machine the app runs on**:
+measured, on the AMD EPYC of 2026-12-01, t(3)/t(1) was 1.94 with PyTorch's default kernels and ~1.1 with
+oneDNN's (``engine.decoding.compute``), against 1.13 on the machine of late November.
+
+``machine_pass_cost(target)`` returns the curve measured here, once per machine: keyed by CPU model,
+compute path, torch threads and version and the model's shape, kept in ``<user cache>/pass_cost.json``.
+The first call measures (~3–5 s for the embedded target, with progress; ``python -m engine prepare`` does
+it at setup). Where nothing was measured and measuring is not wanted, ``shipped_pass_cost`` reads the
+repo's ``benchmarks/results/verify_cost.json``, labelled with the machine it came from.
+
+Measurement: prefill ``context`` random tokens once; then, for each rep and each size n (sizes interleaved
+so a noisy moment hits all sizes alike), one forward over n new tokens (``logits_to_keep=n``, as a verify
+pass needs every position's logits), timed, then ``cache.crop(-n)``. Reported: the median per size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.decoding.compute import cpu_model
+from engine.decoding.models import LoadedModel, cache_root
+
+SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
+"""Tokens per pass measured: chains up to γ = 15 and trees up to 15 nodes (+ the bonus/correction token)."""
+SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "verify_cost.json"
+
+
+@dataclass
+class PassCost:
+    """A target's pass time by tokens fed.
+
+    Attributes:
+        ms: {n: median ms of a pass over n new tokens}; always has n = 1.
+        cpu: CPU model measured on. compute: compute path ("default"/"onednn"). threads: torch threads.
+        date: when measured ("YYYY-MM-DD HH:MM"). context: cached tokens before the pass. reps: reps per size.
+        measured_here: True when measured on this machine (CPU model and compute path as now).
+        source: one line saying where the curve comes from, for captions.
+    """
+
+    ms: dict[int, float]
+    cpu: str
+    compute: str
+    threads: int
+    date: str
+    context: int = 100
+    reps: int = 5
+    measured_here: bool = True
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def ratio(self, n: int) -> float:
+        """t(n)/t(1), linear between measured sizes and beyond the largest (from the last two points).
+
+        Raises:
+            ValueError: n < 1.
+        """
+        if n < 1:
+            raise ValueError(f"a pass feeds at least one token, got {n}")
+        pts = sorted(self.ms.items())
+        t1 = self.ms[1]
+        if n in self.ms:
+            return self.ms[n] / t1
+        lo = max((p for p in pts if p[0] < n), key=lambda p: p[0])
+        hi = [p for p in pts if p[0] > n]
+        if hi:
+            (a, ta), (b, tb) = lo, hi[0]
+        else:
+            (a, ta), (b, tb) = pts[-2], pts[-1]
+        return (ta + (tb - ta) * (n - a) / (b - a)) / t1
+
+    def ratios(self, n_max: int) -> list[float]:
+        """[t(1)/t(1), t(2)/t(1), …, t(n_max)/t(1)] (``engine.decoding.medusa.choose_tree``'s ``pass_cost``)."""
+        return [self.ratio(n) for n in range(1, n_max + 1)]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ms"] = {str(k): v for k, v in self.ms.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PassCost":
+        d = dict(d)
+        d["ms"] = {int(k): float(v) for k, v in d["ms"].items()}
+        return cls(**d)
+
+
+def _key(spec: str, device: str = "cpu") -> str:
+    """Cache key: this machine (CPU model, torch threads and version), the target spec and device. The
+    compute path is stored inside the entry and checked on lookup."""
+    return "|".join([cpu_model(), f"threads={torch.get_num_threads()}", torch.__version__, spec, device])
+
+
+def _store() -> Path:
+    return cache_root() / "pass_cost.json"
+
+
+def _read() -> dict:
+    try:
+        return json.loads(_store().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: int = 100,
+                      progress: Callable[[str, float], None] | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> PassCost:
+    """Measure t(n) for n in ``sizes`` (see the module docstring).
+
+    Args:
+        target: the loaded target. sizes: tokens per pass (must include 1). reps: timed passes per size.
+        context: cached tokens before each pass. progress: (message, fraction) callback.
+        should_stop: polled between reps; a stop keeps the reps done so far (at least one).
+
+    Raises:
+        ValueError: ``sizes`` without 1, or reps < 1.
+    """
+    from transformers import DynamicCache
+
+    if 1 not in sizes or reps < 1:
+        raise ValueError("the pass-cost curve needs n = 1 among its sizes and at least one rep")
+    sizes = sorted(set(int(s) for s in sizes))
+    vocab = int(getattr(target.model.config, "vocab_size", 100) or 100)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(100, vocab - 1), vocab, (1, context + max(sizes)), generator=gen).to(target.device)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    with torch.inference_mode():
+        cache = DynamicCache()
+        target.model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+        for rep in range(reps + 1):  # rep 0 warms up
+            for n in (sizes if rep % 2 else sizes[::-1]):
+                t0 = time.perf_counter()
+                target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True, logits_to_keep=n)
+                if target.device.type == "cuda":
+                    torch.cuda.synchronize()
+                dt = (time.perf_counter() - t0) * 1e3
+                cache.crop(-n)
+                if rep:
+                    times[n].append(dt)
+            if progress:
+                progress(f"Timing target passes of 1–{max(sizes)} tokens on this machine (rep {rep} of {reps})…",
+                         (rep + 1) / (reps + 1))
+            if rep and should_stop is not None and should_stop():
+                break
+    done = min(len(v) for v in times.values())
+    return PassCost(ms={n: round(statistics.median(v), 3) for n, v in times.items()}, cpu=cpu_model(),
+                    compute=target.compute.path if target.compute else "default", threads=torch.get_num_threads(),
+                    date=time.strftime("%Y-%m-%d %H:%M"), context=context, reps=done, measured_here=True,
+                    source=f"measured on this machine ({cpu_model()}, {target.compute.name if target.compute else 'default'}"
+                           f" kernels, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
+
+
+def cached_pass_cost(spec: str = "embedded", compute: str | None = None, device: str = "cpu") -> PassCost | None:
+    """The curve measured earlier on this machine for the target ``spec`` (and compute path ``compute``,
+    when given), or None. Needs no loaded model."""
+    d = _read().get(_key(spec, device))
+    try:
+        got = PassCost.from_dict(d) if d else None
+    except (TypeError, KeyError, ValueError):
+        return None
+    return got if got is not None and (compute is None or got.compute == compute) else None
+
+
+def current_pass_cost(spec: str = "embedded") -> PassCost:
+    """This machine's curve for ``spec`` if measured (``prepare`` or an earlier page), else the shipped
+    fallback (labelled). Never measures; no model is loaded."""
+    got = cached_pass_cost(spec)
+    return got if got is not None else shipped_pass_cost()
+
+
+def shipped_pass_cost() -> PassCost:
+    """The repo's shipped curve (``benchmarks/results/verify_cost.json``), labelled with its machine.
+
+    Raises:
+        FileNotFoundError / ValueError: the file is missing or unreadable.
+    """
+    d = json.loads(SHIPPED.read_text())
+    meta = d.get("meta", {})
+    cpu = meta.get("cpu", "an earlier 2-core CPU")
+    path = meta.get("compute", "default")
+    return PassCost(ms={int(k): float(v) for k, v in d["ms"].items()}, cpu=cpu, compute=path,
+                    threads=int(meta.get("threads", 0)), date=meta.get("date", "?"), context=int(d.get("context", 0)),
+                    reps=int(d.get("reps", 0)), measured_here=False,
+                    source=f"shipped fallback, measured on another machine ({cpu}, {path} kernels, "
+                           f"{meta.get('date', '?')}; benchmarks/results/verify_cost.json)")
+
+
+def machine_pass_cost(target: LoadedModel, measure: bool = True,
+                      progress: Callable[[str, float], None] | None = None) -> PassCost:
+    """This machine's curve for ``target``: cached, else measured now and cached (``measure``), else the
+    shipped fallback (labelled)."""
+    path = target.compute.path if target.compute else "default"
+    got = cached_pass_cost(target.spec, path, str(target.device.type))
+    if got is not None:
+        return got
+    if not measure:
+        return shipped_pass_cost()
+    got = measure_pass_cost(target, progress=progress)
+    try:
+        f = _store()
+        f.parent.mkdir(parents=True, exist_ok=True)
+        data = _read()
+        data[_key(target.spec, str(target.device.type))] = got.to_dict()
+        tmp = f.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, f)
+    except OSError:
+        pass
+    return got

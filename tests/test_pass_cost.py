@@ -1,0 +1,102 @@
+"""This machine's pass-cost curve (engine/decoding/pass_cost.py): measurement, cache, fallback, ratios."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.decoding import pass_cost
+from engine.decoding.pass_cost import PassCost, cached_pass_cost, machine_pass_cost, measure_pass_cost
+from tests.tiny_models import save_tiny_llama
+
+
+def _curve(ms):
+    return PassCost(ms=ms, cpu="x", compute="onednn", threads=2, date="d")
+
+
+def test_ratio_interpolates_and_extends_linearly_by_hand():
+    c = _curve({1: 10.0, 2: 12.0, 4: 16.0, 8: 20.0})
+    assert c.ratio(1) == 1.0 and c.ratio(2) == pytest.approx(1.2)
+    assert c.ratio(3) == pytest.approx(1.4)          # halfway 12 → 16
+    assert c.ratio(6) == pytest.approx(1.8)          # 16 + 4·2/4 = 18
+    assert c.ratio(10) == pytest.approx(2.2)         # past 8: slope of 4 → 8 (1 ms a token): 22
+    assert c.ratios(3) == pytest.approx([1.0, 1.2, 1.4])
+    with pytest.raises(ValueError):
+        c.ratio(0)
+    assert PassCost.from_dict(c.to_dict()) == c
+
+
+def test_shipped_fallback_is_labelled_with_its_machine():
+    s = pass_cost.shipped_pass_cost()
+    assert not s.measured_here and 1 in s.ms and "another machine" in s.source and "verify_cost.json" in s.source
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDUP_LAB_CACHE", str(tmp_path / "cache"))
+    from engine.decoding.models import load_model
+
+    return load_model(str(save_tiny_llama(tmp_path / "tiny")), device="cpu")
+
+
+def test_measure_times_every_size_and_cache_restores_it(tiny):
+    c = measure_pass_cost(tiny, sizes=(1, 2, 4), reps=2, context=8)
+    assert set(c.ms) == {1, 2, 4} and all(v > 0 for v in c.ms.values()) and c.reps == 2 and c.measured_here
+    assert c.compute == tiny.compute.path and "measured on this machine" in c.source
+    assert cached_pass_cost(tiny.spec) is None
+    calls = []
+    real = pass_cost.measure_pass_cost
+    pass_cost.measure_pass_cost = lambda t, progress=None: calls.append(1) or real(t, sizes=(1, 3), reps=1, context=4)
+    try:
+        first = machine_pass_cost(tiny)
+        again = machine_pass_cost(tiny)
+    finally:
+        pass_cost.measure_pass_cost = real
+    assert calls == [1] and again == first and set(first.ms) == {1, 3}
+    assert cached_pass_cost(tiny.spec) == first
+    # another compute path than the one measured: not this curve
+    other = "default" if first.compute == "onednn" else "onednn"
+    assert cached_pass_cost(tiny.spec, compute=other) is None
+    assert pass_cost.current_pass_cost(tiny.spec) == first
+    assert not pass_cost.current_pass_cost("never-measured").measured_here
+
+
+def test_measure_needs_one_token_and_a_rep(tiny):
+    with pytest.raises(ValueError):
+        measure_pass_cost(tiny, sizes=(2, 3))
+    with pytest.raises(ValueError):
+        measure_pass_cost(tiny, reps=0)
+
+
+def test_stop_keeps_the_reps_done(tiny):
+    c = measure_pass_cost(tiny, sizes=(1, 2), reps=5, context=4, should_stop=lambda: True)
+    assert c.reps == 1
+
+
+def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
+    from engine.explain import analytic
+
+    flat_then_steep = _curve({1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 20.0, 6: 30.0, 9: 60.0})
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: flat_then_steep)
+    # α 0.6, c 0.1: γ=1 1.6/1.1 = 1.455; γ=2 1.96/1.2 = 1.633; γ=3 2.176/1.3 = 1.674; γ=4 2.306/(0.4 + 2) = 0.96
+    g, why = analytic.default_gamma_here("embedded-head")
+    assert g == 3 and "this machine's measured pass cost" in why and "1.67×" in why
+    assert analytic.default_gamma_here("ngram") == (4, "the draft's static default")
+    assert analytic.default_gamma_here("embedded-head", "some/other-model")[0] == 2
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: None)
+    assert analytic.default_gamma_here("embedded-head") == (2, "the shipped default (this machine's pass cost is "
+                                                               "not measured yet)")
+
+
+@pytest.mark.slow
+def test_shipped_medusa_tree_follows_this_machines_curve(embedded, monkeypatch):
+    from engine.decoding.proposers import make_proposer
+
+    flat = _curve({n: 10.0 for n in pass_cost.SIZES})
+    steep = _curve({n: 10.0 * n for n in pass_cost.SIZES})
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: flat)
+    assert make_proposer("embedded-medusa", embedded).tree_size == 15  # a flat pass: the largest tree
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: steep)
+    assert make_proposer("embedded-medusa", embedded).tree_size == 0  # each token costs a step: no tree
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: None)
+    shipped = make_proposer("embedded-medusa", embedded)
+    assert shipped.choices == shipped.heads.config["medusa_choices"]
