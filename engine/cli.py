@@ -540,8 +540,14 @@ def run_draft_card(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     target = load_model(args.target, device="cpu", compute=args.compute,
                         progress=lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True))
+    from engine.explain.analytic import default_gamma_here
+
+    kind, spec = resolve_draft(args.draft)
+    # γ as `generate` picks it on this machine (the head's from the measured pass cost); Medusa: its K heads
+    gamma, why = default_gamma_here(spec, args.target) if kind.gamma is not None else (None, "the Medusa heads' K")
     card = draft_card(target, args.draft, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                      max_prompts=args.max_prompts, chat=not args.no_chat, progress=print_progress)
+                      max_prompts=args.max_prompts, chat=not args.no_chat, gamma=gamma, progress=print_progress)
+    card["settings"]["gamma_source"] = why
     parts = [args.draft] + (["--prompts", args.prompts] if args.prompts else ["--max-prompts", str(args.max_prompts)])
     parts += ["--max-new-tokens", str(args.max_new_tokens)] + (["--threads", str(args.threads)] if args.threads else [])
     parts += (["--target", args.target] if args.target != "embedded" else []) + (["--no-chat"] if args.no_chat else [])

@@ -255,9 +255,13 @@ def compute_path(target) -> dict:
     return {"path": c.path, "label": c.label(), "reason": c.reason}
 
 
-def _settings(kind: DraftKind, proposer) -> tuple[int, int]:
-    """(γ, tree size) the engine uses for this draft by default (as ``python -m engine generate``)."""
-    gamma = kind.gamma if kind.gamma is not None else proposer.heads.n_heads
+def _settings(kind: DraftKind, proposer, gamma: int | None = None) -> tuple[int, int]:
+    """(γ, tree size) the engine uses for this draft: ``gamma`` when given (the command line passes
+    ``python -m engine generate``'s default for this machine), else the kind's static default (Medusa: its K
+    heads); the tree: the proposer's own (Medusa: the static tree chosen for this machine when its pass cost
+    was measured, ``proposers._machine_medusa_tree``)."""
+    if gamma is None:
+        gamma = kind.gamma if kind.gamma is not None else proposer.heads.n_heads
     tree = proposer.tree_size if kind.tree == "saved" else int(kind.tree)
     return gamma, tree
 
@@ -270,7 +274,7 @@ def _run(target, proposer, ids, gamma, tree, max_new):
 
 def draft_card(target, draft: str, prompts: list[str] | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                max_prompts: int = DEFAULT_MAX_PROMPTS, positions: int = TEACHER_POSITIONS, chat: bool = True,
-               progress=None) -> dict:
+               gamma: int | None = None, progress=None) -> dict:
     """Measure one draft's card (see the module docstring).
 
     Args:
@@ -279,6 +283,7 @@ def draft_card(target, draft: str, prompts: list[str] | None = None, max_new_tok
         prompts: the prompts (None: the first ``max_prompts`` of the card's held-out set).
         max_new_tokens: N ≥ 1 tokens per answer.
         positions: teacher-forced draft positions reported.
+        gamma: γ (a tree's depth) in the engine; None: the kind's static default (see ``_settings``).
         progress: optional callable(message) for each step.
 
     Returns:
@@ -308,7 +313,7 @@ def draft_card(target, draft: str, prompts: list[str] | None = None, max_new_tok
         draft_model = load_model(spec, device=target.device, compute=getattr(target.compute, "path", None))
     make = lambda: make_proposer(spec, target, draft_model)  # noqa: E731 - a fresh proposer per run
     first = make()
-    gamma, tree = _settings(kind, first)
+    gamma, tree = _settings(kind, first, gamma)
 
     ids_all = [encode_prompt(target.tokenizer, p, chat=chat) for p in prompts]
     say("warm-up")
@@ -389,6 +394,8 @@ def card_markdown(card: dict, command: str | None = None) -> str:
     """The card as a markdown section: what was run, then one table of the measures."""
     e, tf, sp, m, st = card["engine"], card["teacher_forced"], card["speed"], card["machine"], card["settings"]
     shape = f"tree of {st['tree']} nodes, depth ≤ {st['gamma']}" if st["tree"] else f"chain, γ = {st['gamma']}"
+    if st.get("gamma_source"):
+        shape += f" (γ: {st['gamma_source']})"
     lines = [f"### Draft card: {card['label']} (`{card['draft']}`)", ""]
     if command:
         lines += [f"`{command}`", ""]
