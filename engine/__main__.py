@@ -31,7 +31,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic,batch-sweep}",
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic,batch-sweep,draft-card}",
                                 title="commands (python -m engine COMMAND --help for each)")
     p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache, choose this "
                                         "machine's compute path and measure its target pass-cost curve")
@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.cli import add_batch_sweep  # the batch sweep (batched decoding against batch size)
 
     add_batch_sweep(sub)
+    from engine.cli import add_draft_card  # a shipped draft's model card, measured
+
+    add_draft_card(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

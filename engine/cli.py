@@ -483,3 +483,86 @@ def run_batch_sweep(args: argparse.Namespace) -> int:
     print(f"({sweep.max_new_tokens} new tokens per row, {sweep.reps} run(s) per cell, torch threads {sweep.threads}, "
           f"{sweep.elapsed_s:.0f} s)")
     return 0
+
+
+def add_draft_card(sub) -> None:
+    from engine.training.draft_card import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_PROMPTS, DRAFTS
+
+    names = ", ".join(k.name + (":K" if k.needs_k else "") for k in DRAFTS.values())
+    p = sub.add_parser("draft-card", help="measure a shipped draft's model card on your prompts",
+                       description="A shipped draft's card, measured (engine.training.draft_card): teacher-forced "
+                                   "top-1 agreement by draft position on the target's own greedy answers, in-engine "
+                                   "greedy acceptance by draft position and by round (round 0 separately), tokens "
+                                   "per target pass, and speed against plain decoding on this machine.")
+    p.add_argument("draft", help=f"the draft: {names}")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="one prompt a line (default: the first --max-prompts of the card's held-out prompts)")
+    p.add_argument("--max-prompts", type=int, default=DEFAULT_MAX_PROMPTS,
+                   help=f"how many of the card's held-out prompts (default {DEFAULT_MAX_PROMPTS}; ignored with --prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help=f"tokens per answer (default {DEFAULT_MAX_NEW_TOKENS})")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's own choice)")
+    p.add_argument("--target", default="embedded",
+                   help="embedded (default; the trained drafts need it) | a folder (early-exit:K only)")
+    add_compute_option(p)
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--json", action="store_true", help="print the card as one JSON object instead of markdown")
+    p.add_argument("--out", default=None, metavar="PREFIX", help="also write PREFIX.json and PREFIX.md")
+    p.set_defaults(func=run_draft_card)
+
+
+def run_draft_card(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from engine.training.draft_card import card_markdown, draft_card, print_progress, read_prompts, resolve_draft
+
+    # bad input first, before the model loads
+    resolve_draft(args.draft)
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}.")
+    if args.max_prompts < 1:
+        raise InputError(f"--max-prompts must be at least 1, got {args.max_prompts}.")
+    if args.threads < 0:
+        raise InputError(f"--threads must be 0 (torch's default) or more, got {args.threads}.")
+    if args.compute is not None:
+        from engine.decoding.compute import parse_override
+
+        parse_override(args.compute)
+    prompts = read_prompts(args.prompts) if args.prompts is not None else None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    from engine.decoding.models import load_model
+
+    hf_logging.disable_progress_bar()
+    target = load_model(args.target, device="cpu", compute=args.compute,
+                        progress=lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True))
+    from engine.explain.analytic import default_gamma_here
+
+    kind, spec = resolve_draft(args.draft)
+    # γ as `generate` picks it on this machine (the head's from the measured pass cost); Medusa: its K heads
+    gamma, why = default_gamma_here(spec, args.target) if kind.gamma is not None else (None, "the Medusa heads' K")
+    card = draft_card(target, args.draft, prompts=prompts, max_new_tokens=args.max_new_tokens,
+                      max_prompts=args.max_prompts, chat=not args.no_chat, gamma=gamma, progress=print_progress)
+    card["settings"]["gamma_source"] = why
+    parts = [args.draft] + (["--prompts", args.prompts] if args.prompts else ["--max-prompts", str(args.max_prompts)])
+    parts += ["--max-new-tokens", str(args.max_new_tokens)] + (["--threads", str(args.threads)] if args.threads else [])
+    parts += (["--target", args.target] if args.target != "embedded" else []) + (["--no-chat"] if args.no_chat else [])
+    parts += ["--compute", args.compute] if args.compute else []
+    command = "python -m engine draft-card " + " ".join(parts)
+    card["command"] = command
+    md = card_markdown(card, command)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_name(out.name + ".json").write_text(json.dumps(card, indent=1, ensure_ascii=False) + "\n")
+        out.with_name(out.name + ".md").write_text(md)
+    if args.json:
+        json.dump(card, sys.stdout, ensure_ascii=False)
+        print()
+    else:
+        print(md)
+    return 0

@@ -84,6 +84,33 @@ def test_head_cache_rollback_matches_a_fresh_computation(tiny):
     assert checked >= 8
 
 
+def test_first_round_reads_the_pairs_up_to_the_last_prompt_token(tiny):
+    """Round 0 (the prefill fed the whole prompt, length P, so the target holds h_0..h_{P-1}): the head's first
+    draft comes from the pairs (h_i, x_{i+1}) for i <= P - 2, the last of them (h_{P-2}, x_{P-1}) predicting the
+    token at P, which is where its training scores start (train_head.make_items: pairs i >= P - 2). h_{P-1} is
+    not read (it belongs to the pair that needs the token at P): no off-by-one as Medusa's first round had."""
+    target = tiny["target"]
+    cfg = SamplingConfig()
+    for ids in PROMPTS[:2]:
+        prop = make_proposer(str(tiny["head_dir"]), target)
+        dec = SpeculativeDecoder(target, prop, ids, gamma=2, max_new_tokens=8, stop_on_eos=False)
+        dec.prefill()
+        assert prop.target_lm.hidden.shape[0] == len(ids)
+        want = reference_draft(prop.head, target, ids, 2)
+        assert prop.propose(dec.seq, 2, cfg, torch.Generator()).tokens == want
+        first = prop.last_true.clone()
+        assert prop.n_true == len(ids) - 1
+        prop.reset()
+        prop.target_lm.hidden = prop.target_lm.hidden.clone()
+        prop.target_lm.hidden[-1] = 1e3  # h_{P-1} changed: the first round's draft must not move
+        assert prop.propose(dec.seq, 2, cfg, torch.Generator()).tokens == want
+        assert torch.equal(prop.last_true, first)
+        prop.reset()
+        prop.target_lm.hidden[-2] = 1e3  # h_{P-2} changed: the newest pair's feature, so ĥ_{P-1} moves
+        prop.propose(dec.seq, 2, cfg, torch.Generator())
+        assert not torch.allclose(prop.last_true, first, atol=1e-3)
+
+
 def exact_joint_2(target, prompt, cfg):
     """Exact law of the next 2 tokens of the target under ``cfg`` (enumerate the first token)."""
     with torch.no_grad():

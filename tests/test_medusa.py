@@ -128,11 +128,19 @@ def hf_greedy(lm, ids, n):
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3, 12, 20, 4, 9, 3, 12, 2], [4, 7]]
 
 
-def reference_logits(heads, target, seq):
-    """Head logits from scratch: one target pass over seq[:-1], heads on the last hidden state."""
+def reference_logits(heads, target, seq, first_round=False):
+    """Head logits from scratch: one target pass over seq[:-1] (seq in the first round), heads on the last
+    hidden state."""
     with torch.no_grad():
-        h = target.model.get_decoder()(input_ids=torch.tensor([seq[:-1]])).last_hidden_state[0, -1]
+        fed = seq if first_round else seq[:-1]
+        h = target.model.get_decoder()(input_ids=torch.tensor([fed])).last_hidden_state[0, -1]
         return heads.logits(h).float()
+
+
+def target_argmax(target, seq):
+    """The target's greedy next token after seq, from scratch."""
+    with torch.no_grad():
+        return int(target.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
 
 
 def test_save_load_round_trip(tiny):
@@ -158,7 +166,9 @@ def test_chain_and_tree_match_a_fresh_computation(tiny):
     cfg = SamplingConfig()
     checked = 0
     vocab = prop.vocab_ids
+    dec.step()  # round 0 drafts from another position: test_first_round_drafts_from_the_last_prompt_position
     while not dec.finished:
+        assert not prop.round_zero(dec.seq)
         ref = reference_logits(prop.heads, target, dec.seq)
         chain = prop.propose(dec.seq, 3, cfg, torch.Generator())
         assert chain.tokens == [int(vocab[int(ref[j].argmax())]) for j in range(3)]
@@ -180,6 +190,75 @@ def test_chain_and_tree_match_a_fresh_computation(tiny):
     assert checked >= 8
 
 
+def test_first_round_drafts_from_the_last_prompt_position(tiny):
+    """Round 0 (after the prefill fed the whole prompt, length P): the heads read h_{P-1}, the position they
+    were trained from (train_medusa.make_examples: t >= P - 1), not h_{P-2}; draft position 1 is the target's
+    own greedy token there, position k + 1 head k's pick. From round 1 on they read h_{L-2} again."""
+    target = tiny["target"]
+    cfg = SamplingConfig()
+    for ids in PROMPTS:
+        prop = make_proposer(str(tiny["dir"]), target)
+        dec = SpeculativeDecoder(target, prop, ids, gamma=3, tree=7, max_new_tokens=12, stop_on_eos=False)
+        dec.prefill()
+        assert prop.round_zero(dec.seq) and prop.target_lm.hidden.shape[0] == len(ids)
+        ref = reference_logits(prop.heads, target, ids, first_round=True)
+        wrong = reference_logits(prop.heads, target, ids) if len(ids) > 1 else None
+        assert torch.allclose(prop.head_logits(dec.seq), ref, atol=1e-5)
+        if wrong is not None:  # today's position would differ: the test pins the position, not a tie
+            assert not torch.allclose(ref, wrong, atol=1e-3)
+        vocab = prop.vocab_ids
+        root = target_argmax(target, ids)
+        chain = prop.propose(dec.seq, 3, cfg, torch.Generator())
+        assert chain.tokens == [root] + [int(vocab[int(ref[j].argmax())]) for j in range(2)]
+        with torch.no_grad():  # q's first row is the target's own distribution there
+            p_root = torch.softmax(target.model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
+        assert torch.allclose(chain.q[0], p_root, atol=1e-6)
+        assert prop.propose(dec.seq, 1, cfg, torch.Generator()).tokens == [root]
+        tree = prop.propose_tree(dec.seq, 7, 3, cfg, torch.Generator())
+        # the root, then the best 6-node tree of depth <= 2 below it (paths shifted one level down)
+        paths = prop.tree_paths(6, 2)
+        top = vocab[ref.topk(4, dim=-1).indices]
+        assert tree.tokens == [root] + [int(top[len(p) - 1, p[-1]]) for p in paths]
+        assert tree.parents == [-1] + [0 if len(p) == 1 else 1 + paths.index(p[:-1]) for p in paths]
+        assert tree.draw == "deterministic" and len(tree.draft_probs) == tree.size
+        first = dec.step()
+        assert first.n_accepted >= 1 and first.drafted[0].token_id == root  # greedy: the target's own token
+        assert not prop.round_zero(dec.seq)
+        later = reference_logits(prop.heads, target, dec.seq)
+        assert torch.allclose(prop.head_logits(dec.seq), later, atol=1e-5)
+
+
+def test_first_round_under_sampling_accepts_the_targets_own_draw(tiny):
+    """Chain, T = 0.9: round 0's first draft token is drawn from the target's own warped distribution, q = p on
+    that row, so min(1, p/q) = 1 exactly (the verifier warps the same logits in float64)."""
+    target = tiny["target"]
+    cfg = SamplingConfig(temperature=0.9, top_p=0.95)
+    for seed in range(5):
+        prop = make_proposer(str(tiny["dir"]), target)
+        prop.choices = []
+        dec = SpeculativeDecoder(target, prop, PROMPTS[0], gamma=3, sampling=cfg, seed=seed, max_new_tokens=8,
+                                 stop_on_eos=False)
+        r = dec.step()
+        assert r.drafted[0].accept_prob == 1.0 and r.drafted[0].q == pytest.approx(r.drafted[0].p, abs=1e-12)
+
+
+def test_batched_rows_draft_their_first_round_from_the_last_prompt_position(tiny):
+    """Batched chain rows (engine.decoding.batch): round 0 drafts from h_{P-1} with the target's own token first,
+    as alone, and every row's greedy output is plain greedy's."""
+    from engine.decoding.batch import generate_batch
+
+    target = tiny["target"]
+    props = []
+    for _ in PROMPTS:
+        p = make_proposer(str(tiny["dir"]), target)
+        p.choices = []
+        props.append(p)
+    res = generate_batch(target, props, PROMPTS, gamma=3, max_new_tokens=16, stop_on_eos=False)
+    for ids, r in zip(PROMPTS, res.results):
+        assert r.token_ids == hf_greedy(target, ids, 16)
+        assert r.rounds[0].drafted[0].token_id == target_argmax(target, ids) and r.rounds[0].n_accepted >= 1
+
+
 def test_chain_greedy_identical_to_transformers_generate(tiny):
     """--tree 0: each head's top-1 as a chain through the chain decoder, for every γ (γ > K is cut to K)."""
     target = tiny["target"]
@@ -190,7 +269,7 @@ def test_chain_greedy_identical_to_transformers_generate(tiny):
             prop.choices = []
             got = generate(target, prop, ids, gamma=gamma, max_new_tokens=24, stop_on_eos=False)
             assert got.token_ids == ref, gamma
-            assert max(r.n_drafted for r in got.rounds) <= 3
+            assert max(r.n_drafted for r in got.rounds[1:]) <= 3 and got.rounds[0].n_drafted <= min(gamma, 4)
 
 
 def test_tree_greedy_identical_to_transformers_generate(tiny):
@@ -204,7 +283,8 @@ def test_tree_greedy_identical_to_transformers_generate(tiny):
             got = generate_tree(target, prop, ids, gamma=gamma, tree=tree, max_new_tokens=24)
             assert got.token_ids == ref, (tree, gamma)
             assert all(r.tree is not None and len(r.tree.nodes) <= tree for r in got.rounds[:-1])
-            assert all(max(n.depth for n in r.tree.nodes) <= min(gamma, 3) for r in got.rounds if r.tree)
+            assert all(max(n.depth for n in r.tree.nodes) <= min(gamma, 3) for r in got.rounds[1:] if r.tree)
+            assert max(n.depth for n in got.rounds[0].tree.nodes) <= min(gamma, 4)  # the root + 3 heads
     assert any(r.n_accepted for r in got.rounds)  # random heads still hit sometimes on this tiny target
 
 
@@ -398,3 +478,28 @@ def test_shipped_heads_exact_on_the_embedded_target(embedded):
                 accepted += sum(r.n_accepted for r in res.rounds)
                 passes += len(res.rounds)
     assert accepted / passes > 0.2, accepted / passes
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _shipped(), reason="no shipped Medusa heads")
+def test_shipped_heads_first_round_root_is_not_the_prompts_last_token(embedded):
+    """"Tell me a short story." with the chat template: round 0's tree root used to be '\\n' (the prompt's own
+    last token, which head 1 repeated from h_{P-2}, outside its training range) with target probability ~0, so
+    round 0 never accepted anything. Drafted from h_{P-1} the root is the target's own token, and the heads'
+    next guess is read there too."""
+    from engine.decoding.speculative import encode_prompt
+
+    ids = encode_prompt(embedded.tokenizer, "Tell me a short story.")
+    assert embedded.tokenizer.decode([ids[-1]]) == "\n"
+    prop = make_proposer("embedded-medusa", embedded)
+    dec = SpeculativeDecoder(embedded, prop, ids, gamma=prop.heads.n_heads, tree=prop.tree_size, max_new_tokens=8)
+    r = dec.step()
+    root = r.tree.nodes[0]
+    assert root.text != "\n" and root.p > 0.1, (root.text, root.p)
+    assert r.n_accepted >= 1
+    # the heads below it read h_{P-1} (the old position gave a different, wrong guess)
+    with torch.no_grad():
+        h = embedded.model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    want = int(prop.vocab_ids[int(prop.heads.logits(h[-1])[0].float().argmax())])
+    assert len(r.tree.nodes) >= 2 and r.tree.nodes[1].token_id == want
+    assert want != int(prop.vocab_ids[int(prop.heads.logits(h[-2])[0].float().argmax())])

@@ -185,6 +185,17 @@ class _RowFeatures:
     def cached_len(self) -> int:
         return self.row.cached_n
 
+    @property
+    def ids(self) -> list[int]:
+        """The row's cached tokens, in logical order."""
+        return self.row.seq[:self.row.cached_n]
+
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        """[V] the target's logits at the row's last cached position while the row's whole sequence is cached
+        (right after the prefill; Medusa heads draft their first round from it), else None."""
+        return self.row.last_logits if self.row.cached_n == len(self.row.seq) else None
+
 
 @dataclass
 class DecisiveLogits:

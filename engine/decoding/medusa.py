@@ -353,11 +353,23 @@ def load_medusa(folder: str | Path, target_model: nn.Module) -> MedusaHeads:
 class MedusaProposer(Proposer):
     """Drafting with Medusa heads from the target's hidden state at the newest committed position.
 
-    At the start of a round the sequence is ``seq`` (length L) and the decoder's target ``CachedLM`` holds
-    the last hidden state of positions 0..L−2 (the newest token, the last round's correction or bonus, is
-    fed in the next pass). h_{L−2} is what the target's LM head read to produce token L−1, so head k
-    (1-based) on h_{L−2} predicts token L−2+k+1 = the k-th draft position (Medusa §2.1.1: the LM head gives
-    t+1, head k gives t+k+1). No model runs while drafting beyond the K small heads: one call per round.
+    At the start of a round after the first the sequence is ``seq`` (length L) and the decoder's target
+    ``CachedLM`` holds the last hidden state of positions 0..L−2 (the newest token, the last round's
+    correction or bonus, is fed in the next pass). h_{L−2} is what the target's LM head read to produce
+    token L−1, so head k (1-based) on h_{L−2} predicts token L−2+k+1 = the k-th draft position (Medusa
+    §2.1.1: the LM head gives t+1, head k gives t+k+1). No model runs while drafting beyond the K small
+    heads: one call per round.
+
+    The first round (``round_zero``) is different: the prefill fed the whole prompt, so the target holds
+    h_{L−1} and its logits at L−1 (``CachedLM.last_logits``) and the next token is not known yet. The heads
+    were trained on t ≥ P − 1 only (``engine.training.train_medusa.make_examples``: from the last prompt
+    position on), so h_{L−2}, the second-to-last prompt position, is outside what they learnt (there the
+    shipped head 1 repeated the prompt's last token, '\n', which the target gives probability ~0). Round 0
+    therefore drafts from h_{L−1}, the way Medusa's reference code starts its tree: draft position 1 is the
+    target's own LM head on h_{L−1} (those logits came with the prefill; no extra pass), draft position
+    k + 1 is head k on h_{L−1}. Position 1's q is the target's own warped distribution (chain) or a one-hot
+    on its argmax (tree), so under greedy it is always accepted: a token the prefill computed anyway, shown
+    in the trace with q = p.
 
     Two modes:
 
@@ -422,21 +434,36 @@ class MedusaProposer(Proposer):
     def rollback(self, seq: list[int]) -> None:
         """Nothing to roll back (the target's cache holds the hidden states)."""
 
+    def round_zero(self, seq: list[int]) -> bool:
+        """Whether the target has fed all of ``seq`` (its cache holds exactly ``seq`` and the logits of its last
+        position): the first round after a prefill. Drafts then start from h_{len(seq)−1} (see the class)."""
+        if self.target_lm is None:
+            raise ValueError("MedusaProposer.attach(target_lm) was not called")
+        lm = self.target_lm
+        return (lm.last_logits is not None and lm.hidden is not None and lm.cached_len == len(seq) > 0
+                and lm.hidden.shape[0] == len(seq) and lm.ids == list(seq))
+
     def _feature(self, seq: list[int]) -> torch.Tensor | None:
         if self.target_lm is None:
             raise ValueError("MedusaProposer.attach(target_lm) was not called")
         hidden = self.target_lm.hidden
-        t = len(seq) - 2
+        t = len(seq) - 1 if self.round_zero(seq) else len(seq) - 2
         if t < 0 or hidden is None or hidden.shape[0] <= t:
             return None
         return hidden[t]
 
     @torch.inference_mode()
     def head_logits(self, seq: list[int]) -> torch.Tensor | None:
-        """[K, Vd] float32 CPU logits of every head at the newest committed position (None when the target
-        holds no hidden state for it yet)."""
+        """[K, Vd] float32 CPU logits of every head at the position drafts start from: the newest committed
+        position, or in the first round the prompt's last position (``round_zero``; None when the target holds
+        no hidden state for it yet)."""
         h = self._feature(seq)
         return None if h is None else self.heads.logits(h).float().cpu()
+
+    def root_logits(self, seq: list[int]) -> torch.Tensor | None:
+        """[V] float32 CPU: the target's own logits for draft position 1 in the first round (``round_zero``,
+        from the prefill), else None."""
+        return self.target_lm.last_logits.float().cpu() if self.round_zero(seq) else None
 
     def _full_q(self, q_red: torch.Tensor) -> torch.Tensor:
         q = torch.zeros(q_red.shape[0], self.target_vocab)
@@ -444,22 +471,31 @@ class MedusaProposer(Proposer):
         return q
 
     def propose(self, seq: list[int], k: int, cfg, generator: torch.Generator):
-        """A chain of up to min(k, K) draft tokens: head j's pick for draft position j (see the class).
+        """A chain of up to min(k, K) draft tokens: head j's pick for draft position j (see the class); in the
+        first round (``round_zero``) the target's own pick for position 1, then head j's for position j + 1.
 
         Returns:
-            a ``Proposal`` (q: [n, V], each head's warped distribution over ``vocab_ids``).
+            a ``Proposal`` (q: [n, V], each head's warped distribution over ``vocab_ids``; in the first round
+            row 0 is the target's own warped distribution over all ids).
         """
         logits = self.head_logits(seq) if k > 0 else None
         if logits is None:
             return Proposal([], torch.zeros(0, self.target_vocab))
-        n = min(k, self.heads.n_heads)
         tokens, rows = [], []
+        root = self.root_logits(seq)
+        if root is not None:
+            # float64 as the verifier's p (speculative._chain_round warps the same logits in float64 under
+            # sampling), so p = q on this row and min(1, p/q) = 1
+            q0 = warp_probs(root.double(), cfg)
+            tokens.append(int(torch.argmax(root)) if cfg.greedy else sample(q0, generator))
+            rows.append(q0)
+        n = min(k - len(tokens), self.heads.n_heads)
         for j in range(n):
             q_red = warp_probs(logits[j], cfg)
             i = int(torch.argmax(logits[j])) if cfg.greedy else sample(q_red, generator)
             tokens.append(int(self.vocab_ids[i]))
-            rows.append(q_red)
-        return Proposal(tokens, self._full_q(torch.stack(rows)))
+            rows.append(self._full_q(q_red[None])[0].to(rows[0].dtype if rows else q_red.dtype))
+        return Proposal(tokens, torch.stack(rows))
 
     def candidates(self, logits: torch.Tensor, ranks: int) -> torch.Tensor:
         """[K, ranks] target ids: each head's ``ranks`` highest-logit candidates, best first."""
@@ -499,13 +535,32 @@ class MedusaProposer(Proposer):
             a deterministic ``TokenTree`` (no nodes when the target holds no hidden state for the newest
             committed position yet: the round is a plain decoding step).
         """
-        paths = self.tree_paths(max_nodes, max_depth)
-        logits = self.head_logits(seq) if paths else None
+        root = self.root_logits(seq)
+        if root is not None:  # the first round: the target's own top-1 at depth 1, the heads' tree below it
+            if max_nodes < 1 or max_depth < 1:
+                return TokenTree([], [], torch.zeros(0, self.target_vocab))
+            paths = self.tree_paths(max_nodes - 1, max_depth - 1)
+        else:
+            paths = self.tree_paths(max_nodes, max_depth)
+        logits = self.head_logits(seq) if paths or root is not None else None
         if logits is None:
             return TokenTree([], [], torch.zeros(0, self.target_vocab))
-        ranks = max(max(p) for p in paths) + 1
-        top = logits.topk(ranks, dim=-1)
-        tree = tree_from_candidates(self.vocab_ids[top.indices], paths, self.target_vocab)
-        probs = torch.softmax(logits, -1).gather(-1, top.indices)
-        tree.draft_probs = [float(probs[len(p) - 1, p[-1]]) for p in paths]
+        if paths:
+            ranks = max(max(p) for p in paths) + 1
+            top = logits.topk(ranks, dim=-1)
+            tree = tree_from_candidates(self.vocab_ids[top.indices], paths, self.target_vocab)
+            probs = torch.softmax(logits, -1).gather(-1, top.indices)
+            draft_probs = [float(probs[len(p) - 1, p[-1]]) for p in paths]
+        else:
+            tree, draft_probs = TokenTree([], [], torch.zeros(0, self.target_vocab)), []
+        if root is not None:
+            x = int(torch.argmax(root))
+            q = torch.zeros(tree.size + 1, self.target_vocab)
+            q[0, x] = 1.0
+            if tree.size:
+                q[1:] = tree.q
+            tree = TokenTree([x] + tree.tokens, [-1] + [par + 1 if par >= 0 else 0 for par in tree.parents], q,
+                             draw="deterministic")
+            draft_probs = [float(torch.softmax(root, -1)[x])] + draft_probs
+        tree.draft_probs = draft_probs
         return tree
