@@ -1,5 +1,5 @@
-"""Your traffic: a serving engine's speculative-decoding metrics (vLLM, SGLang, llama.cpp server) or the Live
-page's last run, turned into measured acceptance by draft position, tokens per pass by γ, the best γ and the
+"""Your traffic: a serving engine's speculative-decoding metrics (vLLM, SGLang, llama.cpp server, TensorRT-LLM;
+vLLM's per-request JSON) or the Live page's last run, turned into measured acceptance by draft position, tokens per pass by γ, the best γ and the
 flags to run it.
 
 UI only: every number comes from ``engine.explain.traffic``. Widget keys start with ``yt_`` and are mirrored in
@@ -26,9 +26,8 @@ from engine.explain.traffic import (
     list_models,
     position_view,
     predict,
+    profile_from_input,
     profile_from_run,
-    profile_from_scrapes,
-    profile_from_text,
     run_to_prometheus,
     settings_for,
 )
@@ -77,10 +76,11 @@ def _example() -> None:
 st.title("📡 Your traffic: from measured acceptance to settings")
 intro(
     "Acceptance depends on your prompts, your draft and your sampling settings, so measure it on your own "
-    "traffic rather than assuming a number. vLLM, SGLang and llama.cpp server count their drafts and the draft "
-    "tokens the target kept; paste what their `/metrics` address returns (two scrapes, some traffic apart, "
+    "traffic rather than assuming a number. vLLM, SGLang, llama.cpp server and TensorRT-LLM count their drafts "
+    "and the draft tokens the target kept; paste what their `/metrics` address returns (two scrapes, some traffic apart, "
     "measure just that traffic), or fetch it, and read off α per draft position, the draft length γ that pays "
-    "best, and the flags to run it.")
+    "best, and the flags to run it. A vLLM response body with `metrics.speculative_decoding` "
+    "(`--per-request-spec-decode-metrics`) can be pasted too.")
 
 st.radio("Numbers from", SOURCES, key="yt_source", horizontal=True)
 prof = None
@@ -118,15 +118,14 @@ if S["yt_source"] == SOURCES[0]:
     if not first.strip():
         first, second = second, ""
     try:
-        models = list_models(first)
+        models = [] if first.lstrip()[:1] in ("{", "[") else list_models(first)
         if len(models) > 1:
             if S["yt_model"] not in models:
                 S["yt_model"] = ""
             st.selectbox("Model (this scrape has several)", ["", *models], key="yt_model",
                          format_func=lambda m: "— choose one —" if m == "" else m)
         model = S["yt_model"] or None
-        prof = (profile_from_scrapes(first, second, model) if second.strip()
-                else profile_from_text(first, model))
+        prof = profile_from_input(first, second, model, source="pasted or fetched text")
     except SpeedupLabError as e:
         st.error(escape_markdown(str(e)))
         sync_url(URL_KEYS)
@@ -164,7 +163,11 @@ except SpeedupLabError as e:
 who = ENGINE_TITLES[prof.engine] + (f" · model {escape_markdown(prof.model)}" if prof.model else "")
 st.subheader("What your server measured")
 st.caption(f"{who} · {prof.window}" + (f" · {prof.drafts:,.0f} drafts, {prof.draft_tokens:,.0f} draft tokens, "
-                                        f"{prof.accepted_tokens:,.0f} accepted" if prof.has_counts else ""))
+                                        f"{prof.accepted_tokens:,.0f} accepted" if prof.has_counts else "")
+           + (f" · {prof.draft_tokens:,.0f} draft tokens, {prof.accepted_tokens:,.0f} accepted (no count of drafts)"
+              if not prof.has_counts and prof.draft_tokens is not None else "")
+           + (f" · {prof.generation_tokens:,.0f} generated tokens over {prof.verify_calls:,.0f} verify calls"
+              if prof.tokens_per_pass_counter is not None else ""))
 m1, m2, m3, m4 = st.columns(4)
 ar, ml, ah = prof.acceptance_rate, prof.mean_acceptance_length, prof.alpha_hat
 m1.metric("Acceptance rate", "—" if ar is None else f"{ar:.3f}",

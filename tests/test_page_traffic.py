@@ -64,7 +64,7 @@ def test_example_by_default():
     assert m["γ the server ran"] == "3"
     codes = [c.value for c in at.code]
     assert any('"num_speculative_tokens": 7' in c for c in codes)
-    assert any("--draft-max 7 --draft-min 7" in c for c in codes)
+    assert any("--spec-draft-n-max 7 --spec-draft-n-min 7" in c for c in codes)
     assert any("longer than the 3 positions" in w.value for w in at.warning)  # γ = 7 is extrapolated
     assert _qp(at, "yt_scrape") is None  # the example is not put in the link
 
