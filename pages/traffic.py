@@ -65,6 +65,78 @@ def _fetch(into: str) -> None:
         S["yt_fetch_note"] = ("error", str(e))
 
 
+@st.cache_resource(show_spinner=False)
+def _llama_servers() -> dict:
+    """The local llama.cpp server this app started (one per app process, shared by every reader)."""
+    return {}
+
+
+def _llama_panel() -> None:
+    """Start a local llama.cpp server (operator-enabled only), send it requests, point the address box at it."""
+    from engine.serving import llamacpp as lc
+
+    box = _llama_servers()
+    srv = box.get("server")
+    if srv is not None and not srv.running():
+        box.pop("server", None)
+        st.error(f"The llama.cpp server stopped (exit {srv.process.returncode}); log: {srv.log_path}")
+        srv = None
+    with st.expander("🦙 A real server on this machine: llama.cpp", expanded=srv is not None):
+        if not lc.live_enabled():
+            st.info(f"Whoever runs this app can let this page start llama.cpp's `llama-server` on the embedded "
+                    f"model (127.0.0.1 only): start the app with `{lc.ENABLE_ENV}=1` in the environment, or "
+                    f"`streamlit run app/main.py -- {lc.LIVE_FLAG}`. It is off by default because the app may be "
+                    f"served to a room. Or run it yourself: `make serve-llamacpp`, then fetch "
+                    f"http://127.0.0.1:{lc.DEFAULT_PORT}/metrics below.")
+            return
+        if srv is None:
+            spec = st.selectbox("Speculation", ["ngram-simple", "none"], key="yt_lc_spec",
+                                help="ngram-simple: prompt lookup (--spec-ngram-simple-size-n 3, -m 8). "
+                                     "draft-simple needs a draft GGUF, and none ships with this app.")
+            if st.button("Start a local llama.cpp server", key="yt_btn_lc_start"):
+                port = lc.DEFAULT_PORT if not lc.port_in_use(lc.DEFAULT_PORT) else lc.free_port()
+                with st.status("Starting llama-server (the first start builds it: several minutes) …",
+                               expanded=True) as status:
+                    try:
+                        srv = lc.start_for_app(lc.ServerConfig(port=port, spec_type=spec),
+                                               progress=lambda m: status.write(escape_markdown(m)))
+                    except SpeedupLabError as e:
+                        status.update(label="llama-server did not start", state="error")
+                        st.error(escape_markdown(str(e)))
+                        return
+                    status.update(label=f"llama-server is up at {srv.url}", state="complete", expanded=False)
+                box["server"] = srv
+                S["yt_url"] = srv.metrics_url
+                st.rerun()
+            return
+        st.success(f"llama-server ({srv.cfg.spec_type}) is running at {srv.url}; its metrics address is in the box "
+                   f"below. Fetch → first, send some requests, Fetch → second.")
+        n1, n2, n3 = st.columns([1, 1, 2], vertical_alignment="bottom")
+        n = n1.number_input("Requests", 1, lc.MAX_REQUESTS, 4, key="yt_lc_n")
+        toks = n2.number_input("Tokens each", 8, 128, 48, step=8, key="yt_lc_tokens")
+        if n3.button(f"Send {int(n)} requests", key="yt_btn_lc_send"):
+            bar = st.progress(0.0, text="sending …")
+            try:
+                out = lc.send_requests(srv.url, int(n), max_tokens=int(toks),
+                                       progress=lambda i, k: bar.progress(i / k, text=f"{i} of {k} requests"))
+            except SpeedupLabError as e:
+                st.error(escape_markdown(str(e)))
+            else:
+                S["yt_lc_sent"] = out
+        sent = S.get("yt_lc_sent")
+        if sent:
+            show_table({"request": list(range(1, len(sent) + 1)), "tokens": [r["tokens"] for r in sent],
+                        "seconds": [r["seconds"] for r in sent],
+                        "drafted": [r["draft_n"] for r in sent], "accepted": [r["draft_n_accepted"] for r in sent]},
+                       formats={"seconds": "%.2f"})
+            st.caption("Greedy /completion requests, one at a time; drafted/accepted are the server's own per-request "
+                       "timings. The counters of /metrics moved by their sum.")
+        if st.button("Stop the server", key="yt_btn_lc_stop"):
+            box.pop("server", None)
+            srv.stop()
+            st.rerun()
+
+
 def _clear() -> None:
     S["yt_scrape"], S["yt_scrape2"], S["yt_model"] = "", "", ""
 
@@ -85,6 +157,7 @@ intro(
 st.radio("Numbers from", SOURCES, key="yt_source", horizontal=True)
 prof = None
 if S["yt_source"] == SOURCES[0]:
+    _llama_panel()
     u1, u2, u3, u4 = st.columns([3, 1, 1, 1], vertical_alignment="bottom")
     u1.text_input("Server's metrics address", key="yt_url",
                   help=f"Loopback only (127.0.0.1, ::1, localhost), unless whoever runs this app lists more hosts "

@@ -31,6 +31,7 @@ The server listens on 127.0.0.1 only; every request loop here is bounded.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import fcntl
 import hashlib
@@ -454,6 +455,40 @@ def start_server(cfg: ServerConfig, binary: str | Path | None = None, model: str
         srv.stop()
         raise
     return srv
+
+
+# ---------------------------------------------------------------------------------------------
+# The app's switch, and servers started for it
+
+LIVE_FLAG = "--llamacpp"
+"""Command-line flag of the app (``streamlit run app/main.py -- --llamacpp``) that, like ``SPEEDUP_LAB_LLAMACPP=1``,
+lets the Your traffic page start a local llama.cpp server."""
+_STARTED: list[LlamaServer] = []
+
+
+def live_enabled(argv: Sequence[str] | None = None, env: dict | None = None) -> bool:
+    """Whether whoever runs the app allowed it to start a llama.cpp server: ``SPEEDUP_LAB_LLAMACPP=1`` in the
+    environment, or ``--llamacpp`` among the app's arguments. Off by default, since the app may be served to a
+    room of readers and a server costs CPU and memory."""
+    e = os.environ if env is None else env
+    args = sys.argv[1:] if argv is None else argv
+    return e.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes") or LIVE_FLAG in args
+
+
+def start_for_app(cfg: ServerConfig, progress: Progress = print) -> LlamaServer:
+    """:func:`start_server`, remembered so :func:`stop_all` (registered with atexit) stops it when the app exits."""
+    srv = start_server(cfg, progress=progress)
+    _STARTED.append(srv)
+    return srv
+
+
+def stop_all() -> None:
+    """Stop every server :func:`start_for_app` started (also run at interpreter exit)."""
+    while _STARTED:
+        _STARTED.pop().stop()
+
+
+atexit.register(stop_all)
 
 
 # ---------------------------------------------------------------------------------------------
