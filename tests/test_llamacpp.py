@@ -104,10 +104,10 @@ def test_sdist_hash_is_checked(cache, monkeypatch, tmp_path):
 
 
 def test_build_failure_names_the_log(cache, monkeypatch, tmp_path):
-    src = L.install_root() / "src"
+    src = L.install_root() / "src" / L.VENDOR_DIR
     src.mkdir(parents=True)
     (src / "CMakeLists.txt").write_text("this is not cmake(\n")
-    (src / ".complete").touch()
+    (L.install_root() / "src" / ".complete").touch()
     monkeypatch.setattr(L, "fetch_sdist", lambda progress: tmp_path / "unused")
     lines = []
     with pytest.raises(L.LlamaCppError, match=r"Building llama-server failed .*build\.log"):
@@ -162,3 +162,22 @@ def test_cli_unknown_spec_type_exits_2(capsys):
 
     assert main(["serve-llamacpp", "--spec-type", "eagle"]) == 2
     assert "Unknown speculation type 'eagle'" in capsys.readouterr().err
+
+
+def test_extract_takes_only_vendor_llamacpp(cache, tmp_path):
+    import io
+    import tarfile
+
+    arc = tmp_path / "sdist.tar.gz"
+    with tarfile.open(arc, "w:gz") as tf:
+        for name, data in ((f"{L.VENDOR_DIR}/CMakeLists.txt", b"project(x)\n"),
+                           (f"{L.VENDOR_DIR}/tools/server/server.cpp", b"int main(){}\n"),
+                           ("llama_cpp_python-0.3.36/llama_cpp/llama.py", b"python\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tf.addfile(info, io.BytesIO(data))
+    src = L.extract_sources(arc, progress=lambda m: None)
+    assert src == L.install_root() / "src" / L.VENDOR_DIR
+    assert (src / "tools" / "server" / "server.cpp").stat().st_mtime == 1_700_000_000  # file times kept
+    assert not (L.install_root() / "src" / "llama_cpp_python-0.3.36" / "llama_cpp").exists()
+    assert L.extract_sources(arc, progress=lambda m: 1 / 0) == src  # once

@@ -10,7 +10,7 @@ License, Copyright (c) 2023-2026 The ggml authors"). It is fetched with ``pip do
 only the ``llama-server`` target is built with cmake, Release, CPU only (no CUDA, no OpenSSL, no web UI and no
 UI download, no tests or examples), into ``engine.decoding.models.cache_root() / "llama.cpp-0.3.36"``:
 
-- ``src/``: the extracted ``vendor/llama.cpp`` tree; ``build/``: cmake's build folder;
+- ``src/llama_cpp_python-0.3.36/vendor/llama.cpp``: the extracted sources; ``build/``: cmake's build folder;
   ``build/bin/llama-server``: the binary; ``build.log``: everything cmake printed; ``build.json``: the
   options of the finished build (a later call with the same options reuses it); ``build.lock``: held while
   building, so two processes never build at once.
@@ -188,26 +188,24 @@ def fetch_sdist(progress: Progress = print) -> Path:
     return path
 
 
+VENDOR_DIR = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
+
+
 def extract_sources(sdist: Path, progress: Progress = print) -> Path:
-    """Extract ``vendor/llama.cpp`` of the sdist into ``install_root()/src`` (once); return that folder."""
-    src = install_root() / "src"
-    top = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
-    marker = src / ".complete"
-    if marker.is_file():
+    """Extract the sdist's ``vendor/llama.cpp`` (only that) under ``install_root()/src`` once, keeping the archive's
+    paths and file times (so a rebuild after a re-extraction recompiles nothing); return the llama.cpp folder."""
+    root = install_root() / "src"
+    src = root / VENDOR_DIR
+    marker = root / ".complete"
+    if marker.is_file() and (src / "CMakeLists.txt").is_file():
         return src
-    progress(f"extracting llama.cpp sources into {src} ...")
-    if src.exists():
-        shutil.rmtree(src)
-    src.mkdir(parents=True)
+    progress(f"extracting llama.cpp sources into {root} ...")
+    root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(sdist, "r:gz") as tf:
-        members = []
-        for m in tf.getmembers():
-            if m.name.startswith(top) and len(m.name) > len(top):
-                m.name = m.name[len(top):]
-                members.append(m)
-        tf.extractall(src, members=members, filter="data")
+        members = [m for m in tf.getmembers() if m.name == VENDOR_DIR or m.name.startswith(VENDOR_DIR + "/")]
+        tf.extractall(root, members=members, filter="data")
     if not (src / "CMakeLists.txt").is_file():
-        raise LlamaCppError(f"{sdist} has no {top}CMakeLists.txt: not the expected source distribution.")
+        raise LlamaCppError(f"{sdist} has no {VENDOR_DIR}/CMakeLists.txt: not the expected source distribution.")
     marker.touch()
     return src
 
