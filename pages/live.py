@@ -159,6 +159,10 @@ except SpeedupLabError as e:
     st.error(str(e))
 
 n_layers = len(getattr(getattr(target.model, "model", None), "layers", [])) if target is not None else 0
+if target is not None and target.compute is not None:
+    with st.sidebar:  # which kernels every pass below runs (engine/decoding/compute.py)
+        st.caption(f"Compute path: {target.compute.label()}. CPU: {target.compute.cpu}, "
+                   f"{target.compute.threads} threads.", help=target.compute.reason)
 
 with st.sidebar:
     st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="lv_preset", on_change=_on_preset,
