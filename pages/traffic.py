@@ -95,16 +95,14 @@ def _llama_panel() -> None:
                                      "draft-simple needs a draft GGUF, and none ships with this app.")
             if st.button("Start a local llama.cpp server", key="yt_btn_lc_start"):
                 port = lc.DEFAULT_PORT if not lc.port_in_use(lc.DEFAULT_PORT) else lc.free_port()
-                with st.status("Starting llama-server (the first start builds it: several minutes) …",
-                               expanded=True) as status:
+                line = st.empty()
+                with st.spinner("Starting llama-server (the first start builds it: several minutes) …"):
                     try:
                         srv = lc.start_for_app(lc.ServerConfig(port=port, spec_type=spec),
-                                               progress=lambda m: status.write(escape_markdown(m)))
+                                               progress=lambda m: line.caption(escape_markdown(m)))
                     except SpeedupLabError as e:
-                        status.update(label="llama-server did not start", state="error")
                         st.error(escape_markdown(str(e)))
                         return
-                    status.update(label=f"llama-server is up at {srv.url}", state="complete", expanded=False)
                 box["server"] = srv
                 S["yt_url"] = srv.metrics_url
                 st.rerun()
