@@ -521,7 +521,8 @@ def send_requests(url: str, n: int, prompts: Sequence[str] = DEFAULT_PROMPTS, ma
 
     Returns:
         [≤ n] per request: ``tokens`` (generated), ``seconds`` (wall time), ``draft_n`` and
-        ``draft_n_accepted`` from the response's ``timings`` when the server reports them.
+        ``draft_n_accepted`` from the response's ``timings`` (0 when absent: the server writes them only for a
+        request that drafted).
 
     Raises:
         LlamaCppError: not loopback, n or max_tokens out of range, or a request failed.
@@ -549,7 +550,8 @@ def send_requests(url: str, n: int, prompts: Sequence[str] = DEFAULT_PROMPTS, ma
         timings = data.get("timings") or {}
         out.append({"tokens": int(data.get("tokens_predicted", timings.get("predicted_n", 0)) or 0),
                     "seconds": time.perf_counter() - t0, "text": data.get("content", ""),
-                    "draft_n": timings.get("draft_n"), "draft_n_accepted": timings.get("draft_n_accepted")})
+                    # tools/server/server-common.cpp writes them only when the request drafted something
+                    "draft_n": int(timings.get("draft_n", 0)), "draft_n_accepted": int(timings.get("draft_n_accepted", 0))})
         if progress is not None:
             progress(i + 1, int(n))
     return out
