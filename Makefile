@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
 PORT   ?= 8501
 
-.PHONY: setup run test test-fast chromium prepare bench clean
+.PHONY: setup run test test-fast chromium prepare bench clean llamacpp serve-llamacpp
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,22 @@ chromium:
 	@{ command -v chromium >/dev/null 2>&1 && test -d /usr/share/fonts/truetype/noto; } || \
 	  { apt-get update -qq && apt-get install -y -qq chromium fonts-noto-color-emoji >/dev/null; }
 
-test: setup chromium prepare
+# llama.cpp's llama-server, built once into the user cache from the MIT sources in the PyPI sdist of
+# llama-cpp-python 0.3.36 (engine/serving/llamacpp.py). Installs cmake and g++ with apt-get when missing and
+# possible (as root, as CI does); without a toolchain it says so and the live llama.cpp tests are skipped.
+llamacpp: setup
+	@{ command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; } || \
+	  { apt-get install -y -qq cmake g++ >/dev/null 2>&1 || true; }
+	@if command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; then \
+	  $(PY) -m engine serve-llamacpp --build-only; \
+	else echo "llamacpp: no cmake or C++ compiler, llama-server not built (its live tests will be skipped)"; fi
+
+# Serve llama.cpp on the embedded model: make serve-llamacpp LLAMACPP_ARGS="--port 8081 --spec-type none"
+LLAMACPP_ARGS ?= --spec-type ngram-simple
+serve-llamacpp: prepare
+	$(PY) -m engine serve-llamacpp $(LLAMACPP_ARGS)
+
+test: setup chromium prepare llamacpp
 	$(PY) -m pytest -q
 
 # Unit tests only (no browser, no embedded model).

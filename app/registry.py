@@ -25,7 +25,7 @@ PAGES: list[PageInfo] = [
     PageInfo("whatif.py", "What-if: how much faster?", ":material/query_stats:", "whatif",
              "The analytic speedup model, a step simulator and the distribution check."),
     PageInfo("traffic.py", "Your traffic", ":material/monitoring:", "your-traffic",
-             "Your server's speculative metrics (vLLM, SGLang, llama.cpp): α by position, best γ, the flags."),
+             "Your server's speculative metrics (vLLM, SGLang, llama.cpp, TensorRT-LLM), or a local llama.cpp: α by position, best γ, the flags."),
     PageInfo("prefix_cache.py", "Prefix caching", ":material/view_module:", "prefix-cache",
              "Paged KV blocks shared between requests, and the real prefill time saved."),
     PageInfo("flash_attention.py", "FlashAttention", ":material/bolt:", "flash-attention",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m engine prepare`` and ``python -m engine generate --prompt TEXT ...``."""
+"""Command line: ``python -m engine prepare``, ``generate``, ``traffic``, ``batch-sweep``, ``serve-llamacpp``."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speedup Lab engine")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{prepare,generate,traffic,batch-sweep,draft-card}",
+    sub = parser.add_subparsers(dest="cmd", required=True,
+                                metavar="{prepare,generate,traffic,batch-sweep,draft-card,serve-llamacpp}",
                                 title="commands (python -m engine COMMAND --help for each)")
     p = sub.add_parser("prepare", help="dequantize the embedded model once into the user cache, choose this "
                                         "machine's compute path and measure its target pass-cost curve")
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.cli import add_draft_card  # a shipped draft's model card, measured
 
     add_draft_card(sub)
+    from engine.serving.llamacpp import add_serve  # llama.cpp's llama-server, built once, on the embedded model
+
+    add_serve(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

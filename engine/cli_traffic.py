@@ -16,11 +16,12 @@ from engine.errors import InputError
 
 
 def add_traffic(sub) -> None:
-    p = sub.add_parser("traffic", help="acceptance profile from a server's /metrics text (vLLM, SGLang, llama.cpp)",
+    p = sub.add_parser("traffic", help="acceptance profile from a server's /metrics text (vLLM, SGLang, llama.cpp, TensorRT-LLM)",
                        description="Read a serving engine's speculative-decoding metrics (Prometheus text from "
                                    "/metrics; two scrapes are differenced) and print the acceptance profile, the "
                                    "best draft length γ and the flags to run it.")
-    p.add_argument("scrape", help="file with Prometheus text (or generate --json output); - for standard input")
+    p.add_argument("scrape", help="file with Prometheus text, generate --json output, or vLLM response JSON with "
+                                  "metrics.speculative_decoding; - for standard input")
     p.add_argument("scrape_after", nargs="?", default=None,
                    help="a second scrape of the same server, taken later: the counters between the two are used")
     p.add_argument("--model", default=None, help="the model_name label to read when a scrape has several")
@@ -45,16 +46,13 @@ def _read(path: str) -> str:
 
 
 def load_profile(first: str, second: str | None = None, model: str | None = None):
-    """The profile of one or two texts: generate --json output (starts with "{") or Prometheus text."""
-    from engine.explain.traffic import profile_from_json, profile_from_scrapes, profile_from_text
+    """The profile of one or two texts: generate --json output, vLLM responses with per-request metrics (JSON), or
+    Prometheus text (:func:`engine.explain.traffic.profile_from_input`)."""
+    from engine.explain.traffic import profile_from_input
 
-    if first.lstrip().startswith("{"):
-        if second is not None:
-            raise InputError("A run's JSON is one run: give it alone, without a second scrape.")
-        return profile_from_json(first)
-    if second is None:
-        return profile_from_text(first, model)
-    return profile_from_scrapes(first, second, model)
+    if first.lstrip()[:1] in ("{", "[") and second is not None:
+        raise InputError("JSON (a run, or vLLM responses) is read alone: give it without a second scrape.")
+    return profile_from_input(first, second, model, source="files")
 
 
 def run_traffic(args: argparse.Namespace) -> int:
@@ -72,6 +70,11 @@ def run_traffic(args: argparse.Namespace) -> int:
     print(f"{ENGINE_TITLES[prof.engine]}" + (f", model {prof.model}" if prof.model else "") + f" ({prof.window})")
     if prof.has_counts:
         print(f"drafts {prof.drafts:g}, draft tokens {prof.draft_tokens:g}, accepted {prof.accepted_tokens:g}")
+    elif prof.draft_tokens is not None:
+        print(f"draft tokens {prof.draft_tokens:g}, accepted {prof.accepted_tokens:g} (no count of drafts)")
+    if prof.tokens_per_pass_counter is not None:
+        print(f"verify calls {prof.verify_calls:g}, generation tokens {prof.generation_tokens:g}: "
+              f"tokens per target pass = {prof.tokens_per_pass_counter:.3f}")
     ar, ml = prof.acceptance_rate, prof.mean_acceptance_length
     print("acceptance rate (accepted ÷ draft tokens) = " + ("—" if ar is None else f"{ar:.3f}")
           + "; mean acceptance length (1 + accepted ÷ drafts) = " + ("—" if ml is None else f"{ml:.3f}"))

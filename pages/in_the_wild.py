@@ -1,5 +1,6 @@
 """In the wild: which widely used engines document which of these speedups (facts from
-``engine.explain.teaching.IN_THE_WILD``, each with its documentation page)."""
+``engine.explain.teaching.IN_THE_WILD``, each with its documentation page), and the speculative methods each
+engine ships in late 2026 (``SPEC_METHODS_2026``, each checked against a cited repository file, dated)."""
 
 import re
 
@@ -7,7 +8,8 @@ import streamlit as st
 
 from app.state import note_replaced
 from app.tour import intro
-from engine.explain.teaching import IN_THE_WILD
+from app.registry import PAGES
+from engine.explain.teaching import IN_THE_WILD, SPEC_METHODS_2026, WILD_CHECKED
 
 st.title("🌍 In the wild")
 intro(
@@ -37,6 +39,18 @@ for engine in [e for e in engines if e in pick]:
     st.markdown("\n".join(f"- **{f.technique}**: {f.how}. *Documented at* "
                            f"{_linked(f.source)}."
                            for f in shown if f.engine == engine))
+_TITLES = {p.url_path: p.title for p in PAGES}
+st.header(f"Speculative methods, late 2026 (checked {WILD_CHECKED})", divider="gray")
+st.markdown("One line per method per engine: how it drafts, how it is switched on, the file it was checked "
+            "against, and the page of this app that shows the mechanism (the closest one). A line marked "
+            "*unverified* says what could not be read in the engine's own code.")
+for engine in [e for e in ("vLLM", "SGLang", "llama.cpp", "TensorRT-LLM") if e in pick]:
+    rows = [m for m in SPEC_METHODS_2026 if m.engine == engine]
+    st.markdown(f"**{engine}**\n\n" + "\n".join(
+        f"- **{m.method}**: {m.drafts}. {m.flag}. *Checked in* {_linked(m.source)}. "
+        f"[Shown on: {_TITLES.get(m.link.url_path, m.link.url_path)}](/{m.link.url()})"
+        + ("" if m.verified == "yes" else f" · *unverified*: {m.verified}")
+        for m in rows))
 with st.expander("The same facts as a table (download as CSV from its toolbar)"):
     st.dataframe(
         [{"engine": f.engine, "what": f.technique, "how it is switched on": f.how.replace("`", ""),

@@ -1,5 +1,5 @@
-"""Your traffic: a serving engine's speculative-decoding metrics (vLLM, SGLang, llama.cpp server) or the Live
-page's last run, turned into measured acceptance by draft position, tokens per pass by γ, the best γ and the
+"""Your traffic: a serving engine's speculative-decoding metrics (vLLM, SGLang, llama.cpp server, TensorRT-LLM;
+vLLM's per-request JSON) or the Live page's last run, turned into measured acceptance by draft position, tokens per pass by γ, the best γ and the
 flags to run it.
 
 UI only: every number comes from ``engine.explain.traffic``. Widget keys start with ``yt_`` and are mirrored in
@@ -26,9 +26,8 @@ from engine.explain.traffic import (
     list_models,
     position_view,
     predict,
+    profile_from_input,
     profile_from_run,
-    profile_from_scrapes,
-    profile_from_text,
     run_to_prometheus,
     settings_for,
 )
@@ -66,6 +65,76 @@ def _fetch(into: str) -> None:
         S["yt_fetch_note"] = ("error", str(e))
 
 
+@st.cache_resource(show_spinner=False)
+def _llama_servers() -> dict:
+    """The local llama.cpp server this app started (one per app process, shared by every reader)."""
+    return {}
+
+
+def _llama_panel() -> None:
+    """Start a local llama.cpp server (operator-enabled only), send it requests, point the address box at it."""
+    from engine.serving import llamacpp as lc
+
+    box = _llama_servers()
+    srv = box.get("server")
+    if srv is not None and not srv.running():
+        box.pop("server", None)
+        st.error(f"The llama.cpp server stopped (exit {srv.process.returncode}); log: {srv.log_path}")
+        srv = None
+    with st.expander("🦙 A real server on this machine: llama.cpp", expanded=srv is not None):
+        if not lc.live_enabled():
+            st.info(f"Whoever runs this app can let this page start llama.cpp's `llama-server` on the embedded "
+                    f"model (127.0.0.1 only): start the app with `{lc.ENABLE_ENV}=1` in the environment, or "
+                    f"`streamlit run app/main.py -- {lc.LIVE_FLAG}`. It is off by default because the app may be "
+                    f"served to a room. Or run it yourself: `make serve-llamacpp`, then fetch "
+                    f"http://127.0.0.1:{lc.DEFAULT_PORT}/metrics below.")
+            return
+        if srv is None:
+            spec = st.selectbox("Speculation", ["ngram-simple", "none"], key="yt_lc_spec",
+                                help="ngram-simple: prompt lookup (--spec-ngram-simple-size-n 3, -m 8). "
+                                     "draft-simple needs a draft GGUF, and none ships with this app.")
+            if st.button("Start a local llama.cpp server", key="yt_btn_lc_start"):
+                port = lc.DEFAULT_PORT if not lc.port_in_use(lc.DEFAULT_PORT) else lc.free_port()
+                line = st.empty()
+                with st.spinner("Starting llama-server (the first start builds it: several minutes) …"):
+                    try:
+                        srv = lc.start_for_app(lc.ServerConfig(port=port, spec_type=spec),
+                                               progress=lambda m: line.caption(escape_markdown(m)))
+                    except SpeedupLabError as e:
+                        st.error(escape_markdown(str(e)))
+                        return
+                box["server"] = srv
+                S["yt_url"] = srv.metrics_url
+                st.rerun()
+            return
+        st.success(f"llama-server ({srv.cfg.spec_type}) is running at {srv.url}; its metrics address is in the box "
+                   f"below. Fetch → first, send some requests, Fetch → second.")
+        n1, n2, n3 = st.columns([1, 1, 2], vertical_alignment="bottom")
+        n = n1.number_input("Requests", 1, lc.MAX_REQUESTS, 4, key="yt_lc_n")
+        toks = n2.number_input("Tokens each", 8, 128, 48, step=8, key="yt_lc_tokens")
+        if n3.button(f"Send {int(n)} requests", key="yt_btn_lc_send"):
+            bar = st.progress(0.0, text="sending …")
+            try:
+                out = lc.send_requests(srv.url, int(n), max_tokens=int(toks),
+                                       progress=lambda i, k: bar.progress(i / k, text=f"{i} of {k} requests"))
+            except SpeedupLabError as e:
+                st.error(escape_markdown(str(e)))
+            else:
+                S["yt_lc_sent"] = out
+        sent = S.get("yt_lc_sent")
+        if sent:
+            show_table({"request": list(range(1, len(sent) + 1)), "tokens": [r["tokens"] for r in sent],
+                        "seconds": [r["seconds"] for r in sent],
+                        "drafted": [r["draft_n"] for r in sent], "accepted": [r["draft_n_accepted"] for r in sent]},
+                       formats={"seconds": "%.2f"})
+            st.caption("Greedy /completion requests, one at a time; drafted/accepted are the server's own per-request "
+                       "timings. The counters of /metrics moved by their sum.")
+        if st.button("Stop the server", key="yt_btn_lc_stop"):
+            box.pop("server", None)
+            srv.stop()
+            st.rerun()
+
+
 def _clear() -> None:
     S["yt_scrape"], S["yt_scrape2"], S["yt_model"] = "", "", ""
 
@@ -77,14 +146,16 @@ def _example() -> None:
 st.title("📡 Your traffic: from measured acceptance to settings")
 intro(
     "Acceptance depends on your prompts, your draft and your sampling settings, so measure it on your own "
-    "traffic rather than assuming a number. vLLM, SGLang and llama.cpp server count their drafts and the draft "
-    "tokens the target kept; paste what their `/metrics` address returns (two scrapes, some traffic apart, "
+    "traffic rather than assuming a number. vLLM, SGLang, llama.cpp server and TensorRT-LLM count their drafts "
+    "and the draft tokens the target kept; paste what their `/metrics` address returns (two scrapes, some traffic apart, "
     "measure just that traffic), or fetch it, and read off α per draft position, the draft length γ that pays "
-    "best, and the flags to run it.")
+    "best, and the flags to run it. A vLLM response body with `metrics.speculative_decoding` "
+    "(`--per-request-spec-decode-metrics`) can be pasted too.")
 
 st.radio("Numbers from", SOURCES, key="yt_source", horizontal=True)
 prof = None
 if S["yt_source"] == SOURCES[0]:
+    _llama_panel()
     u1, u2, u3, u4 = st.columns([3, 1, 1, 1], vertical_alignment="bottom")
     u1.text_input("Server's metrics address", key="yt_url",
                   help=f"Loopback only (127.0.0.1, ::1, localhost), unless whoever runs this app lists more hosts "
@@ -118,15 +189,14 @@ if S["yt_source"] == SOURCES[0]:
     if not first.strip():
         first, second = second, ""
     try:
-        models = list_models(first)
+        models = [] if first.lstrip()[:1] in ("{", "[") else list_models(first)
         if len(models) > 1:
             if S["yt_model"] not in models:
                 S["yt_model"] = ""
             st.selectbox("Model (this scrape has several)", ["", *models], key="yt_model",
                          format_func=lambda m: "— choose one —" if m == "" else m)
         model = S["yt_model"] or None
-        prof = (profile_from_scrapes(first, second, model) if second.strip()
-                else profile_from_text(first, model))
+        prof = profile_from_input(first, second, model, source="pasted or fetched text")
     except SpeedupLabError as e:
         st.error(escape_markdown(str(e)))
         sync_url(URL_KEYS)
@@ -164,7 +234,11 @@ except SpeedupLabError as e:
 who = ENGINE_TITLES[prof.engine] + (f" · model {escape_markdown(prof.model)}" if prof.model else "")
 st.subheader("What your server measured")
 st.caption(f"{who} · {prof.window}" + (f" · {prof.drafts:,.0f} drafts, {prof.draft_tokens:,.0f} draft tokens, "
-                                        f"{prof.accepted_tokens:,.0f} accepted" if prof.has_counts else ""))
+                                        f"{prof.accepted_tokens:,.0f} accepted" if prof.has_counts else "")
+           + (f" · {prof.draft_tokens:,.0f} draft tokens, {prof.accepted_tokens:,.0f} accepted (no count of drafts)"
+              if not prof.has_counts and prof.draft_tokens is not None else "")
+           + (f" · {prof.generation_tokens:,.0f} generated tokens over {prof.verify_calls:,.0f} verify calls"
+              if prof.tokens_per_pass_counter is not None else ""))
 m1, m2, m3, m4 = st.columns(4)
 ar, ml, ah = prof.acceptance_rate, prof.mean_acceptance_length, prof.alpha_hat
 m1.metric("Acceptance rate", "—" if ar is None else f"{ar:.3f}",

@@ -147,7 +147,7 @@ def test_unknown_draft_lists_the_valid_drafts(tiny_dir, capsys):
 def test_no_subcommand_names_the_commands(capsys):
     with pytest.raises(SystemExit):
         main([])
-    assert "{prepare,generate,traffic,batch-sweep,draft-card}" in capsys.readouterr().err
+    assert "{prepare,generate,traffic,batch-sweep,draft-card,serve-llamacpp}" in capsys.readouterr().err
 
 
 def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):

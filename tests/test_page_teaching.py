@@ -373,3 +373,13 @@ def test_in_the_wild_links_its_sources_and_orders_its_table_as_its_sections():
     assert not table["how it is switched on"].str.contains("`").any()
     engines = list(dict.fromkeys(table["engine"]))
     assert engines == sorted(engines) == [h.value for h in at.subheader]
+
+
+def test_in_the_wild_lists_late_2026_methods_with_links_to_this_apps_pages():
+    at = AppTest.from_file(str(ROOT / "pages" / "in_the_wild.py"), default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert any("Speculative methods, late 2026 (checked 2026-12-01)" in h.value for h in at.header)
+    text = " ".join(m.value for m in at.markdown)
+    assert "--spec-type draft-eagle3" in text and '"method": "dflash"' in text and "PARDDecodingConfig" in text
+    assert "[Shown on: Live speculative decoding](/live?lv_draft=head)" in text
+    assert "*unverified*" in text and "FIRST that returns a draft" in text

@@ -64,7 +64,7 @@ def test_example_by_default():
     assert m["γ the server ran"] == "3"
     codes = [c.value for c in at.code]
     assert any('"num_speculative_tokens": 7' in c for c in codes)
-    assert any("--draft-max 7 --draft-min 7" in c for c in codes)
+    assert any("--spec-draft-n-max 7 --spec-draft-n-min 7" in c for c in codes)
     assert any("longer than the 3 positions" in w.value for w in at.warning)  # γ = 7 is extrapolated
     assert _qp(at, "yt_scrape") is None  # the example is not put in the link
 
@@ -199,3 +199,33 @@ def test_pasted_text_is_not_rendered_as_markdown():
     raw = [e.value for e in at.error]
     assert raw and all("[click me](http" not in r for r in raw)  # escaped: shown as text, not a link
     assert any(evil in e for e in _errors(at))
+
+
+def test_llamacpp_panel_off_by_default_says_how_to_enable(monkeypatch):
+    monkeypatch.delenv("SPEEDUP_LAB_LLAMACPP", raising=False)
+    at = _app()
+    texts = " ".join(_plain(i.value) for i in at.info)
+    assert "SPEEDUP_LAB_LLAMACPP=1" in texts and "--llamacpp" in texts and "make serve-llamacpp" in texts
+    assert not [b for b in at.button if b.label == "Start a local llama.cpp server"]
+
+
+def test_llamacpp_panel_enabled_offers_start(monkeypatch):
+    monkeypatch.setenv("SPEEDUP_LAB_LLAMACPP", "1")
+    at = _app()
+    assert [b for b in at.button if b.label == "Start a local llama.cpp server"]
+    assert at.selectbox(key="yt_lc_spec").options == ["ngram-simple", "none"]
+
+
+def test_pasted_vllm_response_json_and_trtllm():
+    at = _app()
+    at.text_area(key="yt_scrape").set_value(fx("vllm_response_summary.json"))
+    at.text_area(key="yt_scrape2").set_value("")
+    at.run()
+    assert not at.exception and not at.error
+    assert _metrics(at)["α̂ (the analytic model's α)"] == f"{74 / 94:.3f}"
+    at.text_area(key="yt_scrape").set_value(fx("trtllm_before.txt"))
+    at.text_area(key="yt_scrape2").set_value(fx("trtllm_after.txt"))
+    at.run()
+    assert not at.exception and not at.error
+    m = _metrics(at)
+    assert m["Acceptance rate"] == "0.600" and m["γ the server ran"] == "3" and m["Mean acceptance length"] == "2.80"

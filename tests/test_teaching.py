@@ -189,3 +189,23 @@ def test_trade_offs_and_wild():
 
 def test_page_link_url():
     assert PageLink("whatif", {"wi_alpha": 0.6, "x": True}).url(present=1) == "whatif?wi_alpha=0.6&x=1&present=1"
+
+
+def test_spec_methods_2026_each_cited_linked_and_dated():
+    from app.registry import PAGES
+    from engine.explain.teaching import SPEC_METHODS_2026, WILD_CHECKED
+
+    paths = {p.url_path for p in PAGES}
+    assert WILD_CHECKED == "2026-12-01"
+    assert {m.engine for m in SPEC_METHODS_2026} == {"vLLM", "SGLang", "llama.cpp", "TensorRT-LLM"}
+    for m in SPEC_METHODS_2026:
+        assert m.method and m.drafts and m.flag and m.source, m
+        assert m.link.url_path in paths, m
+        # a line is either verified or says what was not
+        assert m.verified == "yes" or len(m.verified) > 20, m
+    # llama.cpp's several-kinds line states what the vendored source does: the first draft wins
+    several = next(m for m in SPEC_METHODS_2026 if m.engine == "llama.cpp" and m.method == "Several kinds at once")
+    assert "FIRST" in several.drafts and "speculative.cpp" in several.source
+    # every method name shown once per engine
+    keys = [(m.engine, m.method) for m in SPEC_METHODS_2026]
+    assert len(keys) == len(set(keys))

@@ -208,7 +208,7 @@ def test_settings_for_each_engine():
     assert s["vLLM"] == "--speculative-config '{\"num_speculative_tokens\": 5}'"
     assert json.loads(s["vLLM"].split("'")[1]) == {"num_speculative_tokens": 5}
     assert s["SGLang"] == "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6"
-    assert s["llama.cpp"] == "--draft-max 5 --draft-min 5"
+    assert s["llama.cpp"] == "--spec-draft-n-max 5 --spec-draft-n-min 5"
     with pytest.raises(InputError):
         tr.settings_for(0)
 
@@ -417,7 +417,7 @@ def test_cli_traffic_text_and_stdin(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(fx("llamacpp_after.txt")))
     assert main(["traffic", "-"]) == 0
     out = capsys.readouterr().out
-    assert "llama.cpp server" in out and "conditional α_i" in out and "--draft-max" in out
+    assert "llama.cpp server" in out and "conditional α_i" in out and "--spec-draft-n-max" in out
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -498,3 +498,109 @@ def test_sglang_predictions_past_its_gamma_are_extrapolated():
     assert pr.tokens_measured[2] == pytest.approx(2.9)
     assert pr.speedup_interval is None and pr.best_gamma_share == {}  # no counts, no uncertainty
     assert pr.best_is_extrapolated and pr.best_gamma_measured == 3
+
+
+# ------------------------------------------------------------------ SGLang verify calls, TensorRT-LLM, vLLM per request
+
+
+def test_sglang_verify_calls_give_tokens_per_pass():
+    p = tr.profile_from_scrapes(fx("sglang_verify_before.txt"), fx("sglang_verify_after.txt"))
+    # hand: Δgeneration 95121 − 81234 = 13887, Δverify 34629 − 30000 = 4629 → 3.0 tokens per pass
+    assert (p.generation_tokens, p.verify_calls) == (13887, 4629)
+    assert p.tokens_per_pass_counter == pytest.approx(3.0)
+    assert p.mean_acceptance_length == pytest.approx(3.0)
+    assert p.gamma == 3  # gauges of the second scrape: 2.9 ÷ 0.725 = 4 draft tokens → γ = 3
+    # α with 1 + α + α² + α³ = 3
+    assert 1 + p.alpha_hat + p.alpha_hat ** 2 + p.alpha_hat ** 3 == pytest.approx(3.0)
+    assert p.window == "between the two scrapes"
+    assert any("first token" in n for n in p.notes)
+
+
+def test_sglang_verify_single_scrape_and_restart():
+    p = tr.profile_from_text(fx("sglang_verify_after.txt"))
+    assert p.tokens_per_pass_counter == pytest.approx(95121 / 34629)
+    with pytest.raises(InputError, match="went down.*spec_verify_calls_total 34629 → 30000"):
+        tr.profile_from_scrapes(fx("sglang_verify_after.txt"), fx("sglang_verify_before.txt"))
+
+
+def test_sglang_without_verify_counter_is_unchanged():
+    p = tr.profile_from_text(fx("sglang_after.txt"))
+    assert p.verify_calls is None and p.tokens_per_pass_counter is None
+    assert p.mean_acceptance_length == pytest.approx(2.9)
+
+
+def test_trtllm_two_scrapes_by_hand():
+    p = tr.profile_from_scrapes(fx("trtllm_before.txt"), fx("trtllm_after.txt"))
+    assert (p.engine, p.model) == ("tensorrt-llm", "nvidia/Llama-3.1-8B-Instruct-FP8")
+    assert (p.draft_tokens, p.accepted_tokens, p.drafts) == (12000, 7200, None)
+    assert p.acceptance_rate == pytest.approx(0.6)          # 7200 ÷ 12000
+    assert p.gamma == 3                                      # round((2.75 − 1) ÷ 0.6) = round(2.917)
+    assert p.mean_acceptance_length == pytest.approx(2.8)   # 1 + 0.6 × 3
+    assert expected_tokens_per_pass(p.alpha_hat, 3) == pytest.approx(2.8, abs=1e-9)
+    assert p.draft_overhead_gauge == pytest.approx(0.12)
+    assert not p.per_position
+    pred = tr.predict(p)
+    assert pred.measured_positions == 3 and pred.speedup_interval is None
+    assert tr.detect_engine(fx("trtllm_after.txt")) == "tensorrt-llm"
+
+
+def test_trtllm_single_scrape_and_zero_traffic():
+    p = tr.profile_from_text(fx("trtllm_before.txt"))
+    assert p.acceptance_rate == pytest.approx(0.5) and p.gamma == 3  # round(1.5 ÷ 0.5)
+    with pytest.raises(InputError, match="Zero draft tokens"):
+        tr.profile_from_scrapes(fx("trtllm_after.txt"), fx("trtllm_after.txt"))
+
+
+def test_vllm_response_summary_by_hand():
+    p = tr.profile_from_input(fx("vllm_response_summary.json"))
+    assert (p.engine, p.drafts, p.draft_tokens, p.accepted_tokens) == ("vllm", 40, 120, 74)
+    assert p.accepted_per_pos == (30, 24, 20)                # Σ_{j>i} [10, 6, 4, 20]
+    assert p.judged_per_pos == (40, 30, 24)                  # every draft 3 long: judged up to the first miss
+    assert p.alpha_hat == pytest.approx(74 / 94)
+    assert p.mean_acceptance_length == pytest.approx(2.85)   # the response's own field
+    assert p.acceptance_rate == pytest.approx(0.6166666666666667)
+
+
+def test_vllm_response_detailed_variable_lengths_by_hand():
+    p = tr.profile_from_vllm_responses(fx("vllm_response_detailed.json"))
+    assert p.accepted_per_pos == (4, 2, 1)
+    # (drafted, kept): (3,3) judges 0,1,2; (3,0) 0; (2,2) 0,1; (1,1) 0; (3,1) 0,1
+    assert p.judged_per_pos == (5, 3, 1)
+    assert p.alpha_hat == pytest.approx(7 / 9)
+    assert not p.full_length_drafts
+
+
+def test_vllm_responses_summed_and_streamed():
+    p = tr.profile_from_input(fx("vllm_responses.jsonl"))
+    assert (p.drafts, p.draft_tokens, p.accepted_tokens) == (45, 132, 81)
+    assert p.accepted_per_pos == (34, 26, 21) and p.judged_per_pos == (45, 33, 25)
+    assert p.alpha_hat == pytest.approx(81 / 103)
+    sse = "".join(f"data: {ln}\n\n" for ln in fx("vllm_responses.jsonl").splitlines()) + "data: [DONE]\n\n"
+    assert tr.profile_from_input(sse).counts_dict() == p.counts_dict()
+    as_list = json.dumps([json.loads(ln) for ln in fx("vllm_responses.jsonl").splitlines()])
+    assert tr.profile_from_input(as_list).counts_dict() == p.counts_dict()
+
+
+@pytest.mark.parametrize("text,msg", [
+    ('{"choices": [], "metrics": {"speculative_decoding": null}}', "No metrics.speculative_decoding"),
+    ('{"metrics": {"speculative_decoding": {"num_spec_steps": 3, "num_draft_tokens": 6, "num_accepted_draft_tokens": 2,'
+     ' "num_spec_tokens": 2, "acceptance_histogram": [1, 1, 0]}}}', "does not add up"),
+    ('{"metrics": {"speculative_decoding": {"num_spec_steps": 2, "num_draft_tokens": 6, "num_accepted_draft_tokens": 2,'
+     ' "num_spec_tokens": 3, "acceptance_histogram": [1, 1]}}}', "num_spec_tokens \\+ 1 = 4"),
+])
+def test_vllm_response_errors(text, msg):
+    with pytest.raises(InputError, match=msg):
+        tr.profile_from_input(text)
+
+
+def test_cli_reads_trtllm_and_vllm_json(capsys):
+    from engine.__main__ import main
+
+    assert main(["traffic", str(FIX / "trtllm_before.txt"), str(FIX / "trtllm_after.txt"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "tensorrt-llm" and out["acceptance_rate"] == pytest.approx(0.6) and out["gamma"] == 3
+    assert main(["traffic", str(FIX / "vllm_response_summary.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["alpha_hat"] == pytest.approx(74 / 94) and out["accepted_per_pos"] == [30, 24, 20]
+    assert main(["traffic", str(FIX / "sglang_verify_before.txt"), str(FIX / "sglang_verify_after.txt")]) == 0
+    assert "tokens per target pass = 3.000" in capsys.readouterr().out

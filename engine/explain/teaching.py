@@ -739,8 +739,10 @@ IN_THE_WILD: list[WildFact] = [
              "`KvCacheConfig(enable_block_reuse=True)` (the default)",
              "nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html; llm-api/reference/KvCacheConfig.html"),
     WildFact("llama.cpp", "Speculative decoding with a draft model (same tokenizer)",
-             "`llama-server -m main.gguf -md draft.gguf --draft-max N`",
-             "github.com/ggml-org/llama.cpp docs/speculative.md; PR #10455 (server support, Nov 2024)"),
+             "`llama-server -m main.gguf -md draft.gguf --spec-type draft-simple --spec-draft-n-max N` "
+             "(older builds: `--draft-max N`)",
+             "github.com/ggml-org/llama.cpp docs/speculative.md; PR #10455 (server support, Nov 2024); flags from "
+             "common/arg.cpp as vendored in llama-cpp-python 0.3.36"),
     WildFact("transformers", "Assisted generation with a draft model", "`generate(..., assistant_model=draft)`",
              "huggingface.co/docs/transformers/v5.15.0/assisted_decoding; checked in the installed 5.24 source"),
     WildFact("transformers", "Prompt lookup decoding", "`generate(..., prompt_lookup_num_tokens=k)`",
@@ -750,6 +752,142 @@ IN_THE_WILD: list[WildFact] = [
     WildFact("transformers", "Fused attention kernels: PyTorch SDPA, FlashAttention-2",
              "`from_pretrained(..., attn_implementation=\"sdpa\" | \"flash_attention_2\")`",
              "modeling_utils.py of the installed transformers 5.24 (SDPA is the default when available)"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------
+# In the wild, late 2026: speculative methods per engine, each checked against the engine's own repository
+
+
+WILD_CHECKED = "2026-12-01"
+"""The day every line of ``SPEC_METHODS_2026`` was checked against the cited file."""
+
+# the page of this app that shows each mechanism
+_LIVE_HEAD = PageLink("live", {"lv_draft": "head"})
+_LIVE_DRAFT = PageLink("live", {"lv_draft": "draft"})
+_LIVE_NGRAM = PageLink("live", {"lv_preset": "code", "lv_draft": "ngram", "lv_gamma": 4})
+_LIVE_MEDUSA = PageLink("live", {"lv_draft": "medusa"})
+_LIVE_EARLY = PageLink("live", {"lv_draft": "early-exit"})
+_WHATIF = PageLink("whatif", {})
+
+
+@dataclass(frozen=True)
+class SpecMethod:
+    """One speculative method as one engine ships it.
+
+    Attributes:
+        engine: "vLLM", "SGLang", "llama.cpp" or "TensorRT-LLM".
+        method: the method's name. drafts: how it drafts, in one line.
+        flag: how to switch it on, as the cited source spells it.
+        source: the repository file (or page) it was checked against, with the repository.
+        link: this app's page that shows the mechanism (the closest one: none shows DFlash's block diffusion).
+        verified: "yes" when the flag and the method were both read in the cited file; otherwise what was not.
+    """
+
+    engine: str
+    method: str
+    drafts: str
+    flag: str
+    source: str
+    link: PageLink
+    verified: str = "yes"
+
+
+SPEC_METHODS_2026: list[SpecMethod] = [
+    # vLLM: method names from vllm/config/speculative.py (SpeculativeMethod, MTPModelTypes, DFlash/DSpark types)
+    SpecMethod("vLLM", "EAGLE / EAGLE-3", "a one-layer head reads the target's hidden states, drafts a chain",
+               "`--speculative-config '{\"method\": \"eagle3\", \"model\": HEAD, ...}'` (or \"eagle\")",
+               "vllm-project/vllm vllm/config/speculative.py (SpeculativeMethod); docs/features/speculative_decoding/eagle.md",
+               _LIVE_HEAD),
+    SpecMethod("vLLM", "MTP", "the model's own multi-token-prediction layers draft",
+               "`\"method\": \"mtp\"` (per-model names such as deepseek_mtp are accepted too)",
+               "vllm-project/vllm vllm/config/speculative.py (MTPModelTypes); docs/features/speculative_decoding/mtp.md",
+               _LIVE_MEDUSA),
+    SpecMethod("vLLM", "Draft model", "a small model with the same tokenizer drafts token by token",
+               "`\"method\": \"draft_model\", \"model\": DRAFT`",
+               "vllm-project/vllm vllm/config/speculative.py; docs/features/speculative_decoding/draft_model.md",
+               _LIVE_DRAFT),
+    SpecMethod("vLLM", "PARD (parallel draft)", "a draft model trained with mask tokens drafts all k positions in one pass",
+               "`\"method\": \"draft_model\", \"parallel_drafting\": true`",
+               "vllm-project/vllm docs/features/speculative_decoding/parallel_draft_model.md", _LIVE_DRAFT),
+    SpecMethod("vLLM", "n-gram (prompt lookup)", "copies what followed the last n tokens' earlier occurrence",
+               "`\"method\": \"ngram\"` with prompt_lookup_min/max (`ngram_gpu`: on the GPU)",
+               "vllm-project/vllm vllm/config/speculative.py; docs/features/speculative_decoding/n_gram.md", _LIVE_NGRAM),
+    SpecMethod("vLLM", "Suffix decoding", "a suffix tree over the prompt and earlier outputs proposes continuations",
+               "`\"method\": \"suffix\"`",
+               "vllm-project/vllm vllm/config/speculative.py; docs/features/speculative_decoding/suffix.md", _LIVE_NGRAM),
+    SpecMethod("vLLM", "DFlash", "a small block-diffusion draft emits a whole block per pass from the target's hidden states",
+               "`\"method\": \"dflash\"`",
+               "vllm-project/vllm vllm/config/speculative.py (DFlashModelTypes); docs/features/speculative_decoding/dflash.md",
+               _WHATIF),
+    SpecMethod("vLLM", "DSpark", "DFlash's block draft with a Markov head on the previous token",
+               "`\"method\": \"dspark\"`",
+               "vllm-project/vllm vllm/config/speculative.py (DSparkModelTypes); vllm/v1/spec_decode/dspark.py", _WHATIF),
+    # SGLang: documented algorithms; DFlash from its source tree
+    SpecMethod("SGLang", "EAGLE-2 / EAGLE-3", "a head on the target's features drafts a token tree (top-k per step)",
+               "`--speculative-algorithm EAGLE | EAGLE3` with --speculative-num-steps, -eagle-topk, -num-draft-tokens",
+               "docs.sglang.io/docs/advanced_features/speculative_decoding", _LIVE_HEAD),
+    SpecMethod("SGLang", "MTP", "the model's built-in MTP layers serve as the EAGLE draft",
+               "`--speculative-algorithm EAGLE` on an MTP model (the page's MTP section)",
+               "docs.sglang.io/docs/advanced_features/speculative_decoding", _LIVE_MEDUSA),
+    SpecMethod("SGLang", "Standalone draft model", "a separate small model drafts",
+               "`--speculative-algorithm STANDALONE --speculative-draft-model-path DRAFT`",
+               "docs.sglang.io/docs/advanced_features/speculative_decoding", _LIVE_DRAFT),
+    SpecMethod("SGLang", "n-gram", "matches the recent tokens in a cache of earlier text (CUDA only)",
+               "`--speculative-algorithm NGRAM`", "docs.sglang.io/docs/advanced_features/speculative_decoding",
+               _LIVE_NGRAM),
+    SpecMethod("SGLang", "DFlash", "block-diffusion draft, as in vLLM",
+               "`--speculative-algorithm DFLASH`",
+               "sgl-project/sglang python/sglang/srt/speculative/dflash_worker.py", _WHATIF,
+               verified="the worker file is in SGLang's tree; the flag is the enum name seen in a spec_info.py snapshot "
+                        "that could not be tied to the newest main"),
+    # llama.cpp: the vendored copy in the PyPI sdist llama-cpp-python 0.3.36 (read here in full)
+    SpecMethod("llama.cpp", "Draft model", "a small GGUF with the same vocabulary drafts",
+               "`llama-server -md DRAFT.gguf --spec-type draft-simple --spec-draft-n-max N`",
+               "llama.cpp common/arg.cpp, common/speculative.cpp, docs/speculative.md (as vendored in llama-cpp-python 0.3.36)",
+               _LIVE_DRAFT),
+    SpecMethod("llama.cpp", "EAGLE-3", "a one-layer draft on the target's hidden states",
+               "`-md EAGLE3.gguf --spec-type draft-eagle3`", "llama.cpp docs/speculative.md (vendored, 0.3.36)",
+               _LIVE_HEAD),
+    SpecMethod("llama.cpp", "MTP", "the main model's MTP heads", "`--spec-type draft-mtp`",
+               "llama.cpp docs/speculative.md, common/speculative.cpp (vendored, 0.3.36)", _LIVE_MEDUSA),
+    SpecMethod("llama.cpp", "DFlash / DSpark", "block-diffusion drafts (DSpark adds a Markov head)",
+               "`-md DRAFT.gguf --spec-type draft-dflash` (or `draft-dspark`)",
+               "llama.cpp docs/speculative.md (vendored, 0.3.36)", _WHATIF),
+    SpecMethod("llama.cpp", "n-gram kinds", "ngram-simple / ngram-map-k / ngram-map-k4v look up the last n tokens in "
+               "the history; ngram-mod a hash pool shared by all slots; ngram-cache n-gram statistics",
+               "`--spec-type ngram-simple` (or ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache); "
+               "`--spec-default` = ngram-mod",
+               "llama.cpp docs/speculative.md, common/arg.cpp (vendored, 0.3.36)", _LIVE_NGRAM),
+    SpecMethod("llama.cpp", "Several kinds at once", "a comma-separated --spec-type list; the n-gram kinds are tried "
+               "first, then the draft models, and the FIRST that returns a draft is verified (not the best of all)",
+               "`--spec-type ngram-mod,draft-simple -md DRAFT.gguf`",
+               "llama.cpp common/speculative.cpp (common_speculative_init's priority list, common_speculative_draft)",
+               _LIVE_NGRAM),
+    # TensorRT-LLM
+    SpecMethod("TensorRT-LLM", "Draft/target", "a separate draft model", "`DraftTargetDecodingConfig` (YAML decoding_type: DraftTarget)",
+               "NVIDIA/TensorRT-LLM docs/source/features/speculative-decoding.md; tensorrt_llm/_torch/speculative/draft_target.py",
+               _LIVE_DRAFT),
+    SpecMethod("TensorRT-LLM", "EAGLE-3", "a head on captured hidden states (chain by default; dynamic-tree files exist)",
+               "`EagleDecodingConfig` (decoding_type: Eagle)",
+               "NVIDIA/TensorRT-LLM docs/source/features/speculative-decoding.md; tensorrt_llm/_torch/speculative/eagle3.py",
+               _LIVE_HEAD),
+    SpecMethod("TensorRT-LLM", "MTP", "DeepSeek-style next-n prediction layers", "`MTPDecodingConfig` (decoding_type: MTP)",
+               "NVIDIA/TensorRT-LLM docs/source/features/speculative-decoding.md; tensorrt_llm/_torch/speculative/mtp.py",
+               _LIVE_MEDUSA),
+    SpecMethod("TensorRT-LLM", "n-gram", "prompt lookup from a pool of token prefixes", "`NGramDecodingConfig` (decoding_type: NGram)",
+               "NVIDIA/TensorRT-LLM docs/source/features/speculative-decoding.md; tensorrt_llm/_torch/speculative/ngram.py",
+               _LIVE_NGRAM),
+    SpecMethod("TensorRT-LLM", "PARD", "mask tokens let a target-independent draft predict k tokens in one pass",
+               "`PARDDecodingConfig`", "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py; tensorrt_llm/_torch/speculative/pard.py",
+               _LIVE_DRAFT, verified="the class was read in an llm_args.py snapshot; its YAML decoding_type was not"),
+    SpecMethod("TensorRT-LLM", "Suffix automaton", "a suffix automaton over the context finds the longest match",
+               "unverified (a `SADecodingConfig` is named only in third-party notes)",
+               "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/suffix_automaton.py, sa_worker.py", _LIVE_NGRAM,
+               verified="files present; the flag was not read in TensorRT-LLM's own code"),
+    SpecMethod("TensorRT-LLM", "DFlash", "block-diffusion draft", "unverified",
+               "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/dflash.py", _WHATIF,
+               verified="the file is present; its config class was not found"),
 ]
 
 

@@ -34,6 +34,34 @@ Sources, each checked against the engine's own code:
   Both are means over the last logging interval (``--decode-log-interval`` decode batches), not counters:
   there is no per-position data and no count of drafts, so two scrapes are not differenced.
 
+- **SGLang, counters** (same ``collector.py``, ``TokenizerMetricsCollector``): the Counter
+  ``sglang:spec_verify_calls_total`` ("Number of speculative decoding verification calls") beside
+  ``sglang:generation_tokens_total``; ``observe_one_finished_request`` adds a request's ``spec_verify_ct`` and its
+  generation tokens when the request *finishes* (requests still running at a scrape are in neither). Tokens per
+  target pass = Δ generation tokens ÷ Δ verify calls over a window, the bonus token included, as a counter
+  (unlike the gauges); each request's first token (from its prefill) is counted too, so short answers read a
+  little high. γ still comes from the gauges (``--speculative-num-draft-tokens`` = length ÷ rate).
+- **TensorRT-LLM**, ``tensorrt_llm/metrics/collector.py`` (``MetricsCollector``, prefix ``trtllm_``,
+  ``log_iteration_stats``): Counters ``trtllm_spec_decode_num_draft_tokens_total`` and
+  ``trtllm_spec_decode_num_accepted_tokens_total`` (each iteration's ``specDecodingStats.numDraftTokens`` /
+  ``numAcceptedTokens`` added), Gauges ``trtllm_spec_decode_acceptance_length`` and
+  ``trtllm_spec_decode_draft_overhead`` (the last iteration's ``acceptanceLength``, "average number of tokens
+  produced per step for all requests with at least one draft token", and draft time ÷ iteration time:
+  ``cpp/include/tensorrt_llm/executor/types.h``, ``SpecDecodingStats``); labels from the server
+  (``model_name``, ``engine_type``). No count of drafts and no per-position counter is exported
+  (``numRequestsWithDraftTokens`` exists in the C++ stats but not in Prometheus), so: acceptance rate =
+  Δaccepted ÷ Δdraft tokens (window), γ = round((gauge − 1) ÷ rate) assuming every draft had γ tokens, mean
+  acceptance length = 1 + rate × γ.
+- **vLLM per request**, ``--per-request-spec-decode-metrics summary|detailed``: each single-sequence response
+  carries ``metrics.speculative_decoding`` (vLLM ``docs/features/speculative_decoding/acceptance_metrics.md``;
+  marked experimental there): ``num_spec_steps``, ``num_draft_tokens``, ``num_accepted_draft_tokens``,
+  ``num_spec_tokens`` (k), ``acceptance_histogram`` ([k + 1], index j = steps that accepted exactly j draft
+  tokens), ``acceptance_histogram_by_draft_length`` ({"k": [k + 1]} per proposed length) and, with ``detailed``,
+  ``per_step_accepted`` / ``per_step_drafted``. Summed over requests they reconcile with the /metrics counters
+  (that page's table: steps ↔ drafts). per_pos[i] = Σ_{j > i} histogram[j]; judged positions come exactly from
+  the per-length histogram or the per-step arrays. (The field's Python source was not in the searched vLLM
+  snapshot; the repository's own documentation page is the source used.)
+
 Terms: a *draft* is one proposal of up to γ tokens judged by one target pass (a round);
 ``survival[i]`` = P(A ≥ i + 1) = per_pos[i] ÷ drafts, the chance a draft's token i is kept (all before it
 kept too); ``conditional_alpha[i]`` = α_i = per_pos[i] ÷ per_pos[i − 1] (per_pos[−1] = drafts), the chance
@@ -68,9 +96,9 @@ from engine.explain.analytic import (
     verify_cost_ratio,
 )
 
-ENGINES = ("vllm", "llama.cpp", "sglang", "speedup-lab")
+ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm", "speedup-lab")
 ENGINE_TITLES = {"vllm": "vLLM", "llama.cpp": "llama.cpp server", "sglang": "SGLang",
-                 "speedup-lab": "this app's engine"}
+                 "tensorrt-llm": "TensorRT-LLM", "speedup-lab": "this app's engine"}
 ALLOWED_HOSTS_ENV = "SPEEDUP_LAB_ALLOWED_HOSTS"
 """Environment variable: comma-separated host names (or host:port) the app may fetch besides loopback."""
 FETCH_TIMEOUT_S = 5.0
@@ -87,7 +115,12 @@ _LLAMA = {"drafts": "llamacpp:spec_decode_num_drafts_total",
           "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
           "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
           "per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"}
-_SGLANG = {"length": "sglang:spec_accept_length", "rate": "sglang:spec_accept_rate"}
+_SGLANG = {"length": "sglang:spec_accept_length", "rate": "sglang:spec_accept_rate",
+           "verify": "sglang:spec_verify_calls_total"}
+_SGLANG_GENERATED = "sglang:generation_tokens_total"
+_TRTLLM = {"draft_tokens": "trtllm_spec_decode_num_draft_tokens_total",
+           "accepted": "trtllm_spec_decode_num_accepted_tokens_total",
+           "length": "trtllm_spec_decode_acceptance_length", "overhead": "trtllm_spec_decode_draft_overhead"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,10 +140,13 @@ class AcceptanceProfile:
         accepted_per_pos: [γ] per_pos[i] = drafts with at least i + 1 tokens kept; empty for SGLang
             and for a llama.cpp build without the per-position counter.
         judged_per_pos: [γ] times position i was judged, when known (this app's runs); else None.
-        mean_length_gauge, accept_rate_gauge: SGLang's two gauges (None for the others).
+        mean_length_gauge, accept_rate_gauge: SGLang's two gauges; TensorRT-LLM's acceptance-length gauge.
         window: what the counts cover ("since the server started", "between the two scrapes", ...).
         source: where the numbers came from, in words.
         notes: caveats found while reading (summed engines, rounded counters, ...).
+        verify_calls, generation_tokens: SGLang's ``spec_verify_calls_total`` and ``generation_tokens_total``
+            over the window (None when the scrape has no verify counter or it did not move).
+        draft_overhead_gauge: TensorRT-LLM's ``spec_decode_draft_overhead`` (draft time ÷ iteration time).
     """
 
     engine: str
@@ -125,6 +161,9 @@ class AcceptanceProfile:
     window: str = "since the server started"
     source: str = ""
     notes: tuple[str, ...] = ()
+    verify_calls: float | None = None
+    generation_tokens: float | None = None
+    draft_overhead_gauge: float | None = None
 
     # ------------------------------------------------------------------ vLLM's definitions
     @property
@@ -138,11 +177,23 @@ class AcceptanceProfile:
         return bool(self.accepted_per_pos)
 
     @property
+    def tokens_per_pass_counter(self) -> float | None:
+        """SGLang: Δ generation tokens ÷ Δ verify calls (bonus token included; see the module docstring)."""
+        if self.verify_calls and self.generation_tokens is not None:
+            return self.generation_tokens / self.verify_calls
+        return None
+
+    @property
     def gamma(self) -> int | None:
         """γ the server ran: the number of draft positions counted (vLLM creates one counter per position of
-        ``num_speculative_tokens``); for SGLang the chain length implied by its gauges; None if unknown."""
+        ``num_speculative_tokens``); for SGLang the chain length implied by its gauges; for TensorRT-LLM
+        round((acceptance-length gauge − 1) ÷ acceptance rate); None if unknown."""
         if self.accepted_per_pos:
             return len(self.accepted_per_pos)
+        if self.engine == "tensorrt-llm":
+            if not self.draft_tokens or self.mean_length_gauge is None or not self.accepted_tokens:
+                return None
+            return max(int(round((self.mean_length_gauge - 1.0) / (self.accepted_tokens / self.draft_tokens))), 1)
         if self.engine == "sglang":
             n = self.sglang_draft_tokens
             return None if n is None else max(int(round(n)) - 1, 1)
@@ -155,7 +206,7 @@ class AcceptanceProfile:
         """vLLM's acceptance rate: accepted ÷ draft tokens (``SpecDecodingProm`` docstring). For SGLang,
         (length − 1) ÷ γ with γ = ``sglang_draft_tokens`` − 1, the same definition for a chain draft
         (``--speculative-eagle-topk 1``)."""
-        if self.has_counts:
+        if self.has_counts or self.engine == "tensorrt-llm":
             return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
         g = self.gamma
         if self.mean_length_gauge is None or not g:
@@ -164,9 +215,17 @@ class AcceptanceProfile:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """1 + accepted ÷ drafts, bonus token included (vLLM ``SpecDecodingLogging.log``); SGLang's gauge."""
+        """1 + accepted ÷ drafts, bonus token included (vLLM ``SpecDecodingLogging.log``). SGLang: Δ generation
+        tokens ÷ Δ verify calls when its counter is there, else its gauge. TensorRT-LLM: 1 + rate × γ (γ as in
+        :attr:`gamma`), else its gauge."""
         if self.has_counts:
             return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+        if self.engine == "sglang" and self.tokens_per_pass_counter is not None:
+            return self.tokens_per_pass_counter
+        if self.engine == "tensorrt-llm":
+            g, r = self.gamma, self.acceptance_rate
+            if g and r is not None:
+                return 1.0 + r * g
         return self.mean_length_gauge
 
     @property
@@ -277,9 +336,10 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 def detect_engine(text: str) -> str | None:
-    """"vllm", "llama.cpp", "sglang" or None: which engine's speculative metrics the text has (vLLM first)."""
+    """"vllm", "llama.cpp", "sglang", "tensorrt-llm" or None: which engine's speculative metrics the text has
+    (vLLM first)."""
     names = {n for n, _, _ in _samples(text)}
-    for eng, table in (("vllm", _VLLM), ("llama.cpp", _LLAMA), ("sglang", _SGLANG)):
+    for eng, table in (("vllm", _VLLM), ("llama.cpp", _LLAMA), ("sglang", _SGLANG), ("tensorrt-llm", _TRTLLM)):
         if names & set(table.values()):
             return eng
     return None
@@ -288,8 +348,9 @@ def detect_engine(text: str) -> str | None:
 def _no_metrics_error() -> InputError:
     return InputError(
         "The scrape has no speculative-decoding metrics (looked for vllm:spec_decode_*, "
-        "llamacpp:spec_decode_* and sglang:spec_accept_*). Is speculation on (vLLM --speculative-config, "
-        "SGLang --speculative-algorithm with --enable-metrics, llama-server -md/--spec-type with --metrics)?")
+        "llamacpp:spec_decode_*, sglang:spec_accept_* / sglang:spec_verify_calls_total and "
+        "trtllm_spec_decode_*). Is speculation on (vLLM --speculative-config, SGLang --speculative-algorithm with "
+        "--enable-metrics, llama-server -md/--spec-type with --metrics, TensorRT-LLM with iteration stats)?")
 
 
 @dataclass
@@ -317,12 +378,14 @@ def _read(text: str, model: str | None = None) -> _Raw:
         engine, table = "llama.cpp", _LLAMA
     elif names & set(_SGLANG.values()):
         engine, table = "sglang", _SGLANG
+    elif names & set(_TRTLLM.values()):
+        engine, table = "tensorrt-llm", _TRTLLM
     else:
         raise _no_metrics_error()
     notes: list[str] = []
     wanted = set(table.values())
     picked = model
-    if engine in ("vllm", "sglang"):
+    if engine in ("vllm", "sglang", "tensorrt-llm"):
         models = _models_in(samples, wanted)
         if model is not None and model not in models:
             raise InputError(f"No speculative metrics for model {model!r} in this scrape; it has: "
@@ -334,18 +397,28 @@ def _read(text: str, model: str | None = None) -> _Raw:
                                  "page's Model box).")
             picked = models[0] or None
         samples = [s for s in samples if s[1].get("model_name", "") == (picked or "")]
-    if engine == "sglang":
+    if engine in ("sglang", "tensorrt-llm"):
+        gauge_keys = ("length", "rate", "overhead")
         gauges: dict[str, list[float]] = {}
+        totals_sg: dict[str, float] = {}
         for n, lab, v in samples:
+            if engine == "sglang" and n == _SGLANG_GENERATED and math.isfinite(v):
+                totals_sg["generated"] = totals_sg.get("generated", 0.0) + v
             for key, name in table.items():
                 if n == name and math.isfinite(v):
-                    gauges.setdefault(key, []).append(v)
-        if "length" not in gauges:
+                    if key in gauge_keys:
+                        gauges.setdefault(key, []).append(v)
+                    else:
+                        totals_sg[key] = totals_sg.get(key, 0.0) + v
+        if engine == "sglang" and "length" not in gauges and "verify" not in totals_sg:
             raise InputError("The SGLang scrape has sglang:spec_accept_rate but no sglang:spec_accept_length.")
-        if len(gauges["length"]) > 1:
-            notes.append(f"{len(gauges['length'])} SGLang schedulers (ranks) report; their gauges are averaged "
-                         "without weights (SGLang gives no counts to weight them by).")
-        return _Raw(engine, picked, {}, {}, {k: float(np.mean(v)) for k, v in gauges.items()}, notes)
+        if engine == "tensorrt-llm" and ("draft_tokens" not in totals_sg or "accepted" not in totals_sg):
+            raise InputError("The TensorRT-LLM scrape lacks trtllm_spec_decode_num_draft_tokens_total or "
+                             "trtllm_spec_decode_num_accepted_tokens_total.")
+        if len(gauges.get("length", [])) > 1:
+            notes.append(f"{len(gauges['length'])} {ENGINE_TITLES[engine]} ranks report; their gauges are averaged "
+                         "without weights (no counts to weight them by).")
+        return _Raw(engine, picked, totals_sg, {}, {k: float(np.mean(v)) for k, v in gauges.items()}, notes)
     totals = {k: 0.0 for k in ("drafts", "draft_tokens", "accepted")}
     per_pos: dict[int, float] = {}
     engines_seen = set()
@@ -374,9 +447,41 @@ def _read(text: str, model: str | None = None) -> _Raw:
 
 
 def _check_and_build(raw: _Raw, window: str, source: str) -> AcceptanceProfile:
+    if raw.engine == "tensorrt-llm":
+        t = raw.totals
+        if t["draft_tokens"] <= 0:
+            raise InputError(f"Zero draft tokens ({_TRTLLM['draft_tokens']} = 0 {window}): the server has not "
+                             "speculated. Send some requests, then scrape again.")
+        if t["accepted"] > t["draft_tokens"] + 1e-9 or t["accepted"] < 0:
+            raise InputError(f"More accepted tokens ({t['accepted']:g}) than draft tokens ({t['draft_tokens']:g}).")
+        length = raw.gauges.get("length")
+        notes = list(raw.notes) + [
+            "TensorRT-LLM exports draft and accepted tokens but no count of drafts and no per-position counts: "
+            "the acceptance rate is exact over the window; γ is inferred from the acceptance-length gauge (its "
+            "last iteration), assuming every draft had γ tokens; the geometric model with one α is fitted."]
+        if length is None or length <= 1.0:
+            notes.append("trtllm_spec_decode_acceptance_length is missing or ≤ 1, so γ cannot be inferred.")
+        return AcceptanceProfile("tensorrt-llm", raw.model, None, t["draft_tokens"], t["accepted"],
+                                 mean_length_gauge=length, draft_overhead_gauge=raw.gauges.get("overhead"),
+                                 window=window, source=source, notes=tuple(notes))
     if raw.engine == "sglang":
-        length = raw.gauges["length"]
+        length = raw.gauges.get("length")
         rate = raw.gauges.get("rate")
+        verify, generated = raw.totals.get("verify"), raw.totals.get("generated")
+        if verify is not None and verify > 0 and generated is not None:
+            notes = list(raw.notes) + [
+                f"Tokens per target pass = Δ{_SGLANG_GENERATED} ÷ Δ{_SGLANG['verify']} = {generated:g} ÷ "
+                f"{verify:g} (counters, {window}); SGLang adds both when a request finishes, and each request's "
+                "first token (from its prefill) is in the numerator, so short answers read a little high. No "
+                "per-position acceptance: the geometric model with one α is fitted, γ from the gauges."]
+            if rate is None or rate <= 0 or length is None:
+                notes.append("sglang:spec_accept_rate/length missing or 0, so γ cannot be inferred: enter γ by hand.")
+            return AcceptanceProfile("sglang", raw.model, None, None, None, mean_length_gauge=length,
+                                     accept_rate_gauge=rate, window=window, source=source, notes=tuple(notes),
+                                     verify_calls=verify, generation_tokens=generated)
+        if length is None:
+            raise InputError(f"No SGLang verify calls {window} and no sglang:spec_accept_length gauge: nothing "
+                             "to measure. Send traffic, then scrape again.")
         if length <= 0:
             raise InputError("sglang:spec_accept_length is 0: SGLang has not speculated in its last logging "
                              "interval (zero drafts). Send traffic, then scrape again.")
@@ -452,11 +557,26 @@ def profile_from_scrapes(before: str, after: str, model: str | None = None,
                          f"{ENGINE_TITLES[b.engine]}: both must come from the same server.")
     if a.model != b.model:
         raise InputError(f"The scrapes are of different models ({a.model!r}, {b.model!r}): choose one.")
-    if b.engine == "sglang":
-        p = _check_and_build(b, "", source)
+    if b.engine in ("sglang", "tensorrt-llm"):
+        table = _SGLANG if b.engine == "sglang" else _TRTLLM
+        names = {**table, "generated": _SGLANG_GENERATED}
+        down = [f"{names[k]} {a.totals[k]:g} → {b.totals.get(k, 0.0):g}" for k in a.totals
+                if b.totals.get(k, 0.0) < a.totals[k]]
+        if down:
+            raise InputError("A counter went down between the two scrapes (" + "; ".join(down) + "): the server "
+                             "restarted in between, so the difference means nothing. Take both scrapes after the "
+                             "restart, or use the second scrape alone.")
+        diff = _Raw(b.engine, b.model, {k: v - a.totals.get(k, 0.0) for k, v in b.totals.items()}, {}, b.gauges,
+                    b.notes)
+        if b.engine == "sglang" and not diff.totals.get("verify"):
+            diff.totals.pop("verify", None)
+            p = _check_and_build(diff, "between the two scrapes", source)
+            return dataclasses.replace(p, notes=p.notes + (
+                "SGLang's gauges are means, not counters, so the two scrapes are not differenced: the second one "
+                "is used (no sglang:spec_verify_calls_total moved between them).",))
+        p = _check_and_build(diff, "between the two scrapes", source)
         return dataclasses.replace(p, notes=p.notes + (
-            "SGLang's gauges are means, not counters, so the two scrapes are not differenced: the second one "
-            "is used.",))
+            f"The gauges ({table['length']}) are the second scrape's; the counters are differenced.",))
     table = _VLLM if b.engine == "vllm" else _LLAMA
     down = [f"{table[k]} {a.totals[k]:g} → {b.totals[k]:g}" for k in a.totals if b.totals[k] < a.totals[k]]
     down += [f"{table['per_pos']}{{position=\"{i}\"}} {a.per_pos[i]:g} → {b.per_pos.get(i, 0.0):g}"
@@ -474,11 +594,11 @@ def profile_from_scrapes(before: str, after: str, model: str | None = None,
 def list_models(text: str) -> list[str]:
     """The ``model_name`` values that carry speculative metrics in a scrape (empty for llama.cpp, which has
     no labels). Raises InputError for text that is not Prometheus format."""
-    names = set(_VLLM.values()) | set(_SGLANG.values())
+    names = set(_VLLM.values()) | set(_SGLANG.values()) | set(_TRTLLM.values())
     return [m for m in _models_in(_samples(text), names) if m]
 
 
-_SPEC_NAMES = (*_VLLM.values(), *_LLAMA.values(), *_SGLANG.values())
+_SPEC_NAMES = (*_VLLM.values(), *_LLAMA.values(), *_SGLANG.values(), _SGLANG_GENERATED, *_TRTLLM.values())
 
 
 def compact_scrape(text: str) -> str:
@@ -707,6 +827,140 @@ def profile_from_json(text: str, gamma: int | None = None) -> AcceptanceProfile:
     return profile_from_run(data, gamma=gamma)
 
 
+def _response_objects(text: str) -> list[Any]:
+    """JSON values in ``text``: one value, or one per line (JSON Lines, or server-sent events' ``data:`` lines)."""
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError:
+        pass
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.startswith("data:"):
+            line = line[5:].strip()
+        if not line or line == "[DONE]" or line.startswith(("event:", "id:", ":")):
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise InputError(f"Line {i} is not JSON ({e.msg}). Paste one response body, a JSON list of them, or "
+                             "one per line.") from None
+    return out
+
+
+def _spec_blocks(value: Any) -> list[Mapping]:
+    """Every non-null ``metrics.speculative_decoding`` in a response, a list of responses or stream chunks."""
+    if isinstance(value, list):
+        return [b for v in value for b in _spec_blocks(v)]
+    if isinstance(value, Mapping):
+        m = value.get("metrics")
+        if isinstance(m, Mapping) and isinstance(m.get("speculative_decoding"), Mapping):
+            return [m["speculative_decoding"]]
+        if "num_spec_steps" in value and "acceptance_histogram" in value:  # the block itself
+            return [value]
+    return []
+
+
+def is_vllm_response_json(text: str) -> bool:
+    """Whether ``text`` holds OpenAI-style response bodies (``choices`` or ``metrics``), i.e. not a generate run."""
+    def looks(v: Any) -> bool:
+        if isinstance(v, list):
+            return any(looks(x) for x in v)
+        return isinstance(v, Mapping) and ("choices" in v or "metrics" in v or "num_spec_steps" in v)
+
+    try:
+        return any(looks(v) for v in _response_objects(text))
+    except InputError:
+        return False
+
+
+def profile_from_vllm_responses(text: str, source: str = "pasted vLLM responses") -> AcceptanceProfile:
+    """The profile of vLLM responses carrying ``metrics.speculative_decoding``
+    (``--per-request-spec-decode-metrics summary|detailed``; vLLM's
+    ``docs/features/speculative_decoding/acceptance_metrics.md``), summed over the requests.
+
+    From each block: drafts = ``num_spec_steps``, draft tokens = ``num_draft_tokens``, accepted =
+    ``num_accepted_draft_tokens``, γ = ``num_spec_tokens``; per_pos[i] = Σ_{j>i} ``acceptance_histogram[j]`` (steps
+    that kept at least i + 1 tokens, vLLM's per-position counter). Judged per position, exactly: from
+    ``per_step_drafted``/``per_step_accepted`` (detailed) a step with d drafted and a kept judged positions
+    0..min(a, d − 1); else from ``acceptance_histogram_by_draft_length`` the same with d = the row's length.
+
+    Args:
+        text: one response body (JSON), a JSON list of them, or one per line (also ``data:`` stream lines).
+
+    Raises:
+        InputError: no ``metrics.speculative_decoding`` (the server needs the flag, and ``n`` = 1), blocks with
+            different ``num_spec_tokens``, or a block whose histogram disagrees with its own totals.
+    """
+    blocks = [b for v in _response_objects(text) for b in _spec_blocks(v)]
+    if not blocks:
+        raise InputError("No metrics.speculative_decoding in this JSON. vLLM adds it to each response when it runs "
+                         "with --per-request-spec-decode-metrics summary (or detailed), speculation is on and "
+                         "n = 1.")
+    ks = {int(b.get("num_spec_tokens", len(b.get("acceptance_histogram") or [0]) - 1)) for b in blocks}
+    if len(ks) != 1:
+        raise InputError(f"The responses come from servers with different num_spec_tokens ({sorted(ks)}).")
+    k = ks.pop()
+    if k < 1:
+        raise InputError("num_spec_tokens is 0: no speculation.")
+    drafts = draft_tokens = accepted = 0.0
+    per = [0.0] * k
+    judged = [0.0] * k
+    judged_known = True
+    for n, b in enumerate(blocks, 1):
+        try:
+            hist = [float(x) for x in b["acceptance_histogram"]]
+            steps, dt, acc = float(b["num_spec_steps"]), float(b["num_draft_tokens"]), float(b["num_accepted_draft_tokens"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"Response {n}: metrics.speculative_decoding lacks or mangles {e}.") from None
+        if len(hist) != k + 1 or any(x < 0 for x in hist):
+            raise InputError(f"Response {n}: acceptance_histogram must have num_spec_tokens + 1 = {k + 1} counts ≥ 0.")
+        if abs(sum(hist) - steps) > 1e-9 or abs(sum(j * x for j, x in enumerate(hist)) - acc) > 1e-9:
+            raise InputError(f"Response {n}: its acceptance_histogram {hist} does not add up to num_spec_steps = "
+                             f"{steps:g} and num_accepted_draft_tokens = {acc:g}.")
+        drafts, draft_tokens, accepted = drafts + steps, draft_tokens + dt, accepted + acc
+        for i in range(k):
+            per[i] += sum(hist[i + 1:])
+        pairs: list[tuple[int, int, float]] = []  # (drafted, kept, how many steps)
+        if isinstance(b.get("per_step_drafted"), list) and isinstance(b.get("per_step_accepted"), list):
+            pairs = [(int(d), int(a), 1.0) for d, a in zip(b["per_step_drafted"], b["per_step_accepted"])]
+        elif isinstance(b.get("acceptance_histogram_by_draft_length"), Mapping):
+            pairs = [(int(d), j, float(c)) for d, row in b["acceptance_histogram_by_draft_length"].items()
+                     for j, c in enumerate(row) if c]
+        else:
+            judged_known = False
+        for d, a, c in pairs:
+            for i in range(min(a + 1, d, k)):
+                judged[i] += c
+    notes = [f"{len(blocks)} response(s) with vLLM's per-request metrics, summed (vLLM marks the field "
+             "experimental)."]
+    if not drafts:
+        raise InputError("Zero speculative steps in these responses: nothing to measure.")
+    return AcceptanceProfile("vllm", None, drafts, draft_tokens, accepted, tuple(per),
+                             judged_per_pos=tuple(judged) if judged_known else None,
+                             window=f"{len(blocks)} request(s)", source=source, notes=tuple(notes))
+
+
+def profile_from_input(first: str, second: str | None = None, model: str | None = None,
+                       source: str = "pasted text") -> AcceptanceProfile:
+    """One entry for every pasted format: vLLM response JSON (per-request metrics), this app's ``generate
+    --json`` run, or one or two Prometheus scrapes (vLLM, llama.cpp, SGLang, TensorRT-LLM).
+
+    Raises:
+        InputError: as the format's own reader; a second text given with JSON.
+    """
+    head = first.lstrip()[:1]
+    if head in ("{", "[") or first.lstrip().startswith("data:"):
+        if second is not None and second.strip():
+            raise InputError("JSON is read alone: leave the second box empty (put several responses in one list).")
+        if is_vllm_response_json(first):
+            return profile_from_vllm_responses(first, source=source)
+        return profile_from_json(first)
+    if second is None or not second.strip():
+        return profile_from_text(first, model, source=source)
+    return profile_from_scrapes(first, second, model, source=source)
+
+
 def run_to_prometheus(profile: AcceptanceProfile, model_name: str = "speedup-lab", engine: str = "0") -> str:
     """A run's counts as vLLM would expose them: prometheus_client Counters named and labelled as in
     ``vllm/v1/spec_decode/metrics.py`` (``vllm:spec_decode_num_drafts`` etc., labels model_name and engine, one
@@ -922,9 +1176,9 @@ def settings_for(gamma: int) -> list[EngineSetting]:
     - SGLang: ``--speculative-num-steps γ --speculative-eagle-topk 1 --speculative-num-draft-tokens γ+1``
       (docs.sglang.io, Advanced features → Speculative decoding: num-steps is the drafting depth; with top-k 1
       the draft is a chain of γ tokens and the verify pass checks γ + 1).
-    - llama.cpp: ``--draft-max γ --draft-min γ`` (llama.cpp ``docs/speculative.md``, Command-Line Options;
-      ``--draft-min`` below ``--draft-max`` lets drafts be shorter, which the counters then show as
-      ``full_length_drafts`` False).
+    - llama.cpp: ``--spec-draft-n-max γ --spec-draft-n-min γ`` (``common/arg.cpp`` of the llama.cpp vendored in
+      llama-cpp-python 0.3.36, where ``--draft-max``/``--draft-min`` are "removed"; a min below the max lets drafts
+      be shorter, which the counters then show as ``full_length_drafts`` False).
 
     Raises:
         InputError: γ outside 1..64.
@@ -941,10 +1195,11 @@ def settings_for(gamma: int) -> list[EngineSetting]:
                       "https://docs.sglang.io/docs/advanced_features/speculative_decoding",
                       "With --speculative-algorithm and --speculative-draft-model-path as you run it now; top-k 1 "
                       "makes the draft a chain, as the model here assumes."),
-        EngineSetting("llama.cpp", f"--draft-max {g} --draft-min {g}",
+        EngineSetting("llama.cpp", f"--spec-draft-n-max {g} --spec-draft-n-min {g}",
                       "https://github.com/ggml-org/llama.cpp/blob/master/docs/speculative.md",
-                      "With -md DRAFT.gguf (or --spec-type); newer builds may spell them --spec-draft-n-max / "
-                      "--spec-draft-n-min: check llama-server --help."),
+                      "With -md DRAFT.gguf --spec-type draft-simple (n-gram kinds have their own sizes, e.g. "
+                      "--spec-ngram-mod-n-max). Older builds spelled them --draft-max / --draft-min, "
+                      "which the vendored common/arg.cpp of llama-cpp-python 0.3.36 rejects as removed."),
     ]
 
 
@@ -956,6 +1211,8 @@ def profile_json(profile: AcceptanceProfile, c: float = DEFAULT_DRAFT_COST, slop
             "accepted_tokens": profile.accepted_tokens, "accepted_per_pos": list(profile.accepted_per_pos),
             "acceptance_rate": profile.acceptance_rate, "mean_acceptance_length": profile.mean_acceptance_length,
             "alpha_hat": profile.alpha_hat, "gamma": profile.gamma,
+            "verify_calls": profile.verify_calls, "generation_tokens": profile.generation_tokens,
+            "tokens_per_pass_counter": profile.tokens_per_pass_counter,
             "survival": profile.survival, "conditional_alpha": profile.conditional_alpha,
             "draft_cost": pred.c, "verify_slope": pred.slope,
             "best_gamma": pred.best_gamma, "best_speedup": pred.best_speedup,

@@ -33,13 +33,19 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def app_url():
     """Start ``streamlit run app/main.py`` headless on a free port; yield its base URL."""
+    yield from run_app()
+
+
+def run_app(env: dict | None = None, log_name: str = "streamlit.log", args: tuple[str, ...] = ()):
+    """Generator: start the app (with ``env`` added to the environment, ``args`` after ``--``), yield its URL,
+    stop it."""
     port = _free_port()
-    log = open(ROOT / "tests" / "e2e" / "streamlit.log", "w")
+    log = open(ROOT / "tests" / "e2e" / log_name, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
          "--server.headless", "true", "--server.port", str(port),
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", *(["--", *args] if args else [])],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -50,7 +56,7 @@ def app_url():
             time.sleep(0.5)
     else:
         proc.kill()
-        raise RuntimeError("Streamlit did not start; see tests/e2e/streamlit.log")
+        raise RuntimeError(f"Streamlit did not start; see tests/e2e/{log_name}")
     yield url
     proc.terminate()
     proc.wait(timeout=20)
