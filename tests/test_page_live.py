@@ -351,3 +351,13 @@ def test_medusa_kind_runs_tree_rounds_on_the_embedded_model():
 def test_medusa_kind_needs_the_embedded_target(tiny):
     at = _app(tiny, lv_draft="medusa")
     assert at.error and "embedded target" in at.error[0].value
+
+
+def test_room_panel_counts_the_pass_that_served_this_reader(tiny):
+    at = _app(tiny)
+    assert {"Readers now", "Rows per pass", "Room tokens/s"} <= {m.label for m in at.metric}
+    at = _click(at, "lv_step")
+    captions = [c.value for c in at.caption]
+    assert "The last target pass served 1 reader." in captions
+    assert _metric(at, "Readers now") == "0"  # the round is done: nobody waits
+    assert float(_metric(at, "Room tokens/s")) > 0
