@@ -378,7 +378,8 @@ status = st.empty()  # under the round, so the round box stays on a projector's 
 text_box = st.container()
 with text_box:
     st.subheader("Generated text")
-    text_md = st.empty()
+    with st.container(key="lv_generated"):  # a stable hook for browser tests (the room's texts)
+        text_md = st.empty()
     st.markdown(legend_markdown())
 # the rule's fine print sits under the round and its text, so a round is on the first screen
 greedy = S["lv_temp"] == 0
