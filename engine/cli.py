@@ -57,6 +57,7 @@ def add_generate(sub) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None,
                    help="fp32 | bf16 | fp16 (default: fp32, also on CUDA, so greedy output matches plain decoding)")
+    add_compute_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--metrics-out", default=None, metavar="FILE",
                    help="also write the run's draft counts as vLLM-named Prometheus text to FILE (read it with "
@@ -64,6 +65,20 @@ def add_generate(sub) -> None:
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin (auto: when printing to a terminal)")
     p.set_defaults(func=run_generate)
+
+
+def add_compute_option(p) -> None:
+    """--compute: which matmul kernels run (``engine.decoding.compute``)."""
+    p.add_argument("--compute", default=None, metavar="PATH",
+                   help="compute path of the linear layers: auto (the faster of the two, measured once per "
+                        "machine), default (PyTorch's own, MKL on x86) or onednn (default: $SPEEDUP_LAB_COMPUTE, "
+                        "else auto)")
+
+
+def compute_settings(lm) -> dict:
+    """The compute path a loaded model runs, for ``--json`` settings and result headers."""
+    c = lm.compute
+    return {"path": c.path, "reason": c.reason, "cpu": c.cpu, "threads": c.threads} if c else {}
 
 
 def add_tree_options(p) -> None:
@@ -114,12 +129,14 @@ def _tree_settings(args, draft_spec: str, proposer) -> tuple[int, int]:
     return tree, gamma
 
 
-def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None):
-    """Load the target and build the proposer for ``draft_spec`` (None proposer for "none")."""
+def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None, compute=None):
+    """Load the target and build the proposer for ``draft_spec`` (None proposer for "none"); ``compute`` is the
+    compute path (``engine.decoding.compute``; None: $SPEEDUP_LAB_COMPUTE, else auto)."""
     from engine.decoding.models import load_model
     from engine.decoding.proposers import make_proposer
 
     kw = {"progress": progress} if progress else {}
+    kw["compute"] = compute
     target = load_model(target_spec, device=device, dtype=dtype, **kw)
     from engine.decoding.draft_head import is_head_folder
     from engine.decoding.models import EMBEDDED_HEAD
@@ -194,7 +211,11 @@ def run_generate(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar per load on every run; first loads report through progress()
-    target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress)
+    from engine.decoding.compute import parse_override
+
+    if args.compute is not None:
+        parse_override(args.compute)  # a bad value fails before any model loads
+    target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress, args.compute)
     if args.draft_confidence is not None:
         if not hasattr(proposer, "confidence_threshold"):
             raise InputError("--draft-confidence applies to a draft head only (--draft embedded-head or a head "
@@ -247,7 +268,8 @@ def run_generate(args: argparse.Namespace) -> int:
         out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
-                           "draft_confidence": getattr(proposer, "confidence_threshold", None)}
+                           "draft_confidence": getattr(proposer, "confidence_threshold", None),
+                           "compute": compute_settings(target)}
         if args.tree:  # chain runs keep their settings as they were
             out["settings"].update(tree=args.tree, tree_branching=getattr(proposer, "branching", None),
                                    accept="typical (lossy)" if args.accept == "typical" else "exact")
@@ -398,7 +420,8 @@ def _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling) -
                               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                               "seed": args.seed, "seeds": [args.seed + i for i in range(len(ids))],
                               "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
-                              "no_draft_above": limit, "drafting_off_by_limit": drafting_off}
+                              "no_draft_above": limit, "drafting_off_by_limit": drafting_off,
+                              "compute": compute_settings(target)}
         json.dump({"results": [r.to_dict() for r in res.results], "batch": totals}, sys.stdout, ensure_ascii=False)
         print()
         return 0
@@ -434,6 +457,7 @@ def add_batch_sweep(sub) -> None:
     p.add_argument("--prompts-file", default=None, help="one prompt a line (default: the 32 built-in prompts)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
+    add_compute_option(p)
     p.add_argument("--json", action="store_true", help="print the sweep as one JSON object")
     p.set_defaults(func=run_batch_sweep)
 
@@ -442,7 +466,11 @@ def run_batch_sweep(args: argparse.Namespace) -> int:
     from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, parse_batches
     from engine.decoding.models import load_model
 
+    from engine.decoding.compute import parse_override
+
     batches = parse_batches(args.batches)
+    if args.compute is not None:
+        parse_override(args.compute)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     prompts = SWEEP_PROMPTS
     if args.prompts_file:
@@ -451,7 +479,7 @@ def run_batch_sweep(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    target = load_model(args.target, device=args.device,
+    target = load_model(args.target, device=args.device, compute=args.compute,
                         progress=lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True))
 
     def progress(done, total, label, _sweep):

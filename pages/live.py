@@ -164,6 +164,10 @@ except SpeedupLabError as e:
 n_layers = len(getattr(getattr(target.model, "model", None), "layers", [])) if target is not None else 0
 # the target's room: every session's rounds run in one worker thread, batched into shared target passes
 room = room_for(target) if target is not None else None
+if target is not None and target.compute is not None:
+    with st.sidebar:  # which kernels every pass below runs (engine/decoding/compute.py)
+        st.caption(f"Compute path: {target.compute.label()}. CPU: {target.compute.cpu}, "
+                   f"{target.compute.threads} threads.", help=target.compute.reason)
 
 with st.sidebar:
     st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="lv_preset", on_change=_on_preset,

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from engine.decoding.compute import apply_path, linear, path_of
 from engine.errors import ModelLoadError
 
 HEAD_FORMAT = "speedup-lab-feature-head/1"
@@ -164,7 +165,7 @@ class FeatureHead(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """[..., H] features → [..., K] logits over ``vocab_ids`` (the target's LM head rows)."""
-        return features @ self.head_weight.T
+        return linear(features, self.head_weight)
 
 
 def save_head(head: FeatureHead, folder: str | Path, meta: dict | None = None) -> Path:
@@ -221,5 +222,6 @@ def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
         raise ModelLoadError(f"The draft head in {str(folder)!r} does not match its config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     head.to(device=param.device, dtype=param.dtype).eval()
+    apply_path(head, path_of(target_model))  # the target's compute path (engine/decoding/compute.py)
     head.config = cfg
     return head.bind(target_model)

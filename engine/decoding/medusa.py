@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.decoding.compute import apply_path, linear, path_of
 from engine.decoding.proposers import Proposal, Proposer
 from engine.decoding.sampling import sample, warp_probs
 from engine.decoding.tree import TokenTree
@@ -121,7 +122,7 @@ class MedusaHeads(nn.Module):
         """
         if self.head_weight is None:
             raise RuntimeError("MedusaHeads.bind(target_model) must be called first")
-        return self(h) @ self.head_weight.T
+        return linear(self(h), self.head_weight)
 
 
 # ----------------------------------------------------------------------------------------------- tree
@@ -342,6 +343,7 @@ def load_medusa(folder: str | Path, target_model: nn.Module) -> MedusaHeads:
         raise ModelLoadError(f"The Medusa heads in {str(folder)!r} do not match their config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     heads.to(device=param.device, dtype=param.dtype).eval()
+    apply_path(heads, path_of(target_model))  # the target's compute path (engine/decoding/compute.py)
     heads.config = cfg
     return heads.bind(target_model)
 

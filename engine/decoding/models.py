@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from engine.decoding.compute import ComputePath, choose_path, use_path
 from engine.errors import ModelLoadError, TokenizerMismatchError
 
 EMBEDDED = "embedded"
@@ -86,6 +87,7 @@ class LoadedModel:
         name: a human-readable name (the spec it was loaded from).
         spec: the string it was loaded from ("embedded", a hub id or a folder).
         device: where the weights live.
+        compute: which kernels its linear layers run (``engine.decoding.compute``), chosen at load.
     """
 
     model: torch.nn.Module
@@ -93,6 +95,7 @@ class LoadedModel:
     name: str
     spec: str
     device: torch.device
+    compute: ComputePath | None = None
 
     @property
     def config(self):
@@ -316,7 +319,8 @@ def _from_pretrained(cls, source: str, **kwargs):
 
 
 def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
-               dtype: str | torch.dtype | None = None, progress: Progress = _no_progress) -> LoadedModel:
+               dtype: str | torch.dtype | None = None, progress: Progress = _no_progress,
+               compute: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
     Args:
@@ -325,9 +329,12 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
         device: defaults to CUDA when present, else CPU.
         dtype: defaults to fp32 on every device (see ``resolve_dtype``).
         progress: called with (message, fraction) during a first-time conversion.
+        compute: the compute path: "auto" (measured once per machine, ``engine.decoding.compute``),
+            "default" or "onednn"; None reads ``$SPEEDUP_LAB_COMPUTE`` (default "auto").
 
     Raises:
         ModelLoadError: the spec cannot be loaded offline, or is not a causal LM.
+        InputError: an unknown compute path.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -338,11 +345,14 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
     tokenizer = _from_pretrained(AutoTokenizer, tok_source)
     model = _from_pretrained(AutoModelForCausalLM, source, dtype=dt)
     model.to(dev).eval()
+    progress("Choosing this machine's compute path…", 0.95)
+    path = use_path(model, choose_path(model, compute, store=cache_root() / "compute_paths.json"))
     if dt != torch.float32:  # e.g. the embedded model's name says "dequantized to fp32"
         name = f"{name}, run in {str(dt).removeprefix('torch.')}"
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, spec=spec or EMBEDDED, device=dev)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, spec=spec or EMBEDDED, device=dev,
+                       compute=path)
 
 
 def check_tokenizers_compatible(target_tok, draft_tok) -> None:

@@ -1,0 +1,180 @@
+"""The compute path (engine/decoding/compute.py): choice, override, self-check, fallback, exactness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.decoding import compute
+from engine.decoding.compute import ComputePath, OneDNNLinear, apply_path, choose_path, parse_override, path_of
+from engine.errors import InputError
+from tests.conftest import ROOT
+from tests.tiny_models import save_tiny_llama
+
+needs_onednn = pytest.mark.skipif(compute._ONEDNN_OP is None, reason="this PyTorch build has no oneDNN linear op")
+
+
+def _lin(out_f=7, in_f=5, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(in_f, out_f, bias=bias)
+
+
+def test_parse_override_accepts_the_three_choices_and_names_them_on_error():
+    assert parse_override(None) == "auto"
+    assert parse_override("") == "auto"
+    assert parse_override(" OneDNN ") == "onednn"
+    assert parse_override("default") == "default"
+    with pytest.raises(InputError, match=r"'mkl'.*auto, default, onednn"):
+        parse_override("mkl")
+
+
+@needs_onednn
+def test_onednn_linear_matches_f_linear_for_1_to_16_rows_with_and_without_bias():
+    for bias in (True, False):
+        lin = _lin(bias=bias)
+        ref = [F.linear(torch.randn(1, r, 5, generator=torch.Generator().manual_seed(r)), lin.weight, lin.bias)
+               for r in (1, 2, 3, 9, 16)]
+        apply_path(lin, "onednn")
+        assert type(lin) is OneDNNLinear
+        with torch.inference_mode():
+            got = [lin(torch.randn(1, r, 5, generator=torch.Generator().manual_seed(r))) for r in (1, 2, 3, 9, 16)]
+        for a, b in zip(got, ref):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-5)
+        with torch.inference_mode():  # 2D inputs too
+            torch.testing.assert_close(lin(torch.ones(3, 5)), F.linear(torch.ones(3, 5), lin.weight, lin.bias))
+
+
+@needs_onednn
+def test_apply_path_switches_back_and_keeps_the_state_dict_and_training():
+    lin = _lin()
+    before = {k: v.clone() for k, v in lin.state_dict().items()}
+    apply_path(lin, "onednn")
+    assert path_of(lin) == "onednn"
+    assert lin.state_dict().keys() == before.keys()
+    # with autograd on, the layer takes F.linear and gradients flow
+    x = torch.randn(2, 5)
+    lin(x).sum().backward()
+    assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.sum(0).expand(7, 5))
+    apply_path(lin, "default")
+    assert type(lin) is nn.Linear and path_of(lin) == "default"
+    with pytest.raises(InputError):
+        apply_path(lin, "fast")
+
+
+def test_subclasses_with_their_own_forward_are_left_alone():
+    class Special(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 0
+
+    m = nn.Sequential(Special(3, 3), nn.Linear(3, 3))
+    apply_path(m, "onednn")
+    assert type(m[0]) is Special
+    apply_path(m, "default")
+
+
+@needs_onednn
+def test_self_check_passes_and_reports_a_disagreeing_kernel(monkeypatch):
+    m = nn.Sequential(_lin(), _lin(5, 7))
+    assert compute.self_check(m) is None
+    monkeypatch.setattr(compute, "_ONEDNN_OP", lambda x, w, b, *a: F.linear(x, w, b) + 1e-2)
+    msg = compute.self_check(m)
+    assert msg and "disagreed" in msg and "7×5" in msg
+
+
+def test_missing_onednn_falls_back_to_default_and_says_why(monkeypatch, tmp_path):
+    path = save_tiny_llama(tmp_path / "tiny")
+    from engine.decoding.models import load_model
+
+    monkeypatch.setattr(compute, "_ONEDNN_OP", None)
+    lm = load_model(str(path), device="cpu", compute="auto")
+    assert lm.compute.path == "default" and "fallback" in lm.compute.reason and "oneDNN" in lm.compute.reason
+    assert path_of(lm.model) == "default"
+    forced = load_model(str(path), device="cpu", compute="onednn")  # even when forced: never a broken path
+    assert forced.compute.path == "default"
+
+
+def test_override_forces_each_path_and_a_bad_one_is_a_clear_error(monkeypatch, tmp_path):
+    path = save_tiny_llama(tmp_path / "tiny")
+    from engine.decoding.models import load_model
+
+    lm = load_model(str(path), device="cpu", compute="default")
+    assert lm.compute.path == "default" and "override" in lm.compute.reason
+    assert path_of(lm.model) == "default"
+    if compute._ONEDNN_OP is not None:
+        monkeypatch.setenv(compute.ENV_VAR, "onednn")
+        lm = load_model(str(path), device="cpu")
+        assert lm.compute.path == "onednn" and path_of(lm.model) == "onednn"
+    monkeypatch.setenv(compute.ENV_VAR, "turbo")
+    with pytest.raises(InputError, match="turbo"):
+        load_model(str(path), device="cpu")
+
+
+@needs_onednn
+def test_auto_measures_both_paths_once_and_remembers_the_choice(tmp_path, monkeypatch):
+    path = save_tiny_llama(tmp_path / "tiny", hidden=48)  # a shape no other test measures
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    store = tmp_path / "paths.json"
+    monkeypatch.setattr(compute, "_MEMO", {})
+    calls = []
+    real = compute.measure_paths
+    monkeypatch.setattr(compute, "measure_paths", lambda m: calls.append(1) or real(m))
+    choice = choose_path(model, "auto", store=store)
+    assert set(choice.pass_ms) == {"default", "onednn"} and choice.path in compute.PATHS
+    best = min(choice.pass_ms, key=lambda p: sum(choice.pass_ms[p].values()))
+    assert choice.path == best and choice.reason.startswith("measured")
+    saved = json.loads(store.read_text())
+    assert len(saved) == 1 and next(iter(saved.values()))["path"] == choice.path
+    assert compute.cpu_model() in next(iter(saved))
+    # a new process (empty memo) reads the stored choice instead of measuring again
+    monkeypatch.setattr(compute, "_MEMO", {})
+    again = choose_path(model, "auto", store=store)
+    assert again.path == choice.path and "earlier" in again.reason and len(calls) == 1
+
+
+def test_non_fp32_and_weightless_models_keep_the_default():
+    m = nn.Linear(4, 4).to(torch.bfloat16)
+    assert choose_path(m, "onednn").path == "default"
+    assert choose_path(nn.ReLU(), "auto").path == "default"
+
+
+def test_label_is_short_and_names_the_path():
+    c = ComputePath("onednn", "measured: 1.82× faster than default (1-/4-token pass: …)", "AMD EPYC", 2)
+    assert c.label() == "oneDNN (measured: 1.82× faster than default)"
+    assert ComputePath("default", "forced by override", "x", 1).label().startswith("PyTorch default")
+
+
+@needs_onednn
+def test_greedy_speculative_output_identical_under_each_path(tmp_path):
+    """Exactness does not depend on the path: the head-free drafts on a tiny target, both paths."""
+    from engine.decoding.models import load_model
+    from engine.decoding.proposers import make_proposer
+    from engine.decoding.speculative import generate
+
+    path = save_tiny_llama(tmp_path / "tiny", layers=3)
+    outs = {}
+    for p in compute.PATHS:
+        lm = load_model(str(path), device="cpu", compute=p)
+        ids = lm.tokenizer.encode("w1 w2 w3 w1 w2", return_tensors="pt")[0].tolist()
+        plain = generate(lm, None, ids, gamma=3, max_new_tokens=24).token_ids
+        for spec in ("ngram", "early-exit:1"):
+            res = generate(lm, make_proposer(spec, lm), ids, gamma=3, max_new_tokens=24)
+            assert res.token_ids == plain, (p, spec)
+        outs[p] = plain
+    assert outs["default"] == outs["onednn"]
+
+
+def test_cli_bad_compute_value_is_one_error_line():
+    r = subprocess.run([sys.executable, "-m", "engine", "generate", "--prompt", "hi", "--compute", "fastest"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: Unknown compute path 'fastest'")
+    assert "Traceback" not in r.stderr
