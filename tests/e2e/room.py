@@ -40,7 +40,9 @@ class Reader:
 def normalized(text: str) -> str:
     """Text compared between the page and the engine: every whitespace (spaces, NBSP, line breaks and the page's
     ↵ marks) removed, so only the characters of the tokens remain (the page renders spaces and breaks)."""
-    return "".join(text.replace("↵", " ").replace("\u00a0", " ").split())
+    for ch in "\u00a0\u200b\u200c\u200d\ufeff↵":  # NBSP, zero-width spaces the spans add, the ↵ marks
+        text = text.replace(ch, " ")
+    return "".join(text.split())
 
 
 def readers_for(k: int, max_new: int = 32, temperatures=(0.0, 0.8)) -> list[Reader]:
