@@ -12,7 +12,9 @@ draft (the trained EAGLE-style head), the chat preset, temperatures alternating 
 - each reader's wall time (click → "Finished" on its page), the slowest one;
 - exceptions or errors on any page; each reader's text against the same settings decoded alone by the engine
   (``tests/e2e/room.py``: whitespace-free comparison of the token texts);
-- the server's peak RSS (VmHWM of the Streamlit process), the load average, the CPU model.
+- the server's peak RSS (VmHWM of the Streamlit process), the load average, the CPU model;
+- the same K readers in this process without a browser (``engine_room``): pass time, the target's forward, and
+  the time spent stacking the readers' caches into one batch cache and back (the most a shared cache could save).
 
 Usage (an idle machine; the CPU lock of the team's rules):
 ``flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py --readers 16 30``
@@ -94,6 +96,44 @@ def _room_run(browser, url: str, readers, timeout_s: float) -> dict:
                 r.page.context.close()
 
 
+def engine_room(k: int, max_new: int) -> dict:
+    """The same room in this process, without a browser: K decoders (the page's settings) submitted together to a
+    ``Room``; per pass the time of the whole pass, of the target's forward, and of stacking the rows' caches and
+    giving them back (what a shared batch cache would save at most)."""
+    import threading
+
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, default_gamma, load_model
+    from engine.decoding.proposers import make_proposer
+    from engine.decoding.sampling import SamplingConfig
+    from engine.decoding.scheduler import Room
+    from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
+    from engine.explain.presets import preset_text
+
+    target = load_model(EMBEDDED)
+    ids = encode_prompt(target.tokenizer, preset_text("chat"))
+    room = Room(target, no_draft_above=None)
+    try:
+        decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma(EMBEDDED_HEAD),
+                                   sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
+                                   max_new_tokens=max_new) for i in range(k)]
+        t0 = time.perf_counter()
+        ths = [threading.Thread(target=lambda d=d: (room.prefill(d), room.run(d))) for d in decs]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(timeout=900)
+        elapsed = time.perf_counter() - t0
+        full = [p for p in room.passes if p.rows == k and p.fed_rows == k]
+        med = (lambda xs: statistics.median(xs) if xs else None)
+        return {"readers": k, "elapsed_s": elapsed, "tokens_per_s": sum(len(d.new_ids) for d in decs) / elapsed,
+                "passes": len(room.passes), "full_passes": len(full),
+                "pass_ms": med([p.ms for p in full]), "target_ms": med([p.target_ms for p in full]),
+                "stack_ms": med([p.stack_ms + p.unstack_ms for p in full]),
+                "stack_share": (sum(p.stack_ms + p.unstack_ms for p in full) / sum(p.ms for p in full)) if full else None}
+    finally:
+        room.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--readers", type=int, nargs="+", default=[16], help="room sizes K to run (default 16)")
@@ -133,6 +173,7 @@ def main() -> None:
                     "errors": room["errors"], "texts_identical": sum(same), "texts_checked": len(same),
                     "different": [r.index for r, s in zip(readers, same) if not s],
                     "server_peak_rss_mb": _peak_rss_mb(proc.pid)})
+                rows[-1]["engine_room"] = engine_room(k, args.max_new)
                 print(json.dumps(rows[-1]), flush=True)
             browser.close()
     finally:
@@ -159,6 +200,15 @@ def main() -> None:
                      + " / ".join(f"{x:.1f}" for x in r["alone_wall_s"] if x is not None)
                      + f" | {len(r['errors'])} | {r['texts_identical']}/{r['texts_checked']} | "
                      f"{r['server_peak_rss_mb']:.0f} |")
+    lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
+              "together; medians over the passes that served every reader):", "",
+              "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["engine_room"]
+        f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
+        lines.append(f"| {e['readers']} | {f(e['tokens_per_s'])} | {f(e['pass_ms'])} | {f(e['target_ms'])} | "
+                     f"{f(e['stack_ms'])} | {f(e['stack_share'], '.1%')} |")
     lines += ["", f"Load average after the run: {', '.join(f'{x:.1f}' for x in result['load_avg_after'])} "
               "(the browser's pages run on the same cores as the server)."]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
