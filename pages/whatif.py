@@ -501,8 +501,8 @@ def _section_batch_measured() -> None:
         if b_room is not None:
             marker = room_marker(view, b_room)
             fig.add_vline(x=b_room, line_color="#2ca02c", line_width=3)
-            fig.add_annotation(x=math.log10(b_room), y=1, yref="paper", showarrow=False, xanchor="left",
-                               yanchor="top", text=f" the room now: B = {b_room}")
+            fig.add_annotation(x=math.log10(b_room), y=1, yref="paper", showarrow=False, xanchor="right",
+                               yanchor="top", text=f"the room now: B = {b_room} ")
             for mv in view.methods:
                 y, _ = marker.speedups[mv.label]
                 if y is not None:
