@@ -134,6 +134,13 @@ def engine_room(k: int, max_new: int) -> dict:
         room.close()
 
 
+def _passes(path: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except OSError:
+        return []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--readers", type=int, nargs="+", default=[16], help="room sizes K to run (default 16)")
@@ -144,7 +151,10 @@ def main() -> None:
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
-    env = {"SPEEDUP_LAB_NO_DRAFT_ABOVE": args.no_draft_above}
+    pass_log = RESULTS / f".{args.out}_passes.jsonl"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    pass_log.unlink(missing_ok=True)
+    env = {"SPEEDUP_LAB_NO_DRAFT_ABOVE": args.no_draft_above, "SPEEDUP_LAB_ROOM_LOG": str(pass_log)}
     proc, url = _start_server(env)
     rows = []
     t0 = time.time()
@@ -156,7 +166,9 @@ def main() -> None:
             for k in args.readers:
                 alone_a = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
                 readers = readers_for(k, args.max_new)
+                n_before = len(_passes(pass_log))
                 room = _room_run(browser, url, readers, args.timeout)
+                server = _passes(pass_log)[n_before:]
                 alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
                 want = alone_texts(readers)
                 same = [r.error is None and normalized(r.text) == normalized(w) for r, w in zip(readers, want)]
@@ -173,6 +185,13 @@ def main() -> None:
                     "errors": room["errors"], "texts_identical": sum(same), "texts_checked": len(same),
                     "different": [r.index for r, s in zip(readers, same) if not s],
                     "server_peak_rss_mb": _peak_rss_mb(proc.pid)})
+                med = (lambda xs: statistics.median(xs) if xs else None)
+                rows[-1]["server_passes"] = {
+                    "passes": len(server), "rows_median": med([p["rows"] for p in server]),
+                    "rows_max": max((p["rows"] for p in server), default=None),
+                    "pass_ms_median": med([p["ms"] for p in server]),
+                    "target_ms_median": med([p["target_ms"] for p in server]),
+                    "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
                 rows[-1]["engine_room"] = engine_room(k, args.max_new)
                 print(json.dumps(rows[-1]), flush=True)
             browser.close()
@@ -200,6 +219,14 @@ def main() -> None:
                      + " / ".join(f"{x:.1f}" for x in r["alone_wall_s"] if x is not None)
                      + f" | {len(r['errors'])} | {r['texts_identical']}/{r['texts_checked']} | "
                      f"{r['server_peak_rss_mb']:.0f} |")
+    lines += ["", "The server's room during each run (its pass log): passes, rows per pass (median, max), pass and "
+              "target-forward ms (medians), and the share of the run's time the worker was busy:", "",
+              "| readers | passes | rows median | rows max | pass ms | target ms | worker busy |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sp = r["server_passes"]
+        f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
+        lines.append(f"| {r['readers']} | {sp['passes']} | {f(sp['rows_median'])} | {sp['rows_max']} | "
+                     f"{f(sp['pass_ms_median'])} | {f(sp['target_ms_median'])} | {f(sp['busy_share'], '.0%')} |")
     lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
               "together; medians over the passes that served every reader):", "",
               "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share |",

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import math
 import os
 import queue
@@ -65,6 +66,7 @@ from engine.errors import InputError
 
 NO_DRAFT_ENV = "SPEEDUP_LAB_NO_DRAFT_ABOVE"
 MAX_ROWS_ENV = "SPEEDUP_LAB_ROOM_MAX_ROWS"
+LOG_ENV = "SPEEDUP_LAB_ROOM_LOG"  # a file: one JSON line per pass (benchmarks/bench_room.py reads the server's)
 DEFAULT_MAX_ROWS = 32
 DEFAULT_ABANDON_S = 60.0
 POLL_S = 0.1
@@ -329,6 +331,11 @@ class Room:
         self._worker.join(timeout=30)
 
     # ---------------------------------------------------------------- what the room shows
+    def readers(self) -> int:
+        """Requests running or waiting now (cheap: for a page deciding how often to redraw)."""
+        with self._cond:
+            return sum(not t.done.is_set() for t in list(self._waiting) + self._running)
+
     def stats(self) -> RoomStats:
         now = time.monotonic()
         with self._cond:
@@ -459,6 +466,13 @@ class Room:
         with self._cond:
             self.passes.append(rec)
             self.pass_count += 1
+        log = os.environ.get(LOG_ENV)
+        if log:
+            try:
+                with open(log, "a") as f:
+                    f.write(json.dumps({k: v for k, v in rec.__dict__.items() if k != "served"}) + "\n")
+            except OSError:
+                pass
 
     def _deliver(self, t: Ticket, dec: SpeculativeDecoder, rnd: Round, rows: int) -> None:
         t.rounds_done += 1
