@@ -61,7 +61,7 @@ def open_readers(browser, base_url: str, readers: list[Reader], timeout_ms: int 
         r.page.get_by_role("button", name=re.compile(r"^Run to the end")).wait_for(timeout=timeout_ms)
 
 
-def run_all(readers: list[Reader], timeout_s: float = 600.0, poll_s: float = 0.5) -> float:
+def run_all(readers: list[Reader], timeout_s: float = 600.0, poll_s: float = 1.0) -> float:
     """Press "Run to the end" on every reader's page, as fast as one driver can, then wait for each to say
     Finished (bounded by ``timeout_s``). Returns the time of the first click (time.perf_counter())."""
     t_first = time.perf_counter()
