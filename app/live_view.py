@@ -14,6 +14,7 @@ import html
 import string
 
 from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec
+from engine.decoding.scheduler import WINDOW_S as ROOM_WINDOW_S
 from engine.decoding.trace import ORIGINS, Round, TopToken, token_origins
 
 ZWSP = "\u200b"
@@ -264,3 +265,30 @@ def default_draft_kind(spec: str | None = None) -> str:
     "head" (the trained draft head), "draft" (the trained draft model) or "ngram" (prompt lookup)."""
     spec = default_draft_spec() if spec is None else spec
     return {EMBEDDED_HEAD: "head", EMBEDDED_DRAFT: "draft"}.get(spec, "ngram")
+
+
+def room_lines(stats) -> dict:
+    """The Live page's room panel from ``engine.decoding.scheduler.RoomStats``: ``metrics`` as (label, value,
+    help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit)."""
+    def n(x: float | None, fmt: str) -> str:
+        return "—" if x is None else format(x, fmt)
+
+    metrics = [
+        ("Readers now", f"{stats.readers_now}",
+         "Rounds waiting or running in this model's room, one per reader who pressed Step or Run (this "
+         "server, all browser sessions)."),
+        ("Rows per pass", n(stats.rows_per_pass, ".1f"),
+         f"Mean readers served by one target pass over the last {int(ROOM_WINDOW_S)} s: every reader's round "
+         f"is verified in one shared pass (at most {stats.max_rows} rows a pass; more readers take turns)."),
+        ("Room tokens/s", n(stats.tokens_per_s, ".1f"),
+         f"Tokens emitted for all readers ÷ the room's busy time over the last {int(ROOM_WINDOW_S)} s."),
+    ]
+    last = stats.last_pass_rows
+    caption = ("No target pass has run in this room yet." if not stats.passes else
+               f"The last target pass served {last} reader{'s' if last != 1 else ''}.")
+    if stats.no_draft_above is not None:
+        caption += (f" Operator setting: drafting is off in passes of more than {stats.no_draft_above} "
+                    f"reader{'s' if stats.no_draft_above != 1 else ''} (SPEEDUP_LAB_NO_DRAFT_ABOVE), as serving "
+                    "engines do under load; sampled texts then differ from a run alone (same distribution).")
+    return {"metrics": metrics, "caption": caption}
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 
 from engine.decoding.trace import token_origins
@@ -35,6 +36,10 @@ def add_generate(sub) -> None:
     p.add_argument("--gamma", type=int, default=None,
                    help=f"γ, draft tokens per round (1–64; default: {_default_gamma_help()}; ignored with "
                         "--draft none)")
+    p.add_argument("--no-draft-above", default=None, metavar="B",
+                   help="operator's load limit: a batch of more than B prompts is decoded without a draft (plain "
+                        "decoding), as serving engines switch speculation off under load (default: "
+                        "$SPEEDUP_LAB_NO_DRAFT_ABOVE, else off; 0 = off). The app's room reads the same variable")
     p.add_argument("--draft-confidence", type=float, default=None,
                    help="draft head only: stop a round's draft at the first token the head gives a probability "
                         "below this, in [0, 1) (default: off)")
@@ -399,7 +404,16 @@ def _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling) -
     from engine.decoding.batch import generate_batch
     from engine.decoding.speculative import encode_prompt
 
+    from engine.decoding.scheduler import NO_DRAFT_ENV, parse_no_draft_above
+
     ids = [encode_prompt(target.tokenizer, p, chat=not args.no_chat) for p in prompts]
+    limit = parse_no_draft_above(args.no_draft_above if getattr(args, "no_draft_above", None) is not None
+                                 else os.environ.get(NO_DRAFT_ENV))
+    drafting_off = limit is not None and len(ids) > limit and proposer is not None
+    if drafting_off:
+        print(f"note: {len(ids)} prompts > --no-draft-above {limit}: decoded without a draft (plain decoding)",
+              file=sys.stderr)
+        proposer = None
     res = generate_batch(target, _row_proposers(draft_spec, target, proposer, len(ids)), ids, gamma=args.gamma,
                          sampling=sampling, seed=args.seed, max_new_tokens=args.max_new_tokens)
     totals = res.totals()
@@ -408,6 +422,7 @@ def _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling) -
                               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                               "seed": args.seed, "seeds": [args.seed + i for i in range(len(ids))],
                               "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
+                              "no_draft_above": limit, "drafting_off_by_limit": drafting_off,
                               "compute": compute_settings(target)}
         json.dump({"results": [r.to_dict() for r in res.results], "batch": totals}, sys.stdout, ensure_ascii=False)
         print()

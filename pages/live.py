@@ -1,7 +1,8 @@
 """Live speculative decoding: real rounds on a real model, every probability behind every decision.
 
 The decoder lives in this browser session's state (its KV caches and traces are never shared); models
-come from the process-wide resource cache. All numbers come from ``engine.decoding.speculative`` /
+come from the process-wide resource cache. Rounds run in the target's room (``engine.decoding.scheduler``):
+one worker thread batches every reader's rounds into one target pass; the page submits and waits. All numbers come from ``engine.decoding.speculative`` /
 ``engine.decoding.trace``; ``app.live_view`` turns traces into escaped Markdown, rows and chart data; ``engine.decoding.measure`` times
 the A/B baseline comparison.
 """
@@ -16,6 +17,7 @@ from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.live_view import (
+    room_lines,
     chart_labels,
     default_draft_kind,
     default_preset,
@@ -38,6 +40,7 @@ from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_ro
 from engine.decoding.measure import measure_speedup_ab, measured_run
 from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, default_draft_spec
 from engine.decoding.proposers import make_proposer
+from engine.decoding.scheduler import room_for
 from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
 from engine.errors import InputError, SpeedupLabError
@@ -64,6 +67,8 @@ DRAFT_KINDS = {
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
+ROOM_REDRAW_S = 0.2  # with other readers in the room, Run to the end redraws at most every 0.2 s per other reader:
+# 16 pages redrawing twice a second took the server's and the browser's CPU from the room's target passes
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
@@ -161,6 +166,8 @@ except SpeedupLabError as e:
     st.error(str(e))
 
 n_layers = len(getattr(getattr(target.model, "model", None), "layers", [])) if target is not None else 0
+# the target's room: every session's rounds run in one worker thread, batched into shared target passes
+room = room_for(target) if target is not None else None
 if target is not None and target.compute is not None:
     with st.sidebar:  # which kernels every pass below runs (engine/decoding/compute.py)
         st.caption(f"Compute path: {target.compute.label()}. CPU: {target.compute.cpu}, "
@@ -301,7 +308,7 @@ def _rebuild() -> None:
     try:
         S["lv_dec"] = _decoder(config)
         with st.spinner("Prefilling the prompt…"):
-            S["lv_dec"].prefill()
+            room.prefill(S["lv_dec"])
     except SpeedupLabError as e:
         S["lv_error"] = str(e)
 
@@ -331,6 +338,7 @@ dec: SpeculativeDecoder | None = S.get("lv_dec")
 S["lv_gen"] = S.get("lv_gen", 0) + 1
 GEN = S["lv_gen"]
 if dec is not None:
+    room.cancel(dec)  # the last run's request, if any, ends after the pass in flight
     with dec.lock:
         pass
 ready = dec is not None
@@ -357,6 +365,19 @@ if S.get("lv_error"):
     stop_page()
 
 progress = st.empty()
+room_box = st.empty()  # the room: readers now, rows per pass, the room's tokens/s (engine.decoding.scheduler)
+
+
+def _draw_room() -> None:
+    with room_box.container(border=True):
+        lines = room_lines(room.stats())
+        c = st.columns(len(lines["metrics"]))
+        for col, (label, value, why) in zip(c, lines["metrics"]):
+            col.metric(label, value, help=why)
+        st.caption(lines["caption"])
+
+
+_draw_room()
 round_box = st.container(border=True)
 with round_box:
     round_title = st.empty()
@@ -366,7 +387,8 @@ status = st.empty()  # under the round, so the round box stays on a projector's 
 text_box = st.container()
 with text_box:
     st.subheader("Generated text")
-    text_md = st.empty()
+    with st.container(key="lv_generated"):  # a stable hook for browser tests (the room's texts)
+        text_md = st.empty()
     st.markdown(legend_markdown())
 # the rule's fine print sits under the round and its text, so a round is on the first screen
 greedy = S["lv_temp"] == 0
@@ -437,8 +459,20 @@ def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
 
 
 def _safe_step(d: SpeculativeDecoder):
+    """One round through the room (None: stopped by a newer run of this page)."""
     try:
-        return d.step()
+        return room.step(d, should_stop=lambda: S.get("lv_gen") != GEN)
+    except SpeedupLabError as e:
+        st.error(str(e))
+        stop_page()
+
+
+def _room_rounds(d: SpeculativeDecoder):
+    """Run to the end through the room: yields the rounds as the worker runs them (all that arrived since
+    the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it."""
+    ticket = room.submit(d, None)
+    try:
+        yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN)
     except SpeedupLabError as e:
         st.error(str(e))
         stop_page()
@@ -449,6 +483,9 @@ was_finished = dec.finished
 if step and not dec.finished:
     t0 = time.perf_counter()
     rnd = _safe_step(dec)
+    if rnd is None:
+        stop_page()
+    _draw_room()
     if S["lv_speed"] == "presenter":
         _draw_round(rnd, frame_s)
     else:  # keep click → drawn round fast: the whole animation within ANIM_BUDGET_S
@@ -458,19 +495,27 @@ if step and not dec.finished:
 if (run_all or run_base) and not dec.finished:
     bar = progress.progress(0.0, text="Running…")
     last_draw = 0.0
-    while not dec.finished and S.get("lv_gen") == GEN:  # a newer run (a click) ends this loop
-        rnd = _safe_step(dec)
+    # presenter speed paces the run: one round at a time, each animated and paused; otherwise the run stays in
+    # the room until it ends (no pass missed while the page draws) and the page draws the latest round
+    rounds_in = (iter(lambda: _safe_step(dec) if not dec.finished else None, None) if round_pause
+                 else (batch[-1] for batch in _room_rounds(dec)))
+    for rnd in rounds_in:  # a newer run (a click) ends this loop
         # "instant" redraws at most every INSTANT_REDRAW_S: each redraw costs the server and the browser CPU
-        # time while the next round computes, which slowed the measured run (Chromium shares the cores)
-        if frame_s > 0 or time.perf_counter() - last_draw >= INSTANT_REDRAW_S:
+        # time while the next round computes, which slowed the measured run (Chromium shares the cores); in a
+        # room of readers every page redraws less often (ROOM_REDRAW_S per other reader)
+        every = max(INSTANT_REDRAW_S if frame_s == 0 else 0.0, ROOM_REDRAW_S * (room.readers() - 1))
+        if time.perf_counter() - last_draw >= every:
             _draw_round(rnd, frame_s)
             _draw_text(dec)
+            _draw_room()
             done = len(dec.new_ids) / dec.max_new_tokens
             bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
                                               f"{_n_rounds(len(dec.rounds))} — press Stop to stop")
             last_draw = time.perf_counter()
         if round_pause:
             time.sleep(round_pause)
+        if S.get("lv_gen") != GEN:
+            break
     progress.empty()
 
 if run_base and dec.finished:
@@ -483,13 +528,15 @@ if run_base and dec.finished:
                                         "the runs end, so the page does not slow what it measures.")
 
     try:
-        S["lv_base"] = measure_speedup_ab(lambda: _decoder(S["lv_cfg"]),
-                                          lambda: _decoder(S["lv_cfg"], baseline=True, max_new=n_new),
+        # both kinds run through the room too: with other readers in it, the timings are the room's
+        S["lv_base"] = measure_speedup_ab(lambda: room.bind(_decoder(S["lv_cfg"])),
+                                          lambda: room.bind(_decoder(S["lv_cfg"], baseline=True, max_new=n_new)),
                                           reps=AB_REPS, on_progress=_ab_progress)
     except SpeedupLabError as e:
         st.error(str(e))
     progress.empty()
 
+_draw_room()
 if dec.finished and not was_finished:
     st.rerun()  # redraw the buttons (Step / Run to the end are now disabled)
 

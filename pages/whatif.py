@@ -17,7 +17,7 @@ import streamlit as st
 from app.charts import REFERENCE_LINE, log_ticks, show_chart, show_table
 from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
-from app.tour import intro
+from app.tour import intro, presenting
 from app.tree_view import shape_figure
 from engine.decoding.models import EMBEDDED
 from engine.decoding.pass_cost import current_pass_cost, machine_pass_cost
@@ -386,7 +386,7 @@ def _section_batch_measured() -> None:
     from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, check_sweep_inputs, parse_batches
     from engine.decoding.models import resolve_device
     from engine.decoding.speculative import encode_prompt
-    from engine.explain.batch_view import measured_batch_view, method_label
+    from engine.explain.batch_view import measured_batch_view, method_label, room_batch, room_marker
 
     S = st.session_state
     st.subheader("Measured on this machine")
@@ -494,11 +494,31 @@ def _section_batch_measured() -> None:
                         line={"color": color, "width": 3}, marker={"size": 10})
     fig.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="plain decoding",
                   annotation_position="bottom left")
+    marker = None
+    if presenting():  # the room's live batch (the Live page's readers, engine.decoding.scheduler) on the curve
+        from engine.decoding.scheduler import room_for
+
+        b_room = room_batch(room_for(get_model("embedded")).stats())
+        if b_room is not None:
+            marker = room_marker(view, b_room)
+            fig.add_vline(x=b_room, line_color="#2ca02c", line_width=3)
+            fig.add_annotation(x=math.log10(b_room), y=1, yref="paper", showarrow=False, xanchor="right",
+                               yanchor="top", text=f"the room now: B = {b_room} ")
+            for mv in view.methods:
+                y, _ = marker.speedups[mv.label]
+                if y is not None:
+                    fig.add_scatter(x=[b_room], y=[y], mode="markers", showlegend=False, hoverinfo="x+y",
+                                    marker={"size": 16, "symbol": "diamond", "color": BS_COLORS.get(mv.method),
+                                            "line": {"color": "#2ca02c", "width": 2}})
+            hi = max(hi, b_room)
     fig.update_layout(title="Speculative ÷ plain tokens/s against batch size: measured and modelled (this machine)",
                       xaxis={"title": "batch size B", "type": "log", **log_ticks(1, hi)}, yaxis_title="speedup ×",
                       height=CHART_H + 40, margin={"t": 40, "b": 10},
                       legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fig, key="wi_fig_batch_measured")
+    if presenting():
+        st.markdown(f"**{marker.text}**" if marker is not None else
+                    "The room (readers on the Live page) is idle: its live batch appears here while readers run.")
     fp = go.Figure()
     fp.add_scatter(x=view.pass_tokens, y=view.pass_ms, mode="markers", name="measured (median)", marker={"size": 9})
     fp.add_scatter(x=view.pass_tokens, y=view.model_pass_ms, mode="lines", name="roofline: max(bytes/bandwidth, FLOPs/peak)",

@@ -76,3 +76,24 @@ def test_shipped_sweep_file(tmp_path):
     f.write_text("{}")
     with pytest.raises(InputError, match="not a batch sweep"):
         shipped_sweep(f)
+
+
+def test_room_marker_by_hand():
+    from types import SimpleNamespace
+
+    from engine.explain.batch_view import room_batch, room_marker
+
+    v = measured_batch_view(_sweep(), {"bandwidth_gbs": 10.0, "peak_tflops": 0.05})
+    m = room_marker(v, 2)
+    # B = 2 is halfway between 1 and 4 in log B: prompt lookup (1.5 + 0.8) / 2, the head (1.3 + 1.1) / 2
+    assert m.speedups["prompt lookup"] == (pytest.approx(1.15), "measured")
+    assert m.speedups["draft head (EAGLE-style)"] == (pytest.approx(1.2), "measured")
+    assert m.text.startswith("The room's live batch: 2 readers per target pass. At that batch: prompt lookup 1.15×")
+    far = room_marker(v, 8)  # past the measured batches: the roofline model's curve at B = 8
+    ng = v.methods[0]
+    assert far.speedups["prompt lookup"] == (pytest.approx(ng.model_speedups[ng.model_batches.index(8)]),
+                                             "roofline model")
+    assert room_marker(v, 1).speedups["prompt lookup"] == (1.5, "measured")
+    assert room_batch(SimpleNamespace(rows_per_pass=11.54, readers_now=14)) == 12
+    assert room_batch(SimpleNamespace(rows_per_pass=None, readers_now=3)) == 3
+    assert room_batch(SimpleNamespace(rows_per_pass=None, readers_now=0)) is None

@@ -82,3 +82,20 @@ def test_batch_sweep_table_and_json(tiny_dir, capsys, tmp_path):
     assert "at least one sequence" in capsys.readouterr().err
     assert main([*base, "--batches", "4"]) == 2
     assert "needs 4 different prompts" in capsys.readouterr().err
+
+
+def test_no_draft_above_decodes_a_large_batch_plainly(tiny_dir, capsys, monkeypatch):
+    args = [x for p in PROMPTS for x in ("--prompt", p)]
+    rc, spec = _gen(tiny_dir, capsys, *args, "--json")
+    rc2, off = _gen(tiny_dir, capsys, *args, "--json", "--no-draft-above", "2")
+    assert rc == rc2 == 0
+    a, b = json.loads(spec.out), json.loads(off.out)
+    assert "3 prompts > --no-draft-above 2" in off.err
+    assert b["batch"]["settings"]["drafting_off_by_limit"] and b["batch"]["settings"]["no_draft_above"] == 2
+    assert all(not x["drafted"] for r in b["results"] for x in r["rounds"])
+    assert [r["token_ids"] for r in a["results"]] == [r["token_ids"] for r in b["results"]]  # greedy: same text
+    monkeypatch.setenv("SPEEDUP_LAB_NO_DRAFT_ABOVE", "3")  # the environment's limit; 3 prompts are not above it
+    rc, env = _gen(tiny_dir, capsys, *args, "--json")
+    assert not json.loads(env.out)["batch"]["settings"]["drafting_off_by_limit"]
+    rc, bad = _gen(tiny_dir, capsys, *args, "--no-draft-above", "lots")
+    assert rc != 0 and "must be a whole number" in bad.err

@@ -455,3 +455,21 @@ def test_run_profile_by_hand():
     rec = measured_run(spec, 4, 1.3, base, rounds=rounds)
     assert rec.draft_length_counts == p["draft_length_counts"] and rec.verify_ms_by_tokens[1] == 9.0
     assert not hasattr(measured_run(spec, 4, 1.3, base), "draft_length_counts")  # no rounds, no profile
+
+
+def test_room_lines_from_room_stats():
+    from app.live_view import room_lines
+    from engine.decoding.scheduler import RoomStats
+
+    s = RoomStats(readers_now=14, last_pass_rows=12, rows_per_pass=11.54, tokens_per_s=23.456, passes=40,
+                  no_draft_above=None, max_rows=32, threads=2, stack_share=0.05)
+    out = room_lines(s)
+    assert [(m[0], m[1]) for m in out["metrics"]] == [("Readers now", "14"), ("Rows per pass", "11.5"),
+                                                      ("Room tokens/s", "23.5")]
+    assert out["caption"] == "The last target pass served 12 readers."
+    one = room_lines(RoomStats(1, 1, 1.0, 5.0, 1, 8, 32, 2, None))
+    assert one["caption"].startswith("The last target pass served 1 reader. Operator setting: drafting is off "
+                                     "in passes of more than 8 readers (SPEEDUP_LAB_NO_DRAFT_ABOVE)")
+    empty = room_lines(RoomStats(0, 0, None, None, 0, None, 32, 2, None))
+    assert [m[1] for m in empty["metrics"]] == ["0", "—", "—"]
+    assert empty["caption"] == "No target pass has run in this room yet."

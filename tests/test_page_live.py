@@ -372,3 +372,13 @@ def test_compute_path_shown_beside_the_model(tiny):
         assert not bad.exception and any("Unknown compute path 'bogus'" in e.value for e in bad.error)
     finally:
         del os.environ["SPEEDUP_LAB_COMPUTE"]
+
+
+def test_room_panel_counts_the_pass_that_served_this_reader(tiny):
+    at = _app(tiny)
+    assert {"Readers now", "Rows per pass", "Room tokens/s"} <= {m.label for m in at.metric}
+    at = _click(at, "lv_step")
+    captions = [c.value for c in at.caption]
+    assert "The last target pass served 1 reader." in captions
+    assert _metric(at, "Readers now") == "0"  # the round is done: nobody waits
+    assert float(_metric(at, "Room tokens/s")) > 0

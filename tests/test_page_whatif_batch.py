@@ -127,3 +127,48 @@ def test_mistake_1_uses_the_session_sweep_else_the_shipped_file(patched, tmp_pat
     at.run()
     assert "this session's sweep" in " ".join(c.value for c in at.caption)
     assert any("Measured on this machine" in md.value for md in at.markdown)
+
+
+def test_presenter_mode_marks_the_rooms_live_batch(patched, tiny, monkeypatch):
+    import threading
+
+    import engine.decoding.scheduler as sched
+
+    monkeypatch.setattr(sched, "WINDOW_S", 600.0)  # a busy machine must not age the passes out mid-test
+
+    from app.tour import PRESENT_KEY
+    from engine.decoding.sampling import SamplingConfig
+    from engine.decoding.scheduler import room_for
+    from engine.decoding.speculative import SpeculativeDecoder
+
+    sweep = batch_mod.batch_sweep(tiny, batch_mod.SWEEP_PROMPTS[:4], batches=[1, 2, 4], methods=["plain", "ngram"],
+                                  max_new_tokens=3, warmup=False)
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["wi_tab"] = "When it does not help"
+    at.session_state["batch_sweep"] = sweep
+    at.session_state[PRESENT_KEY] = True
+    at.run()
+    assert not at.exception
+    assert any("The room (readers on the Live page) is idle" in m.value for m in at.markdown)
+    room = room_for(tiny)  # two readers run together in the target's room: passes of 2 rows
+    decs = [SpeculativeDecoder(tiny, None, [3, 4, 5 + i], sampling=SamplingConfig(), max_new_tokens=30,
+                               stop_on_eos=False) for i in range(2)]
+    for d in decs:
+        room.prefill(d)
+    tickets = [room.submit(d, None) for d in decs]
+    ths = [threading.Thread(target=t.wait) for t in tickets]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+    stats = room.stats()
+    b = round(stats.rows_per_pass)
+    assert b >= 1
+    at.run()
+    assert not at.exception
+    text = next(m.value for m in at.markdown if "The room's live batch" in m.value)
+    assert f"The room's live batch: {b} reader" in text and "prompt lookup" in text
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Speculative ÷ plain tokens/s"))
+    assert any(s.get("type") == "line" and s.get("x0") == b for s in spec["layout"].get("shapes", []))
+    assert any(f"the room now: B = {b}" in a.get("text", "") for a in spec["layout"]["annotations"])

@@ -132,6 +132,47 @@ class CachedLM:
             raise ValueError(f"asked for {n_logits} logits but only {len(seq) - common} tokens are new")
         return self._feed(seq, common, n_logits)
 
+    def plan(self, seq: list[int], n_logits: int) -> tuple[list[int], int, torch.Tensor | None]:
+        """What ``logits_for(seq, n_logits)`` would feed, without feeding it (a scheduler batches the feed of
+        several caches into one pass, ``engine.decoding.scheduler``). Crops the cache exactly as
+        ``logits_for`` does.
+
+        Returns:
+            (feed, n_fed_logits, reused): the tokens to feed after the (cropped) cache, how many logits of
+            the last fed positions are wanted, and the cached last logits [V] to put before them (None when
+            not reused). ``logits_for`` = cat(reused, logits of the feed's last n_fed_logits positions).
+
+        Raises:
+            ValueError: as ``logits_for``.
+        """
+        common = 0
+        limit = min(len(self.ids), len(seq))
+        while common < limit and self.ids[common] == seq[common]:
+            common += 1
+        if common == len(self.ids) and self.last_logits is not None and len(seq) - common == n_logits - 1:
+            return list(seq[common:]), n_logits - 1, self.last_logits
+        common = min(common, len(seq) - 1)
+        self.crop(common)
+        if len(seq) - common < n_logits:
+            raise ValueError(f"asked for {n_logits} logits but only {len(seq) - common} tokens are new")
+        return list(seq[common:]), n_logits, None
+
+    def absorb(self, feed: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
+               hidden: torch.Tensor | None, last_logits: torch.Tensor) -> None:
+        """Take in the result of a pass that fed ``feed`` (from ``plan``) outside this object.
+
+        Args:
+            keys, values: per layer [1, KV heads, len(feed), head dim], the fed tokens' KV entries.
+            hidden: [len(feed), H] their last hidden states (needed when ``keep_hidden``).
+            last_logits: [V] float32 logits of the last fed position.
+        """
+        for i, (k, v) in enumerate(zip(keys, values)):
+            self.cache.update(k, v, i)
+        if self.keep_hidden:
+            self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
+        self.ids = self.ids + list(feed)
+        self.last_logits = last_logits
+
     def _feed(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
         """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits."""
         new = seq[common:]

@@ -140,6 +140,35 @@ class GenerationResult:
                 "rounds": [r.to_dict() for r in self.rounds], "stats": self.stats.to_dict()}
 
 
+@dataclass
+class PendingPass:
+    """A round (or a prefill) of one ``SpeculativeDecoder`` waiting for its target pass: what a scheduler
+    (``engine.decoding.scheduler``) feeds for this sequence in a pass it shares with other sequences.
+
+    Attributes:
+        feed: the token ids to feed after the sequence's cache (``CachedLM.plan``); may be empty (the first
+            round after a prefill without draft tokens: the prefill's logits decide it, no pass needed).
+        n_fed_logits: logits wanted for the last positions of ``feed``.
+        reused: [V] cached logits put before them (None when not reused).
+        prefill: True for the prompt's own pass (no round is emitted).
+        draft, q, point_mass, draft_ms, remaining, t_round, fuse_prefill, tokens_verified: the round's state
+            between drafting and judging (as in ``SpeculativeDecoder._step_locked``).
+    """
+
+    feed: list[int]
+    n_fed_logits: int
+    reused: torch.Tensor | None
+    prefill: bool = False
+    draft: list[int] | None = None
+    q: torch.Tensor | None = None
+    point_mass: bool = False
+    draft_ms: float = 0.0
+    remaining: int = 0
+    t_round: float = 0.0
+    fuse_prefill: bool = False
+    tokens_verified: int = 0
+
+
 class SpeculativeDecoder:
     """Stateful speculative decoding of one sequence; ``step()`` runs one round.
 
@@ -282,6 +311,78 @@ class SpeculativeDecoder:
         draft_ms = (time.perf_counter() - t0) * 1000
         return self._chain_round(t_round, fuse_prefill, draft, q, point_mass, draft_ms, remaining)
 
+    # ---------------------------------------------------------------- a round in two halves (a scheduler's)
+    @property
+    def batchable(self) -> bool:
+        """Chain rounds can share a target pass with other sequences; token-tree rounds run their own pass."""
+        return not self.tree
+
+    def begin_pass(self, allow_draft: bool = True, prefill: bool = False) -> PendingPass | None:
+        """First half of ``step()``: the prefill (when ``step()`` would prefill first) or the round's draft,
+        and what its target pass must feed. The caller holds ``self.lock`` and then calls ``finish_pass``
+        with the logits of that feed. Consumes the random generator exactly as ``step()`` does, so a round
+        run in halves is the round ``step()`` runs (same draws in the same order).
+
+        Args:
+            allow_draft: False drafts nothing this round (a plain decoding step: an operator's load limit).
+            prefill: the prompt's own pass, as ``prefill()`` runs it (never fused with a round).
+
+        Returns:
+            None for a round that needs its own pass (a token tree: call ``step()``).
+
+        Raises:
+            InputError: if the run has already finished.
+        """
+        if self.finished:
+            raise InputError("This run is finished; press Reset (or start a new run) to generate again.")
+        fuse_prefill = not self._prefilled and self.proposer is not None and not self.target_lm.keep_hidden
+        if not self._prefilled and (prefill or not fuse_prefill):
+            if self.proposer is not None:
+                self.proposer.reset()
+            feed, n, reused = self.target_lm.plan(self.prompt_ids, 1)
+            return PendingPass(feed, n, reused, prefill=True, t_round=time.perf_counter())
+        remaining = self.max_new_tokens - len(self.new_ids)
+        k_max = min(self.gamma, remaining - 1) if allow_draft else 0
+        if self.tree and k_max > 0:
+            return None
+        if fuse_prefill:
+            self.proposer.reset()
+            self._prefilled = True
+        t_round = time.perf_counter()
+        t0 = time.perf_counter()
+        if self.proposer is not None and k_max > 0:
+            prop = self.proposer.propose(self.seq, k_max, self.sampling, self.generator)
+            draft, q, point_mass = prop.tokens[:k_max], prop.q[:k_max], prop.point_mass
+        else:
+            draft, q, point_mass = [], torch.zeros(0), False
+        draft_ms = (time.perf_counter() - t0) * 1000
+        before = self.target_lm.cached_len
+        feed, n, reused = self.target_lm.plan(self.seq + draft, len(draft) + 1)
+        return PendingPass(feed, n, reused, draft=draft, q=q, point_mass=point_mass, draft_ms=draft_ms,
+                           remaining=remaining, t_round=t_round, fuse_prefill=fuse_prefill,
+                           tokens_verified=len(self.seq) + len(draft) - before)
+
+    def finish_pass(self, pending: PendingPass, fed_logits: torch.Tensor | None, pass_ms: float) -> Round | None:
+        """Second half: judge and emit with the target's logits of the feed (the caller has already given the
+        fed tokens' KV entries to ``self.target_lm``, ``CachedLM.absorb``). Returns the round, or None after a
+        prefill.
+
+        Args:
+            fed_logits: [n_fed_logits, V] float32 CPU logits of the feed's last positions (None if nothing fed).
+            pass_ms: the (shared) target pass's wall time, counted as this round's verify time.
+        """
+        parts = ([pending.reused[None].cpu()] if pending.reused is not None else []) + (
+            [fed_logits] if fed_logits is not None and pending.n_fed_logits else [])
+        logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if pending.prefill:
+            self.prefill_ms = pass_ms
+            self.elapsed_ms += pass_ms
+            self._prefilled = True
+            return None
+        return self._chain_round(pending.t_round, pending.fuse_prefill, pending.draft, pending.q,
+                                 pending.point_mass, pending.draft_ms, pending.remaining,
+                                 verified=(logits, pending.tokens_verified, pass_ms))
+
     def _truncate(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
         """Cut the round's tokens after the first EOS and at ``remaining``; (tokens, stop reason)."""
         stop_reason = None
@@ -302,22 +403,27 @@ class SpeculativeDecoder:
         return rnd
 
     def _chain_round(self, t_round: float, fuse_prefill: bool, draft: list[int], q: torch.Tensor,
-                     point_mass: bool, draft_ms: float, remaining: int) -> Round:
-        """Steps 2–4 of a chain round (see the module docstring) for the drafted tokens."""
+                     point_mass: bool, draft_ms: float, remaining: int, verified=None) -> Round:
+        """Steps 2–4 of a chain round (see the module docstring) for the drafted tokens. ``verified``:
+        (logits [k + 1, V], tokens fed, pass ms) of a target pass a scheduler ran for several sequences."""
         text = self.text
         cfg = self.sampling
         # 2. verify: one target pass over the uncached context + the k draft tokens
         t0 = time.perf_counter()
         k = len(draft)
-        before = self.target_lm.cached_len
-        logits = self.target_lm.logits_for(self.seq + draft, k + 1).cpu()
-        tokens_verified = len(self.seq) + k - before
+        if verified is None:
+            before = self.target_lm.cached_len
+            logits = self.target_lm.logits_for(self.seq + draft, k + 1).cpu()
+            tokens_verified = len(self.seq) + k - before
+            shared_ms = 0.0
+        else:
+            logits, tokens_verified, shared_ms = verified
         p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
         if cfg.greedy:
             verdict = verify_greedy(draft, [int(i) for i in torch.argmax(logits, dim=-1)])
         else:
             verdict = verify_sampling(draft, q, p, self.generator)
-        verify_ms = (time.perf_counter() - t0) * 1000
+        verify_ms = (time.perf_counter() - t0) * 1000 + shared_ms
         if fuse_prefill:
             self.prefill_ms = verify_ms
 

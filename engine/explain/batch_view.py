@@ -151,3 +151,59 @@ def shipped_sweep(path: Path | None = None) -> tuple[BatchSweep, dict] | None:
         raise InputError(f"{path} is not a batch sweep result (no 'sweep' or 'machine').")
     # the machine the file was measured on (CPU model, compute path: benchmarks/machine.py), when recorded
     return BatchSweep.from_dict(data["sweep"]), {**data["machine"], **data.get("machine_meta", {})}
+
+
+@dataclass
+class RoomMarker:
+    """The room's live batch on the measured curve (presenter mode of What-if's "When it does not help").
+
+    Attributes:
+        batch: the room's batch size: readers per target pass (``RoomStats.rows_per_pass`` over the last seconds,
+            rounded; the readers waiting now when no pass ran lately).
+        speedups: per method label, (speedup at ``batch``, source): the measured points interpolated linearly
+            in log B between the two measured batches around it ("measured"), else the roofline model's curve
+            at that batch ("roofline model"; None past its range).
+        text: one sentence for the presenter.
+    """
+
+    batch: int
+    speedups: dict[str, tuple[float | None, str]]
+    text: str
+
+
+def room_batch(stats) -> int | None:
+    """The room's batch size from ``engine.decoding.scheduler.RoomStats`` (None: an idle room)."""
+    if stats.rows_per_pass is not None:
+        return max(1, int(round(stats.rows_per_pass)))
+    return stats.readers_now or None
+
+
+def _log_interp(xs: list[int], ys: list[float], x: float) -> float | None:
+    import math
+
+    pts = sorted(zip(xs, ys))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return y0
+            w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    if len(pts) == 1 and pts[0][0] == x:
+        return pts[0][1]
+    return None
+
+
+def room_marker(view: BatchMeasuredView, batch: int) -> RoomMarker:
+    """Where the room's batch sits on each method's measured (else modelled) speedup curve (``RoomMarker``)."""
+    out: dict[str, tuple[float | None, str]] = {}
+    for mv in view.methods:
+        y = _log_interp(mv.batches, mv.measured, batch)
+        if y is not None:
+            out[mv.label] = (y, "measured")
+        else:
+            out[mv.label] = (_log_interp(mv.model_batches, mv.model_speedups, batch), "roofline model")
+    parts = [f"{label} {'—' if y is None else f'{y:.2f}×'} plain decoding ({src})" for label, (y, src) in out.items()]
+    who = f"{batch} reader{'s' if batch != 1 else ''}"
+    text = (f"The room's live batch: {who} per target pass. At that batch: " + "; ".join(parts) + "."
+            if parts else f"The room's live batch: {who} per target pass.")
+    return RoomMarker(batch=batch, speedups=out, text=text)

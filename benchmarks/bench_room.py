@@ -1,0 +1,246 @@
+"""A room of readers on one server: K readers open the Live page in headless Chromium and all press "Run to the
+end" at once (issue 31's load test).
+
+Starts ``streamlit run app/main.py`` headless on 127.0.0.1, opens K browser sessions on /live with the default
+draft (the trained EAGLE-style head), the chat preset, temperatures alternating 0 and 0.8 (reader i seeded i) and
+``--max-new`` tokens, waits until every page is loaded and prefilled, then clicks "Run to the end" on every page
+(one driver, as fast as it can) and polls until each says Finished. Measured:
+
+- ``aggregate_tokens_per_s``: all readers' tokens ÷ (last reader done − first click);
+- ``alone_tokens_per_s``: the same for one reader alone on the same server (reader 0's settings), run before and
+  after the room (A B A), the mean of the two; ``ratio`` = aggregate ÷ alone;
+- each reader's wall time (click → "Finished" on its page), the slowest one;
+- exceptions or errors on any page; each reader's text against the same settings decoded alone by the engine
+  (``tests/e2e/room.py``: whitespace-free comparison of the token texts);
+- the server's peak RSS (VmHWM of the Streamlit process), the load average, the CPU model;
+- the same K readers in this process without a browser (``engine_room``): pass time, the target's forward, and
+  the time spent stacking the readers' caches into one batch cache and back (the most a shared cache could save).
+
+Usage (an idle machine; the CPU lock of the team's rules):
+``flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py --readers 16 30``
+writes benchmarks/results/room.json and room.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, _free_port  # noqa: E402
+from tests.e2e.room import alone_texts, normalized, open_readers, readers_for, run_all  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
+    except (OSError, subprocess.SubprocessError):
+        return platform.processor()
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _start_server(env_extra: dict) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, **env_extra}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(180):
+        try:
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).read() == b"ok":
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("Streamlit did not start")
+
+
+def _room_run(browser, url: str, readers, timeout_s: float) -> dict:
+    try:
+        open_readers(browser, url, readers)
+        t_first = run_all(readers, timeout_s=timeout_s)
+        done = [r for r in readers if r.t_done is not None and r.error is None]
+        t_last = max((r.t_done for r in done), default=time.perf_counter())
+        tokens = sum(r.tokens for r in done)
+        return {"readers": len(readers), "tokens": tokens, "elapsed_s": t_last - t_first,
+                "tokens_per_s": tokens / (t_last - t_first) if t_last > t_first else None,
+                "wall_s": [r.wall_s for r in readers], "errors": [r.error for r in readers if r.error]}
+    finally:
+        for r in readers:
+            if r.page is not None:
+                r.page.context.close()
+
+
+def engine_room(k: int, max_new: int) -> dict:
+    """The same room in this process, without a browser: K decoders (the page's settings) submitted together to a
+    ``Room``; per pass the time of the whole pass, of the target's forward, and of stacking the rows' caches and
+    giving them back (what a shared batch cache would save at most)."""
+    import threading
+
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, default_gamma, load_model
+    from engine.decoding.proposers import make_proposer
+    from engine.decoding.sampling import SamplingConfig
+    from engine.decoding.scheduler import Room
+    from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
+    from engine.explain.presets import preset_text
+
+    target = load_model(EMBEDDED)
+    ids = encode_prompt(target.tokenizer, preset_text("chat"))
+    room = Room(target, no_draft_above=None)
+    try:
+        decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma(EMBEDDED_HEAD),
+                                   sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
+                                   max_new_tokens=max_new) for i in range(k)]
+        t0 = time.perf_counter()
+        ths = [threading.Thread(target=lambda d=d: (room.prefill(d), room.run(d))) for d in decs]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(timeout=900)
+        elapsed = time.perf_counter() - t0
+        full = [p for p in room.passes if p.rows == k and p.fed_rows == k]
+        med = (lambda xs: statistics.median(xs) if xs else None)
+        return {"readers": k, "elapsed_s": elapsed, "tokens_per_s": sum(len(d.new_ids) for d in decs) / elapsed,
+                "passes": len(room.passes), "full_passes": len(full),
+                "pass_ms": med([p.ms for p in full]), "target_ms": med([p.target_ms for p in full]),
+                "stack_ms": med([p.stack_ms + p.unstack_ms for p in full]),
+                "stack_share": (sum(p.stack_ms + p.unstack_ms for p in full) / sum(p.ms for p in full)) if full else None}
+    finally:
+        room.close()
+
+
+def _passes(path: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except OSError:
+        return []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--readers", type=int, nargs="+", default=[16], help="room sizes K to run (default 16)")
+    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds a room may take at most")
+    ap.add_argument("--no-draft-above", default="", help="SPEEDUP_LAB_NO_DRAFT_ABOVE for the server (default off)")
+    ap.add_argument("--out", default="room")
+    args = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    pass_log = RESULTS / f".{args.out}_passes.jsonl"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    pass_log.unlink(missing_ok=True)
+    env = {"SPEEDUP_LAB_NO_DRAFT_ABOVE": args.no_draft_above, "SPEEDUP_LAB_ROOM_LOG": str(pass_log)}
+    proc, url = _start_server(env)
+    rows = []
+    t0 = time.time()
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            # warm-up: the first load of the embedded model and the first passes are slow
+            _room_run(browser, url, readers_for(1, 4), args.timeout)
+            for k in args.readers:
+                alone_a = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
+                readers = readers_for(k, args.max_new)
+                n_before = len(_passes(pass_log))
+                room = _room_run(browser, url, readers, args.timeout)
+                server = _passes(pass_log)[n_before:]
+                alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
+                want = alone_texts(readers)
+                same = [r.error is None and normalized(r.text) == normalized(w) for r, w in zip(readers, want)]
+                alone_tps = statistics.fmean(x["tokens_per_s"] for x in (alone_a, alone_b) if x["tokens_per_s"])
+                walls = [w for w in room["wall_s"] if w is not None]
+                rows.append({
+                    "readers": k, "max_new_tokens": args.max_new,
+                    "aggregate_tokens_per_s": room["tokens_per_s"], "alone_tokens_per_s": alone_tps,
+                    "alone_runs_tokens_per_s": [alone_a["tokens_per_s"], alone_b["tokens_per_s"]],
+                    "ratio": room["tokens_per_s"] / alone_tps if room["tokens_per_s"] and alone_tps else None,
+                    "alone_wall_s": [alone_a["wall_s"][0], alone_b["wall_s"][0]],
+                    "slowest_wall_s": max(walls) if walls else None,
+                    "median_wall_s": statistics.median(walls) if walls else None,
+                    "errors": room["errors"], "texts_identical": sum(same), "texts_checked": len(same),
+                    "different": [r.index for r, s in zip(readers, same) if not s],
+                    "server_peak_rss_mb": _peak_rss_mb(proc.pid)})
+                med = (lambda xs: statistics.median(xs) if xs else None)
+                rows[-1]["server_passes"] = {
+                    "passes": len(server), "rows_median": med([p["rows"] for p in server]),
+                    "rows_max": max((p["rows"] for p in server), default=None),
+                    "pass_ms_median": med([p["ms"] for p in server]),
+                    "target_ms_median": med([p["target_ms"] for p in server]),
+                    "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
+                rows[-1]["engine_room"] = engine_room(k, args.max_new)
+                print(json.dumps(rows[-1]), flush=True)
+            browser.close()
+    finally:
+        rss = _peak_rss_mb(proc.pid)
+        proc.terminate()
+        proc.wait(timeout=30)
+    result = {"rows": rows, "server_peak_rss_mb": rss, "cpu": _cpu_model(), "cores": os.cpu_count(),
+              "load_avg_after": os.getloadavg(), "elapsed_s": time.time() - t0,
+              "no_draft_above": args.no_draft_above or None,
+              "command": "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py "
+                         + " ".join(sys.argv[1:]),
+              "settings": "default draft (trained EAGLE-style head, γ 2), chat preset, temperatures 0 and 0.8 "
+                          "alternating (reader i seed i), instant autoplay, one server, one Chromium"}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2))
+    lines = [f"# Room benchmark: K readers press Run to the end at once ({args.max_new} new tokens each)", "",
+             f"CPU: {result['cpu']} ({result['cores']} cores). Command: `{result['command']}`. "
+             f"{result['settings']}. Drafting limit: {result['no_draft_above'] or 'off'}.", "",
+             "| readers | aggregate tok/s | one reader alone tok/s | ratio | slowest reader s | median s | "
+             "alone s | errors | texts = alone | server peak RSS MB |", "|" + "---|" * 10]
+    for r in rows:
+        lines.append(f"| {r['readers']} | {r['aggregate_tokens_per_s']:.1f} | {r['alone_tokens_per_s']:.1f} | "
+                     f"{r['ratio']:.2f}× | {r['slowest_wall_s']:.1f} | {r['median_wall_s']:.1f} | "
+                     + " / ".join(f"{x:.1f}" for x in r["alone_wall_s"] if x is not None)
+                     + f" | {len(r['errors'])} | {r['texts_identical']}/{r['texts_checked']} | "
+                     f"{r['server_peak_rss_mb']:.0f} |")
+    lines += ["", "The server's room during each run (its pass log): passes, rows per pass (median, max), pass and "
+              "target-forward ms (medians), and the share of the run's time the worker was busy:", "",
+              "| readers | passes | rows median | rows max | pass ms | target ms | worker busy |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sp = r["server_passes"]
+        f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
+        lines.append(f"| {r['readers']} | {sp['passes']} | {f(sp['rows_median'])} | {sp['rows_max']} | "
+                     f"{f(sp['pass_ms_median'])} | {f(sp['target_ms_median'])} | {f(sp['busy_share'], '.0%')} |")
+    lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
+              "together; medians over the passes that served every reader):", "",
+              "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["engine_room"]
+        f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
+        lines.append(f"| {e['readers']} | {f(e['tokens_per_s'])} | {f(e['pass_ms'])} | {f(e['target_ms'])} | "
+                     f"{f(e['stack_ms'])} | {f(e['stack_share'], '.1%')} |")
+    lines += ["", f"Load average after the run: {', '.join(f'{x:.1f}' for x in result['load_avg_after'])} "
+              "(the browser's pages run on the same cores as the server)."]
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

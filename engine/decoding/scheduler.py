@@ -1,0 +1,620 @@
+"""The room scheduler: one worker thread per loaded target runs every session's rounds, batched (continuous
+batching, in the spirit of vLLM v1's ``Scheduler.schedule``: collect what waits, form a batch, run one pass,
+hand out the results).
+
+Why: a workshop serves the Live page to a room. With one decoder thread per reader, 16 readers' PyTorch
+thread pools fought over 2 cores (aggregate 0.95× one reader, the slowest reader 48.8 s, issue 31). Here each
+session keeps its own ``SpeculativeDecoder`` (its KV cache, proposer, random generator and settings) and
+*submits* work to the target's ``Room``; a single worker thread does all the computing:
+
+1. **collect**: requests that arrived join the running list in arrival order (FIFO); cancelled ones (Stop), ones
+   whose decoder was garbage-collected (a closed session) and ones nobody has polled for ``abandon_s`` seconds
+   (a tab that went away) leave it, freeing their rows.
+2. **form the batch**: at most ``max_rows`` requests; when more run, the list rotates after each pass (the
+   rows just served go to the back), so a request waits at most ``ceil(running / max_rows) − 1`` passes
+   between two of its rounds (no starvation; ``pass_log`` records who was served).
+3. **draft**, row by row, each with its own proposer and generator (``SpeculativeDecoder.begin_pass``):
+   prompt lookup, the EAGLE-style head and Medusa heads, a draft model or early exit all draft **per row** (the
+   heads' small passes are not batched across rows). Token-tree rounds (Medusa's static tree, ``tree`` > 0)
+   run their own pass, one after the other, inside the worker.
+4. **one target pass** for every chain row: each row's KV cache is stacked into one batch cache for this pass
+   (left-padded, the padding masked out, per-row position ids, ``engine.decoding.attention``), the fed tokens
+   right-padded; afterwards each row's new KV entries go back to that row's own cache (``CachedLM.absorb``).
+   A row alone in a pass runs exactly the single-sequence code (bit-identical).
+5. **judge** each row with its own rule, settings and generator (``SpeculativeDecoder.finish_pass``) and hand
+   the round to whoever waits for it.
+
+Exactness: the generator of a row is consumed in the same order as in ``SpeculativeDecoder.step`` (draft draws,
+then the verification's uniforms and residual draw), so a reader's output is what the same settings give
+alone: greedy identical, sampled with the same seed the same text. The only difference a batched pass can make
+is floating-point rounding in the target's logits (padding and a mask change the order of the sums), which
+changes a token only at a near tie (``batch.first_difference_gap`` shows such a case).
+
+Isolation: a reader's exception (bad input, a failing draft) goes to that reader only; a failing shared pass is
+retried row by row, so only the row that fails alone gets the error. Stacking per pass (rather than one
+shared batch cache) is what makes that cheap to guarantee: a row's cache is only written after its pass
+succeeded. What stacking costs is measured per pass (``PassRecord.stack_ms``; ``benchmarks/bench_room.py``).
+
+Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or ``Room(no_draft_above=B)``) drafts nothing in a pass of
+more than B rows, as serving engines switch speculation off under load (vLLM's
+``speculative_disable_by_batch_size``). Off by default. Greedy outputs stay the same; sampled outputs then follow
+the same distribution but are no longer the same text as alone (fewer draws are made).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import math
+import os
+import queue
+import statistics
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from engine.decoding.attention import fed_visibility, model_mask
+from engine.decoding.models import LoadedModel
+from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
+from engine.decoding.trace import Round
+from engine.errors import InputError
+
+NO_DRAFT_ENV = "SPEEDUP_LAB_NO_DRAFT_ABOVE"
+MAX_ROWS_ENV = "SPEEDUP_LAB_ROOM_MAX_ROWS"
+LOG_ENV = "SPEEDUP_LAB_ROOM_LOG"  # a file: one JSON line per pass (benchmarks/bench_room.py reads the server's)
+DEFAULT_MAX_ROWS = 32
+DEFAULT_ABANDON_S = 60.0
+POLL_S = 0.1
+WINDOW_S = 10.0  # the room's recent tokens/s and rows per pass are over this many seconds of passes
+
+_threads_set = False
+_threads_lock = threading.Lock()
+
+
+def configure_threads(n: int | None = None) -> int:
+    """Size torch's intra-op threads once for the process (the room's worker is the only thread that computes):
+    ``n``, else ``OMP_NUM_THREADS``, else the CPU count. Later calls change nothing. Returns the count in use."""
+    global _threads_set
+    with _threads_lock:
+        if not _threads_set:
+            want = n or int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
+            torch.set_num_threads(max(1, int(want)))
+            _threads_set = True
+        return torch.get_num_threads()
+
+
+def parse_no_draft_above(value) -> int | None:
+    """The operator's batch limit for drafting: None (off) for None/""/"0"/"off", else a whole number ≥ 1.
+
+    Raises:
+        InputError: for anything else.
+    """
+    if value is None:
+        return None
+    s = str(value).strip().lower()
+    if s in ("", "0", "off", "none"):
+        return None
+    try:
+        b = int(s)
+    except ValueError:
+        raise InputError(f"{NO_DRAFT_ENV} must be a whole number of rows (or 0 / off), got {value!r}.") from None
+    if b < 1:
+        raise InputError(f"{NO_DRAFT_ENV} must be ≥ 1 (or 0 / off), got {value!r}.")
+    return b
+
+
+@dataclass
+class PassRecord:
+    """One pass of the room's worker.
+
+    Attributes:
+        t_end: time.monotonic() at its end. ms: wall time of the whole pass (drafts, target pass, judging).
+        rows: requests served. fed_rows: rows in the shared target pass (the rest had nothing to feed or ran a
+            tree round of their own). tokens: tokens the target processed (rows · width, padding included).
+        emitted: tokens the rows emitted. stack_ms / unstack_ms: building the batch cache from the rows' own
+            caches and giving each row its new entries back. target_ms: the target's forward. drafted: whether
+            drafting was allowed (the operator's limit).
+        served: ids of the requests served (fairness checks).
+    """
+
+    t_end: float
+    ms: float
+    rows: int
+    fed_rows: int
+    tokens: int
+    emitted: int
+    stack_ms: float
+    unstack_ms: float
+    target_ms: float
+    drafted: bool
+    served: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RoomStats:
+    """What the room panel shows (``Room.stats``).
+
+    Attributes:
+        readers_now: requests running or waiting. last_pass_rows: rows of the last pass (0 before any).
+        rows_per_pass: mean rows per pass over the last ``WINDOW_S`` seconds (None: no pass in it).
+        tokens_per_s: tokens emitted by all rows ÷ the worker's busy time in that window (None: none).
+        passes: passes since the room started. no_draft_above: the operator's limit (None: off).
+        max_rows: rows per pass at most. threads: torch's intra-op threads.
+        stack_share: stacking + unstacking ÷ pass time in the window (None: no shared pass).
+    """
+
+    readers_now: int
+    last_pass_rows: int
+    rows_per_pass: float | None
+    tokens_per_s: float | None
+    passes: int
+    no_draft_above: int | None
+    max_rows: int
+    threads: int
+    stack_share: float | None
+
+
+class Ticket:
+    """A request submitted to a ``Room``: rounds arrive on it as the worker runs them.
+
+    Use ``rounds()`` (iterate) or ``wait()``; ``cancel()`` stops it after the pass in flight. A ticket nobody
+    polls for ``abandon_s`` seconds is dropped by the worker (an abandoned tab).
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, room: "Room", decoder: SpeculativeDecoder, rounds: int | None, prefill_only: bool):
+        self.id = next(self._ids)
+        self.room = room
+        self._decoder = weakref.ref(decoder)
+        self.rounds_wanted = rounds
+        self.prefill_only = prefill_only
+        self.rounds_done = 0
+        self.out: queue.Queue = queue.Queue()
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.last_poll = time.monotonic()
+        self.submitted = time.monotonic()
+        self.last_pass_rows = 0
+
+    @property
+    def decoder(self) -> SpeculativeDecoder | None:
+        return self._decoder()
+
+    def cancel(self, wait: bool = True, timeout: float | None = 30.0) -> None:
+        """Stop after the pass in flight; with ``wait``, return once the worker has let go of the decoder."""
+        self.cancelled.set()
+        with self.room._cond:
+            self.room._cond.notify_all()
+        if wait:
+            self.done.wait(timeout)
+
+    def rounds(self, should_stop: Callable[[], bool] | None = None) -> Iterator[list[Round]]:
+        """Yield the rounds as they arrive, in batches (all that arrived since the last yield); ends when the
+        request is done. ``should_stop()`` True cancels it (after the pass in flight). An exception of this
+        request is raised here; leaving the loop early cancels the request.
+
+        Raises:
+            the request's own exception (InputError, …).
+        """
+        try:
+            while True:
+                self.last_poll = time.monotonic()
+                if should_stop is not None and should_stop():
+                    self.cancel()
+                try:
+                    item = self.out.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                got = [item]
+                while True:
+                    try:
+                        got.append(self.out.get_nowait())
+                    except queue.Empty:
+                        break
+                end = any(x is _DONE for x in got)
+                batch = [x for x in got if isinstance(x, Round)]
+                if batch:
+                    yield batch
+                if end:
+                    if self.error is not None:
+                        raise self.error
+                    return
+        finally:
+            if not self.done.is_set():
+                self.cancel()
+
+    def wait(self, should_stop: Callable[[], bool] | None = None) -> list[Round]:
+        """All rounds of the request (after it is done). Raises the request's exception."""
+        out: list[Round] = []
+        for batch in self.rounds(should_stop):
+            out += batch
+        return out
+
+
+_DONE = object()
+
+
+class Room:
+    """The scheduler of one loaded target (see the module docstring). Get it with ``room_for(target)``.
+
+    Args:
+        target: the loaded target every submitted decoder uses.
+        max_rows: requests served per pass at most (≥ 1; default ``SPEEDUP_LAB_ROOM_MAX_ROWS`` or 32).
+        no_draft_above: draft nothing in a pass of more rows (None: off; default ``SPEEDUP_LAB_NO_DRAFT_ABOVE``).
+        abandon_s: a ticket not polled for this long is dropped.
+
+    Raises:
+        InputError: a bad max_rows or no_draft_above.
+    """
+
+    def __init__(self, target: LoadedModel, max_rows: int | None = None, no_draft_above: int | None | str = "env",
+                 abandon_s: float = DEFAULT_ABANDON_S):
+        self.target = target
+        if max_rows is None:
+            max_rows = int(os.environ.get(MAX_ROWS_ENV) or DEFAULT_MAX_ROWS)
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise InputError(f"Rows per pass must be a whole number ≥ 1, got {max_rows!r}.")
+        self.max_rows = max_rows
+        self.no_draft_above = (parse_no_draft_above(os.environ.get(NO_DRAFT_ENV)) if no_draft_above == "env"
+                               else parse_no_draft_above(no_draft_above))
+        self.abandon_s = abandon_s
+        self.threads = configure_threads()
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._running: list[Ticket] = []
+        self.passes: collections.deque[PassRecord] = collections.deque(maxlen=4096)
+        self.pass_count = 0
+        self._closed = False
+        self._worker = threading.Thread(target=self._loop, name=f"room-{target.name}", daemon=True)
+        self._worker.start()
+
+    # ---------------------------------------------------------------- submitting
+    def submit(self, decoder: SpeculativeDecoder, rounds: int | None = 1, prefill_only: bool = False) -> Ticket:
+        """Queue ``rounds`` rounds of ``decoder`` (None: until it finishes); ``prefill_only``: just its prefill.
+
+        Raises:
+            InputError: a decoder of another target, or rounds < 1.
+        """
+        if decoder.target is not self.target:
+            raise InputError("This decoder runs another model than this room's target.")
+        if rounds is not None and (not isinstance(rounds, int) or rounds < 1):
+            raise InputError(f"Rounds must be a whole number ≥ 1 (or None: to the end), got {rounds!r}.")
+        t = Ticket(self, decoder, rounds, prefill_only)
+        with self._cond:
+            if self._closed:
+                raise InputError("This room is closed.")
+            self._waiting.append(t)
+            self._cond.notify_all()
+        return t
+
+    def step(self, decoder: SpeculativeDecoder, should_stop: Callable[[], bool] | None = None) -> Round | None:
+        """One round of ``decoder`` through the room (what ``decoder.step()`` does alone). None if stopped."""
+        got = self.submit(decoder, 1).wait(should_stop)
+        return got[-1] if got else None
+
+    def prefill(self, decoder: SpeculativeDecoder) -> None:
+        """``decoder.prefill()`` through the room (its prompt's pass shares the target pass with other rows)."""
+        self.submit(decoder, prefill_only=True).wait()
+
+    def run(self, decoder: SpeculativeDecoder, on_round=None, should_stop=None) -> GenerationResult:
+        """``decoder.run()`` through the room: to the end, ``on_round(round, decoder)`` after each round."""
+        for batch in self.submit(decoder, None).rounds(should_stop):
+            if on_round is not None:
+                for r in batch:
+                    on_round(r, decoder)
+        return decoder.result()
+
+    def cancel(self, decoder: SpeculativeDecoder) -> None:
+        """Cancel every request of ``decoder`` and wait until the worker has let go of it."""
+        with self._cond:
+            mine = [t for t in list(self._waiting) + self._running if t.decoder is decoder]
+        for t in mine:
+            t.cancel(wait=True)
+
+    def bind(self, decoder: SpeculativeDecoder) -> "ScheduledDecoder":
+        """A view of ``decoder`` whose ``run``/``step``/``prefill`` go through this room (for code that calls
+        them, e.g. ``measure.measure_speedup_ab``)."""
+        return ScheduledDecoder(self, decoder)
+
+    def close(self) -> None:
+        """Stop the worker after the pass in flight; pending requests end with an InputError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join(timeout=30)
+
+    # ---------------------------------------------------------------- what the room shows
+    def readers(self) -> int:
+        """Requests running or waiting now (cheap: for a page deciding how often to redraw)."""
+        with self._cond:
+            return sum(not t.done.is_set() for t in list(self._waiting) + self._running)
+
+    def stats(self) -> RoomStats:
+        now = time.monotonic()
+        with self._cond:
+            readers = sum(not t.done.is_set() for t in list(self._waiting) + self._running)
+            recent = [p for p in self.passes if now - p.t_end <= WINDOW_S]
+            last = self.passes[-1].rows if self.passes else 0
+        busy = sum(p.ms for p in recent)
+        shared = [p for p in recent if p.fed_rows > 1]
+        return RoomStats(
+            readers_now=readers, last_pass_rows=last,
+            rows_per_pass=statistics.fmean(p.rows for p in recent) if recent else None,
+            tokens_per_s=sum(p.emitted for p in recent) / (busy / 1000) if busy > 0 else None,
+            passes=self.pass_count, no_draft_above=self.no_draft_above, max_rows=self.max_rows,
+            threads=self.threads,
+            stack_share=(sum(p.stack_ms + p.unstack_ms for p in shared) / sum(p.ms for p in shared))
+            if shared and sum(p.ms for p in shared) > 0 else None)
+
+    # ---------------------------------------------------------------- the worker
+    def _collect(self) -> list[Ticket]:
+        """Admit waiting requests (FIFO), drop finished/cancelled/abandoned ones, take at most max_rows."""
+        now = time.monotonic()
+        while self._waiting:
+            self._running.append(self._waiting.popleft())
+        keep = []
+        for t in self._running:
+            if t.cancelled.is_set() or t.decoder is None:
+                self._finish(t)
+            elif now - t.last_poll > self.abandon_s:
+                t.cancelled.set()
+                self._finish(t)
+            else:
+                keep.append(t)
+        batch = keep[:self.max_rows]
+        self._running = keep[self.max_rows:] + batch  # rotate: the rows served go to the back
+        return batch
+
+    @staticmethod
+    def _finish(t: Ticket, error: BaseException | None = None) -> None:
+        if t.done.is_set():
+            return
+        t.error = error
+        t.done.set()
+        t.out.put(_DONE)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._running:
+                    self._cond.wait(timeout=1.0)
+                if self._closed:
+                    for t in list(self._waiting) + self._running:
+                        self._finish(t, InputError("The room closed before this request ran."))
+                    return
+                batch = self._collect()
+            if not batch:
+                continue
+            try:
+                with torch.inference_mode():  # the worker's own thread: no autograd (as the decoders' calls)
+                    self._pass(batch)
+            except BaseException as e:  # a bug here must not kill the worker: fail this pass's requests only
+                for t in batch:
+                    self._finish(t, e if isinstance(e, Exception) else InputError(str(e)))
+            with self._cond:
+                self._running = [t for t in self._running if not t.done.is_set()]
+
+    def _pass(self, batch: list[Ticket]) -> None:
+        t_pass = time.perf_counter()
+        allow_draft = self.no_draft_above is None or len(batch) <= self.no_draft_above
+        rec = PassRecord(t_end=0.0, ms=0.0, rows=len(batch), fed_rows=0, tokens=0, emitted=0, stack_ms=0.0,
+                         unstack_ms=0.0, target_ms=0.0, drafted=allow_draft, served=[t.id for t in batch])
+        locked: list[SpeculativeDecoder] = []
+        rows: list[tuple[Ticket, SpeculativeDecoder, PendingPass]] = []
+        try:
+            # 1. draft, row by row (each with its own proposer and generator)
+            for t in batch:
+                dec = t.decoder
+                if dec is None:
+                    self._finish(t)
+                    continue
+                dec.lock.acquire()
+                locked.append(dec)
+                try:
+                    if t.prefill_only and dec._prefilled:
+                        self._finish(t)
+                        continue
+                    if dec.finished:
+                        self._finish(t, None if t.rounds_done else
+                                     InputError("This run is finished; press Reset (or start a new run) to "
+                                                "generate again."))
+                        continue
+                    pending = dec.begin_pass(allow_draft, prefill=t.prefill_only)
+                    if pending is None:  # a token-tree round: its own pass
+                        rnd = dec.step()
+                        rec.emitted += len(rnd.emitted_ids)
+                        self._deliver(t, dec, rnd, 1)
+                    else:
+                        rows.append((t, dec, pending))
+                except Exception as e:  # this reader's error stays this reader's
+                    self._finish(t, e)
+            # 2. one target pass for every row that feeds something
+            fed = [(t, dec, p) for t, dec, p in rows if p.feed]
+            logits: dict[int, torch.Tensor | None] = {id(p): None for _, _, p in rows}
+            pass_ms = 0.0
+            if fed:
+                t0 = time.perf_counter()
+                logits.update(self._target_pass(fed, rec))
+                pass_ms = (time.perf_counter() - t0) * 1000
+            # 3. judge and emit, row by row
+            for t, dec, p in rows:
+                if t.done.is_set():
+                    continue
+                try:
+                    rnd = dec.finish_pass(p, logits.get(id(p)), pass_ms if p.feed else 0.0)
+                except Exception as e:
+                    self._finish(t, e)
+                    continue
+                if rnd is None:  # a prefill
+                    if t.prefill_only:
+                        self._finish(t)
+                    continue
+                rec.emitted += len(rnd.emitted_ids)
+                self._deliver(t, dec, rnd, len(batch))
+        finally:
+            for dec in locked:
+                dec.lock.release()
+        rec.ms = (time.perf_counter() - t_pass) * 1000
+        rec.t_end = time.monotonic()
+        with self._cond:
+            self.passes.append(rec)
+            self.pass_count += 1
+        log = os.environ.get(LOG_ENV)
+        if log:
+            try:
+                with open(log, "a") as f:
+                    f.write(json.dumps({k: v for k, v in rec.__dict__.items() if k != "served"}) + "\n")
+            except OSError:
+                pass
+
+    def _deliver(self, t: Ticket, dec: SpeculativeDecoder, rnd: Round, rows: int) -> None:
+        t.rounds_done += 1
+        t.last_pass_rows = rows
+        t.out.put(rnd)
+        if dec.finished or (t.rounds_wanted is not None and t.rounds_done >= t.rounds_wanted):
+            self._finish(t)
+
+    def _target_pass(self, fed: list[tuple[Ticket, SpeculativeDecoder, PendingPass]],
+                     rec: PassRecord) -> dict[int, torch.Tensor | None]:
+        """The shared target pass; a failure retries each row alone, so only a row that fails alone errs."""
+        if len(fed) == 1:
+            t, dec, p = fed[0]
+            return {id(p): self._alone(dec, p, rec)}
+        try:
+            return self._stacked(fed, rec)
+        except Exception:
+            out = {}
+            for t, dec, p in fed:
+                try:
+                    out[id(p)] = self._alone(dec, p, rec)
+                except Exception as e:
+                    self._finish(t, e)
+            return out
+
+    def _alone(self, dec: SpeculativeDecoder, p: PendingPass, rec: PassRecord) -> torch.Tensor:
+        """A row alone: exactly the single-sequence code (``CachedLM._feed``)."""
+        lm = dec.target_lm
+        t0 = time.perf_counter()
+        out = lm._feed(lm.ids + p.feed, len(lm.ids), p.n_fed_logits).cpu()
+        rec.target_ms += (time.perf_counter() - t0) * 1000
+        rec.fed_rows += 1
+        rec.tokens += len(p.feed)
+        return out
+
+    @torch.inference_mode()
+    def _stacked(self, fed: list[tuple[Ticket, SpeculativeDecoder, PendingPass]],
+                 rec: PassRecord) -> dict[int, torch.Tensor | None]:
+        """Stack the rows' caches (left-padded), feed every row's tokens (right-padded) in one pass, give each
+        row its new KV entries, hidden states and logits back."""
+        from transformers import DynamicCache
+
+        model = self.target.model
+        dev = self.target.device
+        t0 = time.perf_counter()
+        lms = [dec.target_lm for _, dec, _ in fed]
+        lens = [lm.cached_len for lm in lms]
+        widths = [len(p.feed) for _, _, p in fed]
+        c_max, width, b = max(lens), max(widths), len(fed)
+        cache = DynamicCache()
+        if c_max > 0:
+            ref = next(lm.cache for lm in lms if lm.cached_len > 0)
+            for li, layer in enumerate(ref.layers):
+                ks, vs = [], []
+                for lm, n in zip(lms, lens):
+                    if n > 0:
+                        k, v = lm.cache.layers[li].keys, lm.cache.layers[li].values
+                    else:
+                        shape = (1, layer.keys.shape[1], 0, layer.keys.shape[3])
+                        k = v = layer.keys.new_zeros(shape)
+                    if n < c_max:
+                        pad = k.new_zeros((1, k.shape[1], c_max - n, k.shape[3]))
+                        k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
+                    ks.append(k)
+                    vs.append(v)
+                cache.update(torch.cat(ks), torch.cat(vs), li)
+        col = torch.arange(c_max)
+        cached_valid = torch.stack([col >= c_max - n for n in lens]) if c_max else torch.zeros(b, 0, dtype=torch.bool)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        real = torch.stack([torch.arange(width) < w for w in widths])
+        new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
+        mask = model_mask(fed_visibility(new_vis, cached_valid), model).to(dev)
+        pos = torch.tensor([[n + i for i in range(width)] for n in lens], dtype=torch.long, device=dev)
+        pad_id = self._pad_id()
+        inp = torch.tensor([p.feed + [pad_id] * (width - len(p.feed)) for _, _, p in fed], dtype=torch.long,
+                           device=dev)
+        rec.stack_ms += (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        h = model.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
+                                use_cache=True).last_hidden_state  # [b, width, H]
+        # the logits each row asked for: its feed's last n positions, gathered, one LM-head call
+        idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed) for j in range(p.n_fed_logits)]
+        logits_all = None
+        if idx:
+            sel = h[torch.tensor([i for i, _ in idx], device=dev), torch.tensor([j for _, j in idx], device=dev)]
+            logits_all = model.get_output_embeddings()(sel).float().cpu()
+        rec.target_ms += (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        out: dict[int, torch.Tensor | None] = {}
+        start = 0
+        for r, ((_, dec, p), lm) in enumerate(zip(fed, lms)):
+            w = widths[r]
+            keys = [layer.keys[r:r + 1, :, c_max:c_max + w] for layer in cache.layers]
+            values = [layer.values[r:r + 1, :, c_max:c_max + w] for layer in cache.layers]
+            lg = logits_all[start:start + p.n_fed_logits] if p.n_fed_logits else None
+            start += p.n_fed_logits
+            lm.absorb(p.feed, keys, values, h[r, :w] if lm.keep_hidden else None, lg[-1].to(dev))
+            out[id(p)] = lg
+        rec.unstack_ms += (time.perf_counter() - t0) * 1000
+        rec.fed_rows += b
+        rec.tokens += b * width
+        return out
+
+    def _pad_id(self) -> int:
+        tok = self.target.tokenizer
+        pad = getattr(tok, "pad_token_id", None)
+        return int(pad if pad is not None else (getattr(tok, "eos_token_id", None) or 0))
+
+
+class ScheduledDecoder:
+    """A ``SpeculativeDecoder`` whose ``run``, ``step`` and ``prefill`` go through a ``Room``; every other
+    attribute is the decoder's."""
+
+    def __init__(self, room: Room, decoder: SpeculativeDecoder):
+        self._room = room
+        self._decoder = decoder
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+    def run(self, on_round=None, should_stop=None) -> GenerationResult:
+        return self._room.run(self._decoder, on_round=on_round, should_stop=should_stop)
+
+    def step(self) -> Round | None:
+        return self._room.step(self._decoder)
+
+    def prefill(self) -> None:
+        self._room.prefill(self._decoder)
+
+
+_rooms: dict[int, tuple[weakref.ref, Room]] = {}
+_rooms_lock = threading.Lock()
+
+
+def room_for(target: LoadedModel, **kw) -> Room:
+    """The process-wide room of ``target`` (created on first use; ``kw`` as ``Room``'s, first call only)."""
+    with _rooms_lock:
+        for key in [k for k, (ref, _) in _rooms.items() if ref() is None]:
+            _rooms.pop(key)[1].close()
+        got = _rooms.get(id(target))
+        if got is not None and got[0]() is target:
+            return got[1]
+        room = Room(target, **kw)
+        _rooms[id(target)] = (weakref.ref(target), room)
+        return room

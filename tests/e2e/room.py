@@ -1,0 +1,121 @@
+"""A room of readers on the Live page, driven in Chromium (shared by tests/e2e/test_live_room.py and
+benchmarks/bench_room.py): K browser sessions open /live with their own settings, all press "Run to the end"
+at once, and each one's generated text is read back and compared with the same settings decoded alone."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from tests.e2e.conftest import wait_idle
+
+FINISHED = re.compile(r"Finished \((\w+)\): (\d+) tokens in (\d+) rounds?")
+
+
+@dataclass
+class Reader:
+    """One reader's settings (the page's defaults otherwise: the trained head, the chat preset) and results."""
+
+    index: int
+    temperature: float
+    seed: int
+    max_new: int
+    page: object = None
+    t_click: float = 0.0
+    t_done: float | None = None
+    tokens: int = 0
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def query(self) -> str:
+        return (f"lv_temp={self.temperature:g}&lv_seed={self.seed}&lv_max_new={self.max_new}&lv_speed=instant")
+
+    @property
+    def wall_s(self) -> float | None:
+        return None if self.t_done is None else self.t_done - self.t_click
+
+
+def normalized(text: str) -> str:
+    """Text compared between the page and the engine: every whitespace (spaces, NBSP, line breaks and the page's
+    ↵ marks) removed, so only the characters of the tokens remain (the page renders spaces and breaks)."""
+    for ch in "\u00a0\u200b\u200c\u200d\ufeff↵":  # NBSP, zero-width spaces the spans add, the ↵ marks
+        text = text.replace(ch, " ")
+    return "".join(text.split())
+
+
+def readers_for(k: int, max_new: int = 32, temperatures=(0.0, 0.8)) -> list[Reader]:
+    """K readers, temperatures alternating, reader i seeded i."""
+    return [Reader(i, temperatures[i % len(temperatures)], i, max_new) for i in range(k)]
+
+
+def open_readers(browser, base_url: str, readers: list[Reader], timeout_ms: int = 300_000) -> None:
+    """A browser context (a Streamlit session) per reader, each on /live with its settings, prefilled."""
+    for r in readers:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        r.page = ctx.new_page()
+        r.page.goto(f"{base_url}/live?{r.query}")
+    for r in readers:
+        wait_idle(r.page, timeout_ms=timeout_ms)
+        r.page.get_by_role("button", name=re.compile(r"^Run to the end")).wait_for(timeout=timeout_ms)
+
+
+def run_all(readers: list[Reader], timeout_s: float = 600.0, poll_s: float = 1.0) -> float:
+    """Press "Run to the end" on every reader's page, as fast as one driver can, then wait for each to say
+    Finished (bounded by ``timeout_s``). Returns the time of the first click (time.perf_counter())."""
+    t_first = time.perf_counter()
+    for r in readers:
+        r.t_click = time.perf_counter()
+        r.page.locator(".st-key-lv_run button").first.click(no_wait_after=True)
+    deadline = time.perf_counter() + timeout_s
+    pending = list(readers)
+    while pending and time.perf_counter() < deadline:
+        for r in list(pending):
+            try:  # only the status alert's text: reading the whole page of 16 tabs each time costs their CPU
+                ok = r.page.locator('[data-testid="stAlertContentSuccess"]')
+                body = ok.first.inner_text(timeout=2_000) if ok.count() else ""
+            except Exception:  # noqa: BLE001 - a page mid-redraw: look again next time
+                continue
+            m = FINISHED.search(body)
+            if m:
+                r.t_done = time.perf_counter()
+                r.tokens = int(m.group(2))
+                pending.remove(r)
+            elif r.page.locator('[data-testid="stException"]').count():
+                r.t_done, r.error = time.perf_counter(), "exception on the page"
+                pending.remove(r)
+        if pending:
+            time.sleep(poll_s)
+    for r in pending:
+        r.error = f"not finished within {timeout_s:.0f} s"
+    for r in readers:
+        if r.error is None:
+            wait_idle(r.page)
+            r.text = r.page.locator(".st-key-lv_generated").inner_text()
+            if r.page.locator('[data-testid="stException"]').count() or r.page.locator(
+                    '[data-testid="stAlertContentError"]').count():
+                r.error = "error on the page"
+    return t_first
+
+
+def alone_texts(readers: list[Reader]) -> list[str]:
+    """Each reader's settings decoded alone by the engine, as the Live page builds them (the default draft: the
+    trained head, its γ, the chat preset, top-k 0, top-p 1): the tokens' texts, as the page shows them."""
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, default_gamma, load_model
+    from engine.decoding.proposers import make_proposer
+    from engine.decoding.sampling import SamplingConfig
+    from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
+    from engine.explain.presets import preset_text
+
+    target = load_model(EMBEDDED)
+    ids = encode_prompt(target.tokenizer, preset_text("chat"))
+    out = []
+    for r in readers:
+        dec = SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma(EMBEDDED_HEAD),
+                                 sampling=SamplingConfig(temperature=r.temperature, top_k=0, top_p=1.0), seed=r.seed,
+                                 max_new_tokens=r.max_new)
+        dec.prefill()
+        dec.run()
+        out.append("".join(dec.token_text(t) for t in dec.new_ids))
+    return out

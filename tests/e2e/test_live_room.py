@@ -1,0 +1,33 @@
+"""Browser test: three readers on the Live page at once share the room's target passes, and each gets the text
+the same settings give alone (greedy and sampled with a seed)."""
+
+import re
+
+import pytest
+
+from tests.e2e.conftest import screenshot
+from tests.e2e.room import alone_texts, normalized, open_readers, readers_for, run_all
+
+pytestmark = pytest.mark.e2e
+
+
+def test_three_readers_get_their_alone_texts(browser, app_url):
+    readers = readers_for(3, max_new=16)
+    try:
+        open_readers(browser, app_url, readers)
+        run_all(readers, timeout_s=300)
+        assert [r.error for r in readers] == [None] * 3
+        assert [r.tokens for r in readers] == [16] * 3
+        want = alone_texts(readers)
+        for r, w in zip(readers, want):
+            assert normalized(r.text) == normalized(w), (r.index, r.temperature, r.text, w)
+        body = readers[0].page.inner_text("body")
+        rows = float(re.search(r"Rows per pass\s*([\d.]+)", body).group(1))
+        assert rows > 1.0  # the readers' rounds really shared target passes
+        assert re.search(r"The last target pass served \d+ readers?\.", body)
+        readers[0].page.set_viewport_size({"width": 1400, "height": 1100})
+        assert screenshot(readers[0].page, "live_room").stat().st_size > 20_000
+    finally:
+        for r in readers:
+            if r.page is not None:
+                r.page.context.close()

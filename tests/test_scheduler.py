@@ -1,0 +1,326 @@
+"""engine.decoding.scheduler: many readers' rounds in one worker, each output exactly the output alone."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.decoding.draft_head import FeatureHead
+from engine.decoding.models import load_model
+from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer, make_proposer
+from engine.decoding.sampling import SamplingConfig
+from engine.decoding.scheduler import Room, parse_no_draft_above, room_for
+from engine.decoding.speculative import SpeculativeDecoder
+from engine.errors import InputError
+from tests.tiny_models import save_tiny_llama
+
+PROMPTS = [[3, 4, 5, 6, 3, 4], [7, 8], [9, 10, 11, 9, 10, 11, 9], [12], [5, 6, 5, 6, 5, 6, 5, 6, 5],
+           [20, 21, 22], [2, 3], [4, 4, 4, 4, 13, 14, 4, 4]]
+N_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = save_tiny_llama(tmp_path_factory.mktemp("room") / "m", layers=2, seed=5, init=0.5)
+    return load_model(str(path), device="cpu")
+
+
+def _head(t):
+    torch.manual_seed(0)
+    v = t.model.get_output_embeddings().weight.shape[0]
+    head = FeatureHead(t.config, 1, torch.arange(v)).eval()
+    head.init_from_target(t.model)
+    return FeatureHeadProposer(head.bind(t.model), t)
+
+
+def _proposer(kind, t):
+    if kind == "none":
+        return None
+    if kind == "head":
+        return _head(t)
+    return make_proposer(kind, t)
+
+
+# reader settings: (draft kind, temperature, seed); mixed greedy and sampled, as a room is
+READERS = [("head", 0.0, 0), ("ngram", 0.8, 1), ("none", 0.0, 2), ("early-exit:1", 0.8, 3),
+           ("head", 0.8, 4), ("ngram", 0.0, 5), ("none", 0.8, 6), ("head", 0.0, 7)]
+
+
+def _decoder(t, i, kind=None, temp=None, seed=None, n_new=N_NEW):
+    k, tp, sd = READERS[i % len(READERS)]
+    kind, temp, seed = kind or k, tp if temp is None else temp, sd if seed is None else seed
+    return SpeculativeDecoder(t, _proposer(kind, t), PROMPTS[i % len(PROMPTS)], gamma=3,
+                              sampling=SamplingConfig(temperature=temp), seed=seed, max_new_tokens=n_new,
+                              stop_on_eos=False)
+
+
+def _alone(t, i, **kw):
+    d = _decoder(t, i, **kw)
+    d.prefill()
+    return d.run()
+
+
+def _in_threads(fns):
+    errors, out = [], [None] * len(fns)
+
+    def go(j):
+        try:
+            out[j] = fns[j]()
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    ths = [threading.Thread(target=go, args=(j,)) for j in range(len(fns))]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(timeout=120)
+    assert not errors, errors
+    return out
+
+
+def _same_rounds(a, b):
+    """Two runs' rounds agree token for token and verdict for verdict (the uniforms u too)."""
+    assert [r.emitted_ids for r in a] == [r.emitted_ids for r in b]
+    for ra, rb in zip(a, b):
+        assert [d.verdict for d in ra.drafted] == [d.verdict for d in rb.drafted]
+        for da, db in zip(ra.drafted, rb.drafted):
+            assert (da.u is None) == (db.u is None)
+            if da.u is not None:
+                assert da.u == db.u
+
+
+def test_one_reader_alone_in_the_room_is_bit_identical(tiny):
+    room = Room(tiny, no_draft_above=None)
+    try:
+        for i in (0, 1, 3):
+            want = _alone(tiny, i)
+            d = _decoder(tiny, i)
+            room.prefill(d)
+            got = room.run(d)
+            assert got.token_ids == want.token_ids
+            _same_rounds(got.rounds, want.rounds)
+            for ra, rb in zip(got.rounds, want.rounds):  # a row alone runs the single-sequence pass: same p
+                assert [x.p for x in ra.drafted] == [x.p for x in rb.drafted]
+    finally:
+        room.close()
+
+
+def test_concurrent_readers_get_exactly_their_alone_output(tiny):
+    """8 readers at once (greedy and sampled, four draft kinds): each gets the tokens, verdicts and uniforms
+    of the same settings decoded alone, and the passes really were shared."""
+    want = [_alone(tiny, i) for i in range(8)]
+    room = Room(tiny, no_draft_above=None)
+    try:
+        decs = [_decoder(tiny, i) for i in range(8)]
+        got = _in_threads([(lambda d=d: room.run(d)) for d in decs])
+        for i in range(8):
+            assert got[i].token_ids == want[i].token_ids, f"reader {i} ({READERS[i]})"
+            assert got[i].text == want[i].text
+            _same_rounds(got[i].rounds, want[i].rounds)
+        assert max(p.fed_rows for p in room.passes) >= 2
+    finally:
+        room.close()
+
+
+def test_readers_join_and_leave_between_passes(tiny):
+    want = {i: _alone(tiny, i) for i in range(5)}
+    room = Room(tiny, no_draft_above=None)
+    try:
+        decs = {i: _decoder(tiny, i) for i in range(5)}
+        for i in (0, 1):
+            room.prefill(decs[i])
+
+        def stepper(i, n):  # a reader stepping round by round, with pauses: joins and leaves passes
+            for _ in range(n):
+                room.step(decs[i])
+                time.sleep(0.01)
+            return room.run(decs[i])
+
+        def late(i, delay):
+            time.sleep(delay)
+            return room.run(decs[i])
+
+        got = _in_threads([lambda: room.run(decs[0]), lambda: stepper(1, 4), lambda: late(2, 0.05),
+                           lambda: stepper(3, 2), lambda: late(4, 0.2)])
+        for j, i in enumerate(range(5)):
+            assert got[j].token_ids == want[i].token_ids, f"reader {i}"
+            _same_rounds(got[j].rounds, want[i].rounds)
+        assert room.stats().readers_now == 0
+    finally:
+        room.close()
+
+
+def test_stop_mid_run_then_go_on(tiny):
+    want = _alone(tiny, 1, n_new=40)
+    other = _alone(tiny, 0, n_new=40)
+    room = Room(tiny, no_draft_above=None)
+    try:
+        d, o = _decoder(tiny, 1, n_new=40), _decoder(tiny, 0, n_new=40)
+        seen = []
+
+        def stopping():
+            t = room.submit(d, None)
+            for batch in t.rounds(should_stop=lambda: len(seen) >= 3):
+                seen.extend(batch)
+            return t
+
+        got = _in_threads([stopping, lambda: room.run(o)])
+        assert got[0].cancelled.is_set() and got[0].done.is_set()
+        assert 3 <= len(d.rounds) < len(want.rounds) and not d.finished  # stopped after the pass in flight
+        assert len(d.rounds) == len(seen)
+        assert room.run(d).token_ids == want.token_ids  # going on from there: the same run
+        assert got[1].token_ids == other.token_ids
+    finally:
+        room.close()
+
+
+class _Broken(Proposer):
+    name = "broken"
+
+    def propose(self, seq, k, cfg, generator):
+        raise RuntimeError("this reader's draft failed")
+
+
+class _OutOfVocab(Proposer):
+    """Proposes a token id the target has no embedding for: the shared target pass itself fails."""
+    name = "out-of-vocab"
+
+    def propose(self, seq, k, cfg, generator):
+        return Proposal([10_000], torch.zeros(1, 32), point_mass=True)
+
+
+def test_one_readers_exception_never_reaches_another(tiny):
+    want = [_alone(tiny, i) for i in range(3)]
+    room = Room(tiny, no_draft_above=None)
+    try:
+        decs = [_decoder(tiny, i) for i in range(3)]
+        bad1 = SpeculativeDecoder(tiny, _Broken(), PROMPTS[0], gamma=2, max_new_tokens=8)
+        bad2 = SpeculativeDecoder(tiny, _OutOfVocab(), PROMPTS[1], gamma=2, max_new_tokens=8)
+        for d in decs + [bad1, bad2]:
+            room.prefill(d)
+        errs = {}
+
+        def bad(d, name):
+            try:
+                room.run(d)
+            except Exception as e:  # noqa: BLE001
+                errs[name] = e
+
+        got = _in_threads([lambda: room.run(decs[0]), lambda: bad(bad1, "draft"), lambda: room.run(decs[1]),
+                           lambda: bad(bad2, "pass"), lambda: room.run(decs[2])])
+        assert isinstance(errs["draft"], RuntimeError) and "draft failed" in str(errs["draft"])
+        assert isinstance(errs["pass"], IndexError)
+        for j, i in ((0, 0), (2, 1), (4, 2)):
+            assert got[j].token_ids == want[i].token_ids
+        assert room._worker.is_alive()
+    finally:
+        room.close()
+
+
+def test_fairness_bound_with_capped_rows(tiny):
+    """6 readers, at most 2 rows a pass: a running reader is served at least every ceil(6 / 2) = 3 passes."""
+    want = [_alone(tiny, i, n_new=12) for i in range(6)]
+    room = Room(tiny, max_rows=2, no_draft_above=None)
+    try:
+        decs = [_decoder(tiny, i, n_new=12) for i in range(6)]
+        tickets = [room.submit(d, None) for d in decs]  # queued together, FIFO
+        got = _in_threads([(lambda t=t: t.wait()) for t in tickets])
+        for i in range(6):
+            assert [x for r in got[i] for x in r.emitted_ids] == want[i].token_ids
+        log = [p.served for p in room.passes]
+        assert max(len(s) for s in log) == 2
+        assert log[0] == [tickets[0].id, tickets[1].id]  # FIFO: the first two submitted go first
+        for t in tickets:
+            idx = [j for j, s in enumerate(log) if t.id in s]
+            active = [len({x for s in log[a:b + 1] for x in s}) for a, b in zip(idx, idx[1:])]
+            for (a, b), n_active in zip(zip(idx, idx[1:]), active):
+                assert b - a <= math.ceil(max(n_active, 1) / 2), (t.id, a, b)
+    finally:
+        room.close()
+
+
+def test_abandoned_and_garbage_collected_requests_free_their_rows(tiny):
+    room = Room(tiny, abandon_s=0.3, no_draft_above=None)
+    try:
+        d = _decoder(tiny, 0, n_new=200)
+        d.max_new_tokens = 200
+        t = room.submit(d, None)  # never polled: a tab that went away
+        assert t.done.wait(10) and t.cancelled.is_set()
+        assert not d.finished
+        gone = _decoder(tiny, 1, n_new=200)
+        t2 = room.submit(gone, None)
+        t2.last_poll = time.monotonic() + 3600
+        del gone  # the session (and its decoder and KV cache) went away
+        import gc
+
+        gc.collect()
+        assert t2.done.wait(10)
+        time.sleep(0.2)
+        assert room.stats().readers_now == 0
+    finally:
+        room.close()
+
+
+def test_no_draft_above_turns_drafting_off_in_large_passes(tiny):
+    want = [_alone(tiny, i, temp=0.0) for i in range(3)]
+    room = Room(tiny, no_draft_above=1)
+    try:
+        decs = [_decoder(tiny, i, temp=0.0) for i in range(3)]
+        tickets = [room.submit(d, None) for d in decs]
+        got = _in_threads([(lambda t=t: t.wait()) for t in tickets])
+        for i in range(3):  # greedy: the same tokens with or without drafting
+            assert [x for r in got[i] for x in r.emitted_ids] == want[i].token_ids
+        big = [p for p in room.passes if p.rows > 1]
+        assert big and all(not p.drafted for p in big)
+        assert all(p.drafted for p in room.passes if p.rows == 1)
+        assert room.stats().no_draft_above == 1
+    finally:
+        room.close()
+
+
+def test_operator_option_parsing(monkeypatch, tiny):
+    assert parse_no_draft_above(None) is None
+    assert parse_no_draft_above("0") is None and parse_no_draft_above("off") is None
+    assert parse_no_draft_above(" 8 ") == 8
+    for bad in ("-1", "lots", "2.5"):
+        with pytest.raises(InputError):
+            parse_no_draft_above(bad)
+    monkeypatch.setenv("SPEEDUP_LAB_NO_DRAFT_ABOVE", "4")
+    room = Room(tiny)
+    try:
+        assert room.no_draft_above == 4
+    finally:
+        room.close()
+    monkeypatch.setenv("SPEEDUP_LAB_NO_DRAFT_ABOVE", "nope")
+    with pytest.raises(InputError, match="SPEEDUP_LAB_NO_DRAFT_ABOVE"):
+        Room(tiny)
+
+
+def test_room_for_is_one_room_per_target_and_bad_requests(tiny):
+    r1, r2 = room_for(tiny), room_for(tiny)
+    assert r1 is r2
+    d = _decoder(tiny, 0)
+    with pytest.raises(InputError):
+        r1.submit(d, 0)
+    d.finished = True
+    with pytest.raises(InputError, match="finished"):
+        r1.step(d)
+
+
+def test_room_stats_after_a_shared_run(tiny):
+    room = Room(tiny, no_draft_above=None)
+    try:
+        decs = [_decoder(tiny, i) for i in range(4)]
+        _in_threads([(lambda d=d: room.run(d)) for d in decs])
+        s = room.stats()
+        assert s.passes == len(room.passes) and s.readers_now == 0
+        assert s.tokens_per_s is not None and s.tokens_per_s > 0
+        emitted = sum(p.emitted for p in room.passes)
+        assert emitted == sum(len(d.new_ids) for d in decs)
+        assert 1 <= s.rows_per_pass <= 4 and s.stack_share is not None and 0 <= s.stack_share < 1
+    finally:
+        room.close()
