@@ -35,7 +35,7 @@ chromium:
 # possible (as root, as CI does); without a toolchain it says so and the live llama.cpp tests are skipped.
 llamacpp: setup
 	@{ command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; } || \
-	  { apt-get install -y -qq cmake g++ >/dev/null 2>&1 || true; }
+	  { { apt-get update -qq && apt-get install -y -qq cmake g++; } >/dev/null 2>&1 || true; }
 	@if command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; then \
 	  $(PY) -m engine serve-llamacpp --build-only; \
 	else echo "llamacpp: no cmake or C++ compiler, llama-server not built (its live tests will be skipped)"; fi
