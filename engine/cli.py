@@ -516,6 +516,8 @@ def add_draft_card(sub) -> None:
                    help=f"how many of the card's held-out prompts (default {DEFAULT_MAX_PROMPTS}; ignored with --prompts)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                    help=f"tokens per answer (default {DEFAULT_MAX_NEW_TOKENS})")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="γ (a tree's depth) in the engine (default: what generate picks on this machine)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's own choice)")
     p.add_argument("--target", default="embedded",
                    help="embedded (default; the trained drafts need it) | a folder (early-exit:K only)")
@@ -537,6 +539,8 @@ def run_draft_card(args: argparse.Namespace) -> int:
         raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}.")
     if args.max_prompts < 1:
         raise InputError(f"--max-prompts must be at least 1, got {args.max_prompts}.")
+    if args.gamma is not None and not 1 <= args.gamma <= 64:
+        raise InputError(f"--gamma must be from 1 to 64, got {args.gamma}.")
     if args.threads < 0:
         raise InputError(f"--threads must be 0 (torch's default) or more, got {args.threads}.")
     if args.compute is not None:
@@ -560,11 +564,14 @@ def run_draft_card(args: argparse.Namespace) -> int:
     kind, spec = resolve_draft(args.draft)
     # γ as `generate` picks it on this machine (the head's from the measured pass cost); Medusa: its K heads
     gamma, why = default_gamma_here(spec, args.target) if kind.gamma is not None else (None, "the Medusa heads' K")
+    if args.gamma is not None:
+        gamma, why = args.gamma, "--gamma"
     card = draft_card(target, args.draft, prompts=prompts, max_new_tokens=args.max_new_tokens,
                       max_prompts=args.max_prompts, chat=not args.no_chat, gamma=gamma, progress=print_progress)
     card["settings"]["gamma_source"] = why
     parts = [args.draft] + (["--prompts", args.prompts] if args.prompts else ["--max-prompts", str(args.max_prompts)])
-    parts += ["--max-new-tokens", str(args.max_new_tokens)] + (["--threads", str(args.threads)] if args.threads else [])
+    parts += ["--max-new-tokens", str(args.max_new_tokens)] + (["--gamma", str(args.gamma)] if args.gamma else [])
+    parts += ["--threads", str(args.threads)] if args.threads else []
     parts += (["--target", args.target] if args.target != "embedded" else []) + (["--no-chat"] if args.no_chat else [])
     parts += ["--compute", args.compute] if args.compute else []
     command = "python -m engine draft-card " + " ".join(parts)

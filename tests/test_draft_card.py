@@ -148,6 +148,7 @@ def test_read_prompts(tmp_path):
     (["embedded-head", "--prompts", "EMPTY"], "holds no prompts"),
     (["embedded-head", "--prompts", "MISSING"], "Cannot read the prompt file"),
     (["embedded-head", "--compute", "gpu-magic"], "gpu-magic"),
+    (["embedded-head", "--gamma", "0"], "--gamma must be from 1 to 64"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, msg, tmp_path, capsys):
     empty = tmp_path / "empty.txt"
