@@ -44,8 +44,9 @@ EMBEDDED_HEAD_IS_DEFAULT = True
 draft. On: on held-out chat prompts it is faster than plain decoding and than prompt lookup, with
 identical greedy output (assets/smollm2-head/README.md, benchmarks/results/head.md)."""
 EMBEDDED_HEAD_GAMMA = 2
-"""γ for the shipped head: the fastest γ measured in benchmarks/results/head.md (on this CPU a target pass
-over γ + 1 ≤ 3 tokens costs little more than one decode step; 4 and more cost ~1.5×)."""
+"""γ for the shipped head before this machine's pass cost is measured. Once it is (``python -m engine
+prepare``), the CLI and the Live page use ``engine.explain.analytic.default_gamma_here``: the best γ for the head
+card's α and c on this machine's curve (``engine.decoding.pass_cost``)."""
 
 EMBEDDED_MEDUSA = "embedded-medusa"
 EMBEDDED_MEDUSA_DIR = ASSETS_DIR / "smollm2-medusa"
