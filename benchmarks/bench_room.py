@@ -102,7 +102,8 @@ def engine_room(k: int, max_new: int) -> dict:
     giving them back (what a shared batch cache would save at most)."""
     import threading
 
-    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, default_gamma, load_model
+    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, load_model
+    from engine.explain.analytic import default_gamma_here
     from engine.decoding.proposers import make_proposer
     from engine.decoding.sampling import SamplingConfig
     from engine.decoding.scheduler import Room
@@ -113,7 +114,7 @@ def engine_room(k: int, max_new: int) -> dict:
     ids = encode_prompt(target.tokenizer, preset_text("chat"))
     room = Room(target, no_draft_above=None)
     try:
-        decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma(EMBEDDED_HEAD),
+        decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma_here(EMBEDDED_HEAD)[0],
                                    sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
                                    max_new_tokens=max_new) for i in range(k)]
         t0 = time.perf_counter()
