@@ -69,7 +69,7 @@ def step_costs(target, draft, prompt_ids: list[int], steps: int) -> dict:
 
 def engine_runs(target, draft, prompts: list[str], gamma: int, max_new: int) -> dict:
     """Greedy speculative decoding vs plain decoding with the engine, alternating, same prompts."""
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
     from engine.decoding.speculative import encode_prompt, generate
 
     rows, plain_ms, spec_ms, acc, judged, passes, new = [], 0.0, 0.0, 0, 0, 0, 0

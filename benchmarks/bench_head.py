@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.compute import cpu_model  # noqa: E402,F401 - bench_medusa imports it from here
 from engine.decoding.models import load_model  # noqa: E402
-from engine.decoding.proposers import make_proposer  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.sampling import SamplingConfig  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 from engine.training.draft_data import build_prompts  # noqa: E402

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.decoding.models import EMBEDDED_HEAD, EMBEDDED_HEAD_GAMMA, EMBEDDED_MEDUSA, load_model  # noqa: E402
-from engine.decoding.proposers import make_proposer  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.sampling import SamplingConfig  # noqa: E402
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt  # noqa: E402
 from engine.training.draft_data import build_prompts  # noqa: E402

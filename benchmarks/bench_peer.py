@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.decoding.models import load_model  # noqa: E402
-from engine.decoding.proposers import make_proposer  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 from engine.serving import llamacpp as lc  # noqa: E402
 

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.measure import measure_speedup_ab, measured_run  # noqa: E402
 from engine.decoding.models import EMBEDDED_DRAFT, load_model  # noqa: E402
-from engine.decoding.proposers import make_proposer  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.sampling import SamplingConfig  # noqa: E402
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt  # noqa: E402
 from engine.explain.analytic import compare_with_measured, predict_from_run  # noqa: E402

@@ -104,7 +104,7 @@ def engine_room(k: int, max_new: int) -> dict:
 
     from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, load_model
     from engine.explain.analytic import default_gamma_here
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
     from engine.decoding.sampling import SamplingConfig
     from engine.decoding.scheduler import Room
     from engine.decoding.speculative import SpeculativeDecoder, encode_prompt

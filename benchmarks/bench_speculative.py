@@ -36,7 +36,8 @@ import torch  # noqa: E402
 
 from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_DRAFT_DIR, EMBEDDED_HEAD_DIR, load_model  # noqa: E402
-from engine.decoding.proposers import PromptLookupProposer, make_proposer  # noqa: E402
+from engine.decoding.proposers import PromptLookupProposer  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 
 PROMPTS = {

@@ -37,7 +37,8 @@ import torch  # noqa: E402
 
 from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.models import load_model  # noqa: E402
-from engine.decoding.proposers import CachedLM, make_proposer  # noqa: E402
+from engine.decoding.proposers import CachedLM  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 from engine.decoding.tree import TokenTree, tree_verify_pass  # noqa: E402
 from engine.explain.presets import PROMPT_PRESETS  # noqa: E402

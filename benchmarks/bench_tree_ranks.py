@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.decoding.models import EMBEDDED_HEAD, load_model  # noqa: E402
-from engine.decoding.proposers import make_proposer  # noqa: E402
+from engine.decoding.drafts import make_proposer  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 from engine.explain.analytic import fit_tree_acceptance  # noqa: E402
 from engine.training.draft_data import build_prompts  # noqa: E402

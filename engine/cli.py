@@ -30,7 +30,8 @@ def add_generate(sub) -> None:
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
                    help="embedded-head (trained EAGLE-style head) | embedded-medusa (Medusa heads, a tree "
-                        "draft) | embedded-draft (trained small "
+                        "draft) | embedded-block (DFlash-style block drafter: one pass fills a block of γ + 1 "
+                        "positions, γ = block − 1) | embedded-draft (trained small "
                         "model) | ngram | early-exit:K | none | hub id | folder (default: "
                         f"{_default_draft_help()})")
     p.add_argument("--gamma", type=int, default=None,
@@ -133,7 +134,7 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
     """Load the target and build the proposer for ``draft_spec`` (None proposer for "none"); ``compute`` is the
     compute path (``engine.decoding.compute``; None: $SPEEDUP_LAB_COMPUTE, else auto)."""
     from engine.decoding.models import load_model
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
 
     kw = {"progress": progress} if progress else {}
     kw["compute"] = compute
@@ -141,16 +142,19 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
     from engine.decoding.draft_head import is_head_folder
     from engine.decoding.models import EMBEDDED_HEAD
 
+    from engine.decoding.block_drafter import is_block_folder
     from engine.decoding.medusa import is_medusa_folder
-    from engine.decoding.models import EMBEDDED_MEDUSA
+    from engine.decoding.models import EMBEDDED_BLOCK, EMBEDDED_MEDUSA
 
-    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD, EMBEDDED_MEDUSA) or draft_spec.startswith("early-exit")
-            or is_head_folder(draft_spec) or is_medusa_folder(draft_spec)):
+    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD, EMBEDDED_MEDUSA, EMBEDDED_BLOCK)
+            or draft_spec.startswith("early-exit") or is_head_folder(draft_spec) or is_medusa_folder(draft_spec)
+            or is_block_folder(draft_spec)):
         return target, make_proposer(draft_spec, target)
     try:
         draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
     except ModelLoadError as e:
-        raise ModelLoadError(f"{e} (A draft is embedded-head, embedded-draft, ngram, early-exit:K, none, a "
+        raise ModelLoadError(f"{e} (A draft is embedded-head, embedded-medusa, embedded-block, embedded-draft, ngram, "
+                             "early-exit:K, none, a "
                              "hub id or a local folder.)") from None
     return target, make_proposer("model", target, draft)
 
@@ -219,11 +223,14 @@ def run_generate(args: argparse.Namespace) -> int:
     target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress, args.compute)
     if args.draft_confidence is not None:
         if not hasattr(proposer, "confidence_threshold"):
-            raise InputError("--draft-confidence applies to a draft head only (--draft embedded-head or a head "
-                             "folder).")
+            raise InputError("--draft-confidence applies to a draft head or a block drafter only (--draft "
+                             "embedded-head, embedded-block or their folders).")
         proposer.confidence_threshold = args.draft_confidence
     if args.tree and proposer is not None and args.tree_branching is not None:
         if not hasattr(proposer, "set_branching"):
+            if hasattr(proposer, "propose_tree"):
+                raise InputError(f"The draft '{proposer.name}' drafts a static tree (its shape comes from its held-out "
+                                 f"accuracies): --tree-branching does not apply; set its size with --tree N.")
             raise InputError(f"The draft '{proposer.name}' cannot make token trees; use embedded-head or ngram.")
         proposer.set_branching(args.tree_branching)
     from engine.decoding.tree import TREE_DEFAULT_DEPTH
@@ -236,6 +243,10 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.gamma is None:
         args.gamma = gamma if gamma is not None else (TREE_DEFAULT_DEPTH if tree else
                                                       default_gamma_here(draft_spec, args.target)[0])
+    from engine.decoding.block_drafter import BlockProposer, check_block_size
+
+    if isinstance(proposer, BlockProposer):
+        check_block_size(args.gamma + 1, proposer.max_block)  # γ = block − 1: a clear message past the trained block
     if len(prompts) > 1:
         if tree:
             raise InputError("Several prompts are decoded as one batch of chain drafts: add --tree 0 (the Medusa "
@@ -385,7 +396,8 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def _row_proposers(draft_spec: str, target, first, n: int):
     """n distinct proposers of the kind of ``first`` (None: plain decoding), one per batch row."""
-    from engine.decoding.proposers import DraftModelProposer, make_proposer
+    from engine.decoding.proposers import DraftModelProposer
+    from engine.decoding.drafts import make_proposer
 
     if first is None:
         return None

@@ -21,7 +21,8 @@ from engine.decoding.batch import (
 )
 from engine.decoding.draft_head import FeatureHead
 from engine.decoding.models import load_model
-from engine.decoding.proposers import DraftModelProposer, FeatureHeadProposer, make_proposer
+from engine.decoding.proposers import DraftModelProposer, FeatureHeadProposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, generate
 from engine.errors import InputError

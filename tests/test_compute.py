@@ -156,7 +156,7 @@ def test_label_is_short_and_names_the_path():
 def test_greedy_speculative_output_identical_under_each_path(tmp_path):
     """Exactness does not depend on the path: the head-free drafts on a tiny target, both paths."""
     from engine.decoding.models import load_model
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
     from engine.decoding.speculative import generate
 
     path = save_tiny_llama(tmp_path / "tiny", layers=3)

@@ -82,7 +82,7 @@ def test_teacher_forced_feature_drafts_read_all_but_the_newest_position(tiny, tm
 
     heads = random_heads(32, 2, torch.arange(2, 22), seed=1)
     save_medusa(heads, tmp_path / "m", meta={"target": "tiny", "medusa_choices": []})
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
 
     prop = make_proposer(str(tmp_path / "m"), tiny)
     assert isinstance(prop, MedusaProposer)

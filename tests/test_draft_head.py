@@ -10,7 +10,8 @@ import torch
 
 from engine.decoding.draft_head import FeatureHead, is_head_folder, load_head, save_head
 from engine.decoding.models import load_model
-from engine.decoding.proposers import FeatureHeadProposer, make_proposer
+from engine.decoding.proposers import FeatureHeadProposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig, warp_probs
 from engine.decoding.speculative import SpeculativeDecoder, generate
 from engine.errors import InputError, ModelLoadError

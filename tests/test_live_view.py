@@ -237,7 +237,7 @@ def test_measure_speedup_ab_on_a_real_model(tmp_path):
     """On a tiny model: the timed speculative runs repeat the same tokens, the baseline matches them
     (greedy), and the speedup is the ratio of the median ms per token."""
     from engine.decoding.models import load_model
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
     from engine.decoding.speculative import SpeculativeDecoder
     from tests.tiny_models import save_tiny_llama
 

@@ -13,7 +13,7 @@ from engine.decoding.medusa import (MedusaHeads, MedusaProposer, best_paths, cho
                                     is_medusa_folder, load_medusa, path_acceptance, save_medusa,
                                     tree_from_candidates, tree_of_size, validate_choices)
 from engine.decoding.models import load_model
-from engine.decoding.proposers import make_proposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, generate
 from engine.errors import InputError, ModelLoadError

@@ -12,7 +12,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-import engine.decoding.proposers as proposers
+import engine.decoding.drafts as drafts
 from engine.decoding.proposers import PromptLookupProposer
 from engine.decoding.tree import TokenTree
 from tests.tiny_models import WORDS, save_tiny_llama
@@ -54,14 +54,14 @@ def tiny(tmp_path_factory) -> str:
 
 @pytest.fixture
 def forked(monkeypatch):
-    real = proposers.make_proposer
+    real = drafts.make_proposer
 
     def make(kind, target, draft=None):
         if kind == "ngram":
             return ForkedLookup(target.model.config.vocab_size)
         return real(kind, target, draft)
 
-    monkeypatch.setattr(proposers, "make_proposer", make)
+    monkeypatch.setattr(drafts, "make_proposer", make)
 
 
 def _app(target: str, **params) -> AppTest:

@@ -89,7 +89,7 @@ def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
 
 @pytest.mark.slow
 def test_shipped_medusa_tree_follows_this_machines_curve(embedded, monkeypatch):
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
 
     flat = _curve({n: 10.0 for n in pass_cost.SIZES})
     steep = _curve({n: 10.0 * n for n in pass_cost.SIZES})

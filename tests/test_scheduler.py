@@ -11,7 +11,8 @@ import torch
 
 from engine.decoding.draft_head import FeatureHead
 from engine.decoding.models import load_model
-from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer, make_proposer
+from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.scheduler import Room, parse_no_draft_above, room_for
 from engine.decoding.speculative import SpeculativeDecoder

@@ -9,7 +9,8 @@ import torch
 
 from app.live_view import round_summary, verdict_frame
 from engine.decoding.models import load_model
-from engine.decoding.proposers import DraftModelProposer, EarlyExitProposer, PromptLookupProposer, make_proposer
+from engine.decoding.proposers import DraftModelProposer, EarlyExitProposer, PromptLookupProposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig, warp_probs
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt, generate
 from engine.decoding.trace import AFTER_END, token_origins

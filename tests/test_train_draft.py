@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.decoding.models import load_model
-from engine.decoding.proposers import make_proposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.speculative import encode_prompt, generate
 from engine.errors import InputError
 from engine.training.draft_data import TOPICS, _is_heldout_topic, build_prompts, generate_batch

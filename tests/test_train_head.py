@@ -7,7 +7,7 @@ import torch
 
 from engine.decoding.draft_head import FeatureHead, load_head, save_head
 from engine.decoding.models import EMBEDDED_HEAD_DIR, load_model
-from engine.decoding.proposers import make_proposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.speculative import encode_prompt, generate
 from engine.training.draft_data import Sample, generate_samples
 from engine.training.train_head import compute_features, draft_vocabulary, evaluate_head, make_items, train_head

@@ -10,7 +10,8 @@ import torch
 
 from engine.decoding.attention import tree_depths
 from engine.decoding.models import load_model
-from engine.decoding.proposers import CachedLM, Proposer, make_proposer
+from engine.decoding.proposers import CachedLM, Proposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, generate
 from engine.decoding.tree import TokenTree, keep_accepted_path, tree_verify_pass

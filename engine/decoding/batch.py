@@ -778,7 +778,7 @@ def _method_gamma(method: str, gamma: int | None) -> int:
 
 
 def _make_proposers(method: str, target: LoadedModel, n: int, draft: LoadedModel | None):
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
 
     if method == PLAIN:
         return None
@@ -970,7 +970,7 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
     Args:
         prompts: texts (chat template applied when ``chat``) or token id lists; at least max(batches).
         batches: batch sizes (each 1..MAX_BATCH, memory-checked). methods: "plain", "ngram",
-            "embedded-head", "embedded-draft", "early-exit:K" (``proposers.make_proposer`` specs).
+            "embedded-head", "embedded-draft", "early-exit:K" (``drafts.make_proposer`` specs).
         gamma: γ of every speculative method (default: each method's, ``models.default_gamma``).
         max_new_tokens: per row (rows stop at EOS too). reps: timed runs per cell (1..20).
         on_progress: ``on_progress(done, total, label, sweep_so_far)`` before each run.

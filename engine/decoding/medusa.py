@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from engine.decoding.compute import apply_path, linear, path_of
 from engine.decoding.proposers import Proposal, Proposer
 from engine.decoding.sampling import sample, warp_probs
-from engine.decoding.tree import TokenTree
+from engine.decoding.tree import (TokenTree, best_paths, choose_tree, expected_accepted,  # noqa: F401 - re-exported
+                                  path_acceptance, tree_from_candidates, validate_choices)
 from engine.errors import InputError, ModelLoadError
 
 MEDUSA_FORMAT = "speedup-lab-medusa-heads/1"
@@ -127,92 +128,6 @@ class MedusaHeads(nn.Module):
 
 # ----------------------------------------------------------------------------------------------- tree
 
-def path_acceptance(path: Sequence[int], acc: Sequence[Sequence[float]]) -> float:
-    """Estimated probability that a tree path is accepted: Π_j acc[j][path[j]] (Medusa §2.3.3).
-
-    Args:
-        path: ranks, path[j] = which candidate (0 = top-1) of head j+1.
-        acc: acc[j][r] = held-out probability that head j+1's rank-r candidate is the target's token.
-
-    Raises:
-        InputError: a path longer than the number of heads or a rank beyond the measured ones.
-    """
-    if len(path) > len(acc) or any(not 0 <= r < len(acc[j]) for j, r in enumerate(path)):
-        raise InputError(f"Path {list(path)} does not fit {len(acc)} heads with "
-                         f"{[len(a) for a in acc]} measured ranks.")
-    out = 1.0
-    for j, r in enumerate(path):
-        out *= float(acc[j][r])
-    return out
-
-
-def best_paths(acc: Sequence[Sequence[float]], n: int) -> list[list[int]]:
-    """The ``n`` paths of highest ``path_acceptance`` (Medusa §2.3.3's greedy construction), in
-    breadth-first order (shorter first, then by rank).
-
-    The set is closed under prefixes (every node's parent is in it): a path never scores above its
-    prefix (each factor ≤ 1), and ties go to the shorter, lower-ranked path. Adding nodes in this order
-    maximises the estimated expected acceptance length Σ_paths path_acceptance (each node adds its own
-    estimate) for every size n.
-
-    Raises:
-        InputError: n < 0 or more than the possible paths.
-    """
-    total = sum(int(torch.tensor([len(a) for a in acc[:d]]).prod()) for d in range(1, len(acc) + 1))
-    if not 0 <= n <= total:
-        raise InputError(f"A tree of {n} nodes does not fit {total} possible paths.")
-    chosen: list[list[int]] = []
-    frontier = [[r] for r in range(len(acc[0]))] if acc else []
-    while len(chosen) < n:
-        frontier.sort(key=lambda p: (-path_acceptance(p, acc), len(p), p))
-        best = frontier.pop(0)
-        chosen.append(best)
-        if len(best) < len(acc):
-            frontier += [best + [r] for r in range(len(acc[len(best)]))]
-    return sorted(chosen, key=lambda p: (len(p), p))
-
-
-def expected_accepted(paths: Sequence[Sequence[int]], acc: Sequence[Sequence[float]]) -> float:
-    """Estimated mean accepted draft tokens per round of a tree: Σ_paths path_acceptance (a node is on
-    the accepted path iff its whole path is right; the events of one depth are disjoint)."""
-    return sum(path_acceptance(p, acc) for p in paths)
-
-
-def choose_tree(acc: Sequence[Sequence[float]], pass_cost: Sequence[float], max_nodes: int | None = None) -> dict:
-    """Pick the tree size that maximises estimated tokens per unit of target-pass time.
-
-    For each size n: the best n paths (``best_paths``); estimated tokens per round E_n = 1 + Σ path
-    acceptances (the target adds one token of its own); a round's pass feeds n + 1 tokens (the nodes and
-    the last round's correction or bonus token), costing ``pass_cost[n]`` (× one single-token step,
-    measured). The chosen n maximises E_n / pass_cost[n].
-
-    Args:
-        acc: per-head top-r accuracies (see ``path_acceptance``).
-        pass_cost: pass_cost[m − 1] = cost of a pass over m tokens relative to one token (m ≥ 1).
-        max_nodes: largest tree considered (default: len(pass_cost) − 1).
-
-    Returns:
-        {"medusa_choices": paths, "nodes": n, "expected_tokens": E_n, "pass_cost": pass_cost[n],
-        "score": E_n / pass_cost[n], "by_size": [{"nodes", "expected_tokens", "pass_cost", "score"}...]}.
-
-    Raises:
-        InputError: an empty cost curve.
-    """
-    if not pass_cost:
-        raise InputError("choose_tree needs a measured pass cost for at least one token.")
-    limit = len(pass_cost) - 1 if max_nodes is None else min(max_nodes, len(pass_cost) - 1)
-    rows = []
-    for n in range(0, limit + 1):
-        paths = best_paths(acc, n)
-        e = 1.0 + expected_accepted(paths, acc)
-        rows.append({"nodes": n, "expected_tokens": round(e, 4), "pass_cost": float(pass_cost[n]),
-                     "score": round(e / float(pass_cost[n]), 4), "paths": paths})
-    best = max(rows, key=lambda r: (r["score"], -r["nodes"]))
-    return {"medusa_choices": best["paths"], "nodes": best["nodes"], "expected_tokens": best["expected_tokens"],
-            "pass_cost": best["pass_cost"], "score": best["score"],
-            "by_size": [{k: v for k, v in r.items() if k != "paths"} for r in rows]}
-
-
 def tree_of_size(heads: "MedusaHeads", n: int) -> list[list[int]]:
     """The best ``n``-node tree for saved heads: ``best_paths`` of their held-out accuracies
     (``config["head_accuracy"]``, written by ``engine.training.train_medusa``); [] for n = 0.
@@ -228,51 +143,6 @@ def tree_of_size(heads: "MedusaHeads", n: int) -> list[list[int]]:
     if not acc:
         raise InputError("These Medusa heads have no measured accuracies to build a tree of a chosen size from.")
     return best_paths(acc, n)
-
-
-def validate_choices(choices, n_heads: int) -> list[list[int]]:
-    """Check a ``medusa_choices`` list: non-empty paths of ranks ≥ 0, at most ``n_heads`` long, distinct,
-    each path's prefix present. Returns them in breadth-first order.
-
-    Raises:
-        InputError: for any violation.
-    """
-    try:
-        paths = [[int(r) for r in p] for p in choices]
-    except (TypeError, ValueError):
-        raise InputError(f"medusa_choices must be a list of lists of ranks, got {choices!r}.") from None
-    seen = {tuple(p) for p in paths}
-    if len(seen) != len(paths):
-        raise InputError("medusa_choices lists a path twice.")
-    for p in paths:
-        if not p or len(p) > n_heads or min(p) < 0:
-            raise InputError(f"Path {p} must hold 1..{n_heads} ranks ≥ 0 (one per head).")
-        if len(p) > 1 and tuple(p[:-1]) not in seen:
-            raise InputError(f"Path {p} needs its prefix {p[:-1]} in the tree too.")
-    return sorted(paths, key=lambda p: (len(p), p))
-
-
-def tree_from_candidates(cand: torch.Tensor, choices: Sequence[Sequence[int]], vocab_size: int) -> TokenTree:
-    """The static tree over one round's candidates (Medusa §2.3.1: the candidates of head k are the same
-    for every parent, all heads read the same h_t).
-
-    Args:
-        cand: [K, r] target token ids, cand[k][i] = head k+1's rank-i candidate.
-        choices: breadth-first paths (``validate_choices``), ranks < r.
-        vocab_size: the target's vocabulary V (for the one-hot q rows).
-
-    Returns:
-        a deterministic ``TokenTree``: node i is path choices[i]; q rows one-hot on each token.
-    """
-    index = {tuple(p): i for i, p in enumerate(choices)}
-    tokens, parents = [], []
-    for p in choices:
-        tokens.append(int(cand[len(p) - 1, p[-1]]))
-        parents.append(index[tuple(p[:-1])] if len(p) > 1 else -1)
-    q = torch.zeros(len(tokens), vocab_size)
-    if tokens:
-        q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
-    return TokenTree(tokens, parents, q, draw="deterministic")
 
 
 # ----------------------------------------------------------------------------------------- save / load

@@ -53,6 +53,11 @@ EMBEDDED_MEDUSA_DIR = ASSETS_DIR / "smollm2-medusa"
 """The shipped Medusa heads for the embedded target (``engine.decoding.medusa``, assets/smollm2-medusa): K heads
 guessing the next K positions at once from one hidden state, drafted as a static token tree."""
 
+EMBEDDED_BLOCK = "embedded-block"
+EMBEDDED_BLOCK_DIR = ASSETS_DIR / "smollm2-block"
+"""The shipped DFlash-style block drafter for the embedded target (``engine.decoding.block_drafter``,
+assets/smollm2-block): one drafter pass fills a whole block of draft tokens."""
+
 
 def default_gamma(draft_spec: str) -> int:
     """The default γ for a draft spec: ``EMBEDDED_HEAD_GAMMA`` for the shipped head, else 4."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -257,12 +256,12 @@ class DraftModelProposer(_ModelProposer):
 
     def __init__(self, draft: LoadedModel, target: LoadedModel):
         check_tokenizers_compatible(target.tokenizer, draft.tokenizer)
-        super().__init__(CachedLM(draft.model, draft.device), target_vocab=_vocab_size(target))
+        super().__init__(CachedLM(draft.model, draft.device), target_vocab=output_vocab_size(target))
         self.draft = draft
         self.name = f"draft model: {draft.name}"
 
 
-def _vocab_size(lm: LoadedModel) -> int:
+def output_vocab_size(lm: LoadedModel) -> int:
     """Number of logits the model outputs (embedding rows; may exceed len(tokenizer))."""
     return int(lm.model.get_output_embeddings().weight.shape[0])
 
@@ -303,7 +302,7 @@ class EarlyExitProposer(_ModelProposer):
 
     def __init__(self, target: LoadedModel, n_layers: int):
         view = truncated_model(target.model, n_layers)
-        super().__init__(CachedLM(view, target.device), target_vocab=_vocab_size(target))
+        super().__init__(CachedLM(view, target.device), target_vocab=output_vocab_size(target))
         self.n_layers = n_layers
         self.name = f"early exit at {n_layers} of {len(target.model.model.layers)} layers"
 
@@ -334,7 +333,7 @@ class FeatureHeadProposer(Proposer):
     def __init__(self, head, target: LoadedModel, name: str = "draft head", confidence_threshold: float = 0.0):
         self.confidence_threshold = confidence_threshold
         self.head = head
-        self.target_vocab = _vocab_size(target)
+        self.target_vocab = output_vocab_size(target)
         self.vocab_ids = head.vocab_ids.cpu()
         self.target_lm: CachedLM | None = None
         self.name = name
@@ -683,100 +682,3 @@ class PromptLookupProposer(Proposer):
         for i, t in enumerate(tokens):
             q[i, t] = 1.0
         return Proposal(tokens, q, point_mass=True)
-
-
-_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]" = weakref.WeakKeyDictionary()
-
-
-def _cached_head(folder: str, target_model: torch.nn.Module):
-    """Load a draft head (or Medusa heads) once per (target model, folder) in this process (read-only while
-    drafting)."""
-    from engine.decoding.draft_head import load_head
-    from engine.decoding.medusa import is_medusa_folder, load_medusa
-
-    heads = _HEADS.setdefault(target_model, {})
-    if folder not in heads:
-        heads[folder] = load_medusa(folder, target_model) if is_medusa_folder(folder) else \
-            load_head(folder, target_model)
-    return heads[folder]
-
-
-def _medusa_proposer(kind: str, target: LoadedModel) -> Proposer:
-    """Medusa heads (``engine.decoding.medusa``): the shipped ones ("embedded-medusa") or a folder; their
-    saved static tree (set ``proposer.choices`` to another, [] for a chain)."""
-    from engine.decoding.medusa import MedusaProposer, is_medusa_folder
-    from engine.decoding.models import EMBEDDED, EMBEDDED_MEDUSA, EMBEDDED_MEDUSA_DIR
-
-    shipped = kind == EMBEDDED_MEDUSA
-    folder = EMBEDDED_MEDUSA_DIR if shipped else kind
-    if shipped and target.spec != EMBEDDED:
-        raise InputError("The shipped Medusa heads were trained for the embedded target only; pick another "
-                         "draft for this target.")
-    if not is_medusa_folder(folder):
-        raise ModelLoadError(f"The shipped Medusa heads are missing from {folder}.")
-    heads = _cached_head(str(folder), target.model)
-    label = f"Medusa heads ({heads.n_heads} heads)" if shipped else f"Medusa heads: {kind}"
-    return MedusaProposer(heads, _vocab_size(target), choices=_machine_medusa_tree(heads, target) if shipped else None,
-                          name=label)
-
-
-MEDUSA_MAX_TREE = 15
-"""Largest static tree re-chosen for this machine (a pass over ≤ 16 tokens: ``pass_cost.SIZES``)."""
-
-
-def _machine_medusa_tree(heads, target: LoadedModel):
-    """The shipped heads' static tree re-chosen for this machine's measured pass cost (``medusa.choose_tree``
-    from the heads' held-out accuracies, as ``train_medusa --choose-tree-only`` does), when this machine's
-    curve was measured (``engine.decoding.pass_cost``); else None (the saved ``medusa_choices``)."""
-    from engine.decoding.medusa import choose_tree
-    from engine.decoding.pass_cost import cached_pass_cost
-
-    acc = heads.config.get("head_accuracy")
-    curve = cached_pass_cost(target.spec, target.compute.path if target.compute else "default",
-                             target.device.type)
-    if not acc or curve is None:
-        return None
-    return choose_tree(acc, curve.ratios(MEDUSA_MAX_TREE + 1), MEDUSA_MAX_TREE)["medusa_choices"]
-
-
-def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
-    """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", "embedded-head" or a folder
-    with a saved draft head (``engine.decoding.draft_head``), "embedded-medusa" or a folder with saved
-    Medusa heads (``engine.decoding.medusa``), or a draft model (pass ``draft``).
-
-    Raises:
-        InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model;
-        ModelLoadError for a draft head that cannot be loaded for this target.
-    """
-    from engine.decoding.draft_head import is_head_folder
-    from engine.decoding.medusa import is_medusa_folder
-    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR, EMBEDDED_MEDUSA
-
-    kind = (kind or "").strip()
-    if kind in ("none", "baseline"):
-        return None
-    if kind == EMBEDDED_MEDUSA or is_medusa_folder(kind):
-        return _medusa_proposer(kind, target)
-    if kind == EMBEDDED_HEAD or is_head_folder(kind):
-        folder = EMBEDDED_HEAD_DIR if kind == EMBEDDED_HEAD else kind
-        if kind == EMBEDDED_HEAD and target.spec != EMBEDDED:
-            raise InputError("The shipped draft head was trained for the embedded target only; pick "
-                             "another draft for this target.")
-        if not is_head_folder(folder):
-            raise ModelLoadError(f"The shipped draft head is missing from {folder}.")
-        head = _cached_head(str(folder), target.model)
-        label = "trained draft head (EAGLE-style)" if kind == EMBEDDED_HEAD else f"draft head: {kind}"
-        return FeatureHeadProposer(head, target, name=label)
-    if kind == "ngram":
-        # adaptive length: measured faster than a fixed γ on chat and code edits
-        # (benchmarks/results/speculative.md, "adaptive length" rows)
-        return PromptLookupProposer(_vocab_size(target), adaptive=True, stop_ids=target.eos_token_ids)
-    if kind.startswith("early-exit"):
-        try:
-            k = int(kind.split(":", 1)[1])
-        except (IndexError, ValueError):
-            raise InputError(f"Write early exit as 'early-exit:K' with K layers, got {kind!r}.") from None
-        return EarlyExitProposer(target, k)
-    if draft is None:
-        raise InputError(f"Draft {kind!r} needs a loaded draft model.")
-    return DraftModelProposer(draft, target)

@@ -257,16 +257,30 @@ def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[
 
     For the shipped head ("embedded-head") on the embedded target: :func:`best_gamma` with the head card's
     α and c (``HEAD_CARD_ALPHA``, ``HEAD_CARD_C``) and this machine's measured pass-cost curve
-    (``engine.decoding.pass_cost``), γ ≤ ``HEAD_GAMMA_MAX``. Elsewhere, or before this machine's curve was
-    measured (``python -m engine prepare``), the static default ``engine.decoding.models.default_gamma``.
+    (``engine.decoding.pass_cost``), γ ≤ ``HEAD_GAMMA_MAX``. For the shipped block drafter ("embedded-block"):
+    B − 1 with B from ``engine.decoding.block_drafter.default_block_here`` (its held-out acceptance and block
+    cost on this machine's curve). Elsewhere, or before this machine's curve was measured (``python -m engine
+    prepare``), the static default ``engine.decoding.models.default_gamma``.
 
     Returns:
         (γ, one sentence saying where it comes from).
     """
-    from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, default_gamma
+    from engine.decoding.models import EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_BLOCK_DIR, EMBEDDED_HEAD, default_gamma
     from engine.decoding.pass_cost import cached_pass_cost
 
     static = default_gamma(draft_spec)
+    if draft_spec == EMBEDDED_BLOCK and (target_spec or EMBEDDED) == EMBEDDED:
+        import json
+
+        from engine.decoding.block_drafter import BLOCK_CONFIG, default_block_here
+
+        try:
+            cfg = json.loads((EMBEDDED_BLOCK_DIR / BLOCK_CONFIG).read_text())
+        except (OSError, ValueError):
+            return static, "the draft's static default (the shipped block drafter is missing)"
+        curve = cached_pass_cost(EMBEDDED)
+        b, why = default_block_here(cfg, curve.ratios(int(cfg.get("max_block", 16))) if curve else None)
+        return b - 1, f"γ = B − 1 for block B: {why}"
     if draft_spec != EMBEDDED_HEAD or (target_spec or EMBEDDED) != EMBEDDED:
         return static, "the draft's static default"
     curve = cached_pass_cost(EMBEDDED)

@@ -37,7 +37,7 @@ import torch
 
 from engine.decoding.compute import cpu_model, path_of
 from engine.decoding.models import EMBEDDED_HEAD_GAMMA, default_gamma
-from engine.decoding.proposers import make_proposer
+from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
 from engine.errors import InputError
@@ -259,7 +259,7 @@ def _settings(kind: DraftKind, proposer, gamma: int | None = None) -> tuple[int,
     """(γ, tree size) the engine uses for this draft: ``gamma`` when given (the command line passes
     ``python -m engine generate``'s default for this machine), else the kind's static default (Medusa: its K
     heads); the tree: the proposer's own (Medusa: the static tree chosen for this machine when its pass cost
-    was measured, ``proposers._machine_medusa_tree``)."""
+    was measured, ``drafts._machine_medusa_tree``)."""
     if gamma is None:
         gamma = kind.gamma if kind.gamma is not None else proposer.heads.n_heads
     tree = proposer.tree_size if kind.tree == "saved" else int(kind.tree)

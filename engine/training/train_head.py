@@ -242,6 +242,69 @@ def _train_files(work: Path) -> list[Path]:
     return sorted(f for f in work.glob("train*.pt") if ".features-" not in f.name)
 
 
+def cached_training_data(target, work: Path, *, heldout: int, prompts: int, prompt_set: int, data_minutes: float,
+                         gen_dtype: str, gen_batch: int, max_new_tokens: int, feature_dtype: str, seed: int,
+                         progress=_log) -> dict:
+    """Steps 1–2 shared by the draft trainers (head, Medusa heads, block drafter): the target's own answers and
+    their features, cached under ``work``.
+
+    1. held-out answers (``heldout.pt``: ``heldout`` prompts on topics never used in training, half greedy), made
+       once; new training answers (``train-{gen_dtype}-s{seed}.pt``) for ``data_minutes`` when that file is absent
+       and ``data_minutes`` > 0 (prompts already answered in an earlier file are skipped); every ``train*.pt`` is used;
+    2. the features h (``compute_features``, ``feature_dtype``) of each training file, cached next to it.
+
+    Returns:
+        {"samples": [Sample], "features": [[P + R, H] tensors], "heldout": [Sample], "files": int,
+        "data_minutes": float, "feature_minutes": float}.
+
+    Raises:
+        InputError: no training data in ``work`` and ``data_minutes`` is 0.
+    """
+    import copy
+
+    model, tok, eos = target.model, target.tokenizer, target.eos_token_ids
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    gdt = torch.bfloat16 if gen_dtype == "bf16" else torch.float32
+    gen_model = model if gdt == torch.float32 else copy.deepcopy(model).to(gdt)
+    held_path = work / "heldout.pt"
+    if held_path.is_file():
+        held = load_samples(held_path)
+    else:
+        held = generate_samples(model, tok, build_prompts(heldout, "heldout", seed=0), eos, greedy_fraction=0.5,
+                                max_new_tokens=max_new_tokens, batch_size=32, seed=seed + 1000, progress=progress)
+        save_samples(held, held_path)
+    new_path = work / f"train-{gen_dtype}-s{seed}.pt"
+    t0 = time.perf_counter()
+    if data_minutes > 0 and not new_path.is_file():
+        old = {s.prompt for f in _train_files(work) for s in load_samples(f)}
+        todo = [p for p in build_prompts(prompts, "train", seed=seed, prompt_set=prompt_set) if p["prompt"] not in old]
+        new = generate_samples(gen_model, tok, todo, eos, greedy_fraction=0.4, temperature=0.8,
+                               max_new_tokens=max_new_tokens, batch_size=gen_batch, seed=seed, progress=progress,
+                               time_budget_s=data_minutes * 60)
+        save_samples(new, new_path)
+    data_min = (time.perf_counter() - t0) / 60
+    t0 = time.perf_counter()
+    fdt = torch.bfloat16 if feature_dtype == "bf16" else torch.float32
+    samples, feats = [], []
+    files = _train_files(work)
+    if not files:
+        raise InputError(f"No training data in {work}: run with --data-minutes > 0.")
+    for f in files:
+        ss = load_samples(f)
+        fpath = f.with_name(f"{f.stem}.features-{feature_dtype}.pt")
+        if fpath.is_file():
+            ff = torch.load(fpath, weights_only=True)
+        else:
+            progress(f"[features] {f.name}: {len(ss)} samples ({feature_dtype})")
+            ff = compute_features(gen_model if fdt == gdt else model, ss, fdt, progress=progress)
+            torch.save(ff, fpath)
+        samples += ss
+        feats += ff
+    return {"samples": samples, "features": feats, "heldout": held, "files": len(files),
+            "data_minutes": round(data_min, 1), "feature_minutes": round((time.perf_counter() - t0) / 60, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.training.train_head", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "smollm2-head"), help="output folder")

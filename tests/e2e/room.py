@@ -103,7 +103,7 @@ def alone_texts(readers: list[Reader]) -> list[str]:
     """Each reader's settings decoded alone by the engine, as the Live page builds them (the default draft: the
     trained head, its γ on this machine (``default_gamma_here``, as the page picks it), the chat preset, top-k 0, top-p 1): the tokens' texts, as the page shows them."""
     from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, load_model
-    from engine.decoding.proposers import make_proposer
+    from engine.decoding.drafts import make_proposer
     from engine.decoding.sampling import SamplingConfig
     from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
     from engine.explain.analytic import default_gamma_here
