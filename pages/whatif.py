@@ -840,7 +840,8 @@ def _section_block() -> None:
     b1.slider("Block decay δ_block: α_j = α·δ^(j−1)", 0.0, 1.0, step=0.01, key="wi_block_decay",
               help="How much less a block position is accepted than the one before it. A block drafter guesses "
                    "position j from MASKs, not from its own earlier guesses, so its later positions fall off "
-                   "faster than a sequential drafter's. 1 = no fall-off.")
+                   "faster than a sequential drafter's. 1 = no fall-off. The default 0.90 is an assumption, not a "
+                   "measurement.")
     b1.slider("Sequential decay δ_seq", 0.0, 1.0, step=0.01, key="wi_block_seq_decay",
               help="The same for the sequential drafter; 1 = the constant α of the Analytic model tab.")
     b2.radio("Block pass cost c_block(B)", list(BLOCK_COSTS), key="wi_block_cmodel", format_func=BLOCK_COSTS.get,
@@ -850,6 +851,10 @@ def _section_block() -> None:
     b2.slider("c1: what each block position adds", 0.0, 0.1, step=0.001, format="%.3f", key="wi_block_c1",
               disabled=st.session_state["wi_block_cmodel"] != "linear")
     b3.radio("Verify-cost curve t(n)", list(BLOCK_CURVES), key="wi_block_curve", format_func=BLOCK_CURVES.get)
+    b3.button("A flat verify pass (s = 0), as on a GPU while decoding is memory-bound", key="wi_btn_block_flat",
+              on_click=_set, kwargs={"block_curve": "slope", "slope": 0.0},
+              help="Sets the verify-cost curve to the slope and the slope to 0: verifying B tokens costs one decode "
+                   "step. There long blocks pay most; on this CPU each extra verified token costs time.")
     measured, what = _tree_curve("wi_block_curve")
     bcost, bcost_what = _block_cost(results)
     try:
@@ -888,10 +893,9 @@ def _section_block() -> None:
                    y=[b[1] for b in (cur.best_seq, cur.best_block, cur.best_cut)], mode="markers", name="best γ",
                    marker=BEST_MARKER)
     if results is not None:
-        for row in results.drafted():
-            fs.add_scatter(x=[row.gamma], y=[row.speedup], mode="markers+text", text=[row.draft],
-                           textposition="top center", name=f"measured: {row.draft}",
-                           marker={"symbol": MEASURED_SYMBOLS.get(row.kind, "circle"), "size": 11, "color": "#555555",
+        for row in results.drafted():  # named by symbol in the legend: text labels of neighbours overlapped
+            fs.add_scatter(x=[row.gamma], y=[row.speedup], mode="markers", name=f"measured: {row.draft}",
+                           marker={"symbol": MEASURED_SYMBOLS.get(row.kind, "circle"), "size": 12, "color": "#8c8c8c",
                                    "line": {"width": 1, "color": "#ffffff"}},
                            hovertemplate=(f"{row.draft}: %{{y:.2f}}× at γ = %{{x}}"
                                           + (f" (a tree of {row.tree} nodes)" if row.tree else "")

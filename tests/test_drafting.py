@@ -154,8 +154,11 @@ def test_the_loader_reads_the_fixture():
 
 def test_the_loader_without_a_file(tmp_path, monkeypatch):
     assert load_block_results(tmp_path / "block.json") is None
+    monkeypatch.delenv("SPEEDUP_LAB_BLOCK_RESULTS", raising=False)
     monkeypatch.setattr(drafting, "BLOCK_RESULTS", tmp_path / "none.json")
     assert load_block_results() is None
+    monkeypatch.setenv("SPEEDUP_LAB_BLOCK_RESULTS", str(FIXTURE))   # the browser tests' fixture
+    assert load_block_results().cpu == "Test CPU 9000"
 
 
 def _fixture() -> dict:

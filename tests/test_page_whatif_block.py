@@ -23,6 +23,7 @@ TAB = "Sequential vs parallel drafting"
 
 @pytest.fixture
 def no_results(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPEEDUP_LAB_BLOCK_RESULTS", raising=False)
     monkeypatch.setattr(drafting, "BLOCK_RESULTS", tmp_path / "block.json")
 
 
@@ -30,6 +31,7 @@ def no_results(tmp_path, monkeypatch):
 def results(tmp_path, monkeypatch):
     path = tmp_path / "block.json"
     shutil.copy(FIXTURE, path)
+    monkeypatch.delenv("SPEEDUP_LAB_BLOCK_RESULTS", raising=False)
     monkeypatch.setattr(drafting, "BLOCK_RESULTS", path)
     return path
 
@@ -154,3 +156,16 @@ def test_bad_link_values_are_replaced_and_named(no_results):
 def test_extremes_stay_finite(no_results, alpha, cost, decay):
     at = _app(wi_alpha=alpha, wi_cost=cost, wi_block_decay=decay, wi_block_seq_decay=decay, wi_gamma=16)
     _no_bad_numbers(at)
+
+
+def test_the_flat_verify_button(no_results):
+    at = _app(wi_slope=0.3)
+    at.button(key="wi_btn_block_flat").click().run()
+    assert not at.exception
+    assert at.query_params["wi_block_curve"] == "slope" and at.query_params["wi_slope"] == "0"
+    cur = drafting_curves(0.8, 0.05, BlockCost.constant(0.1), 0.9, 1.0, 0.0)
+    m = _metrics(at)
+    assert m["Block B = 5, γ = 4"].value == f"{cur.block_speedup[3]:.2f}×"
+    assert m["Sequential, γ = 4"].delta == "E 3.36 ÷ (4·c + 1.00)"
+    # a flat verify: the oracle cut saves nothing
+    assert m["Block + confidence cut (oracle)"].value == m["Block B = 5, γ = 4"].value

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -494,12 +495,13 @@ def parse_block_results(data: object, path: str = "block.json") -> BlockResults:
 
 
 def load_block_results(path: str | Path | None = None) -> BlockResults | None:
-    """Read ``benchmarks/results/block.json`` (or ``path``): None when the file does not exist.
+    """Read ``benchmarks/results/block.json`` (or ``path``, else the file named by the environment variable
+    ``SPEEDUP_LAB_BLOCK_RESULTS``, which the browser tests use for a fixture): None when the file does not exist.
 
     Raises:
         InputError: the file is unreadable, not JSON, or does not fit the schema of :func:`parse_block_results`.
     """
-    p = Path(path) if path is not None else BLOCK_RESULTS
+    p = Path(path or os.environ.get("SPEEDUP_LAB_BLOCK_RESULTS") or BLOCK_RESULTS)
     if not p.exists():
         return None
     try:
