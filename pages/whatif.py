@@ -799,6 +799,8 @@ def _gap_parts(run) -> None:
 # ------------------------------------------------------------------ sequential vs parallel (block) drafting
 SEQ_COLOR, BLOCK_COLOR, CUT_COLOR = "#4292c6", YOURS_COLOR, "#e6550d"
 MEASURED_SYMBOLS = {"block": "diamond", "head": "square", "medusa": "triangle-up"}
+# below the x-axis title (at -0.25 on a shorter chart presenter mode's larger title ran into the legend)
+BLOCK_LEGEND = {"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"}
 
 
 def _block_results():
@@ -904,8 +906,8 @@ def _section_block() -> None:
     fs.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain",
                  annotation_position="bottom left")
     fs.update_layout(title="Speedup against γ (★ best)", xaxis_title="draft tokens γ (block B = γ + 1)",
-                     yaxis_title="speedup ×", height=CHART_H + 80, margin={"t": 40, "b": 10},
-                     legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+                     yaxis_title="speedup ×", height=CHART_H + 130, margin={"t": 40, "b": 10},
+                     legend=BLOCK_LEGEND)
     show_chart(fs, key="wi_fig_block_speedup", where=left)
     fc = go.Figure()
     fc.add_scatter(x=cur.gammas, y=cur.seq_draft_cost, mode="lines", name="sequential drafting γ·c",
@@ -917,8 +919,8 @@ def _section_block() -> None:
     fc.add_scatter(x=cur.gammas, y=cur.cut_verify, mode="lines", name="verify with the oracle cut E[t(T)/t(1)]",
                    line={"dash": "dash", "color": CUT_COLOR})
     fc.update_layout(title="What a round costs (target decode steps)", xaxis_title="draft tokens γ",
-                     yaxis_title="target decode steps", height=CHART_H + 80, margin={"t": 40, "b": 10},
-                     legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+                     yaxis_title="target decode steps", height=CHART_H + 130, margin={"t": 40, "b": 10},
+                     legend=BLOCK_LEGEND)
     show_chart(fc, key="wi_fig_block_cost", where=right)
 
     left, right = st.columns(2)
@@ -929,7 +931,7 @@ def _section_block() -> None:
                    line={"color": BLOCK_COLOR})
     fa.update_layout(title="Acceptance by draft position j", xaxis_title="draft position j", yaxis_title="α_j",
                      yaxis_range=[0, 1.02], height=CHART_H, margin={"t": 40, "b": 10},
-                     legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+                     legend=BLOCK_LEGEND)
     show_chart(fa, key="wi_fig_block_alpha", where=left)
     bs, bb = cur.best_seq, cur.best_block
     verdict = ("block drafting pays more" if bb[1] > bs[1] * 1.005 else
