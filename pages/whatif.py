@@ -168,7 +168,8 @@ alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"],
 # tab is in the link as ?wi_tab=… through url_param like every other setting, not Streamlit's binding:
 # that one replaced the history entry (a tab switch was no Back step) and wrote the URL on its own,
 # adding a history entry of its own after a tour stop opened.
-tab_model, tab_sim, tab_batch, tab_toy, tab_meas, tab_tree, tab_block = st.tabs(list(TABS), key="wi_tab", on_change="rerun")
+tab_model, tab_sim, tab_batch, tab_toy, tab_meas, tab_tree, tab_block = st.tabs(list(TABS), key="wi_tab",
+                                                                                 on_change="rerun")
 
 # ------------------------------------------------------------------ analytic model
 def _set_slope() -> None:

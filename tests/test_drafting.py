@@ -76,7 +76,8 @@ def test_oracle_cut_by_hand():
     # the full verify pays t(4) = 2.5: 2.184 / 2.6
     assert block_speedup(a, BlockCost.constant(0.1), verify_cost_ratio(4, 0.5)) == pytest.approx(2.184 / 2.6)
     # a flat verify cost: the cut saves nothing
-    assert cut_oracle_speedup(a, BlockCost.constant(0.1)) == pytest.approx(block_speedup(a, BlockCost.constant(0.1), 1.0))
+    flat = BlockCost.constant(0.1)
+    assert cut_oracle_speedup(a, flat) == pytest.approx(block_speedup(a, flat, 1.0))
 
 
 def test_curves_by_hand_and_best_gamma():

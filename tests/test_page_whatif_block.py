@@ -51,7 +51,8 @@ def _metrics(at) -> dict[str, object]:
 
 
 def _charts(at) -> dict[str, dict]:
-    return {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return {s["layout"]["title"]["text"]: s for s in specs}
 
 
 def _no_bad_numbers(at) -> None:

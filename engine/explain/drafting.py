@@ -114,7 +114,8 @@ class BlockCost:
     @classmethod
     def linear(cls, c0: float, c1: float) -> "BlockCost":
         """c_block(B) = c0 + c1·B, c0 in [0, 1], c1 in [0, 1]. Raises InputError otherwise."""
-        return cls("linear", _num(c0, "Block pass cost c0", 0.0, 1.0), _num(c1, "Block pass cost per position c1", 0.0, 1.0))
+        return cls("linear", _num(c0, "Block pass cost c0", 0.0, 1.0),
+                   _num(c1, "Block pass cost per position c1", 0.0, 1.0))
 
     @classmethod
     def measured(cls, ratios: Mapping[int, float]) -> "BlockCost":
@@ -197,7 +198,7 @@ def tokens_per_pass(alphas: Sequence[float]) -> float:
 
 
 def tokens_distribution(alphas: Sequence[float]) -> np.ndarray:
-    """P(T = k) for the tokens T a round emits, k = 1..γ+1: Π_{j<k} α_j · (1 − α_k), and Π_{j≤γ} α_j at γ+1.
+    """P(T = k) for the tokens T a round emits: Π_{j<k} α_j · (1 − α_k) for k = 1..γ, Π_{j≤γ} α_j at γ + 1.
 
     Source: the truncated geometric of Leviathan et al. 2023, Section 3.3, with a per-position α. Its mean is
     :func:`tokens_per_pass`.
@@ -282,8 +283,9 @@ def cut_oracle_speedup(alphas: Sequence[float], block_cost: BlockCost, slope: fl
     The drafter still pays for the whole block (c_block(B), B = γ + 1); the verify pass covers only the tokens
     the round keeps (:func:`cut_oracle_verify_ratio`), so tokens per pass are those of the full verify. Since
     the oracle keeps every token and never verifies a rejected one, no cut keeps more tokens in a round or
-    verifies fewer of them: the ceiling of DSpark's cut (arXiv 2607.05147) on this model, not its measured speed. With a flat verify cost (t(n) = t(1))
-    it equals :func:`block_speedup`: the cut saves only where verifying more tokens costs more.
+    verifies fewer of them: the ceiling of DSpark's cut (arXiv 2607.05147) on this model, not its measured
+    speed. With a flat verify cost (t(n) = t(1)) it equals :func:`block_speedup`: the cut saves only where
+    verifying more tokens costs more.
 
     Raises:
         InputError: bad α_j, block cost or verify curve.
@@ -487,8 +489,8 @@ def parse_block_results(data: object, path: str = "block.json") -> BlockResults:
                             speedup=float(_field(r, "speedup", where, num)))
         if row.gamma < 0 or row.tree < 0 or not (1.0 <= row.accepted_per_pass < 1e6) \
                 or not (0.0 <= row.tokens_per_s < 1e9) or not (0.0 < row.speedup < 1e6):
-            raise InputError(f"{where} ({row.draft}): needs γ ≥ 0, tree ≥ 0, accepted per pass ≥ 1, tokens/s ≥ 0 "
-                             f"and speedup > 0.")
+            raise InputError(f"{where} ({row.draft}): needs γ ≥ 0, tree ≥ 0, accepted per pass ≥ 1, "
+                             f"tokens/s ≥ 0 and speedup > 0.")
         rows.append(row)
     return BlockResults(cpu=cpu, compute=compute, machine=machine, command=str(data.get("command", "")),
                         target_step_ms=step, block_pass=dict(sorted(block_pass.items())), rows=rows, path=path)
