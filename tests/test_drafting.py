@@ -192,3 +192,10 @@ def test_a_file_that_is_not_json(tmp_path):
     p.write_text("[1, 2]")
     with pytest.raises(InputError, match="expected a JSON object"):
         load_block_results(p)
+
+
+def test_any_sequence_of_alphas_works_once():
+    # a generator is read once: the γ and E must come from the same positions
+    assert sequential_speedup((a for a in [0.8, 0.8, 0.8]), 0.1, 1.0) == pytest.approx(2.952 / 1.3)
+    assert block_speedup((a for a in [0.8] * 3), BlockCost.constant(0.1), 1.0) == pytest.approx(2.952 / 1.1)
+    assert cut_oracle_speedup((a for a in [0.8] * 3), BlockCost.constant(0.1)) == pytest.approx(2.952 / 1.1)

@@ -240,7 +240,8 @@ def sequential_speedup(alphas: Sequence[float], c: float, verify_ratio: float) -
     Raises:
         InputError: bad α_j, c or verify ratio.
     """
-    g = _gamma(len(list(alphas)))
+    alphas = list(alphas)
+    g = _gamma(len(alphas))
     cc = _num(c, "Draft cost c", 0.0, 1.0)
     vr = _num(verify_ratio, "Verify cost ratio t(γ+1)/t(1)", 1e-9, 1e6)
     return tokens_per_pass(alphas) / (g * cc + vr)
@@ -256,7 +257,8 @@ def block_speedup(alphas: Sequence[float], block_cost: BlockCost, verify_ratio: 
     Raises:
         InputError: bad α_j, block cost or verify ratio.
     """
-    g = _gamma(len(list(alphas)))
+    alphas = list(alphas)
+    g = _gamma(len(alphas))
     vr = _num(verify_ratio, "Verify cost ratio t(B)/t(1)", 1e-9, 1e6)
     return tokens_per_pass(alphas) / (block_cost(g + 1) + vr)
 
@@ -290,7 +292,8 @@ def cut_oracle_speedup(alphas: Sequence[float], block_cost: BlockCost, slope: fl
     Raises:
         InputError: bad α_j, block cost or verify curve.
     """
-    g = _gamma(len(list(alphas)))
+    alphas = list(alphas)
+    g = _gamma(len(alphas))
     return tokens_per_pass(alphas) / (block_cost(g + 1) + cut_oracle_verify_ratio(alphas, slope, measured_ms))
 
 
