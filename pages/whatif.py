@@ -19,6 +19,7 @@ from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import shape_figure
+from engine.decoding.compute import cpu_model
 from engine.decoding.models import EMBEDDED
 from engine.decoding.pass_cost import current_pass_cost, machine_pass_cost
 from engine.errors import SpeedupLabError
@@ -40,6 +41,7 @@ from engine.explain.analytic import (
     tree_size_curve,
     try_it_exercises,
 )
+from engine.explain.drafting import BlockCost, drafting_curves, load_block_results
 from engine.explain.teaching import whatif_questions
 from engine.explain.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, verify_always_accept
 
@@ -48,7 +50,7 @@ RULES = ("Speculative sampling (engine)", "Naive: accept every draft token")
 BYTES = {"bf16 / fp16 (2 bytes)": 2.0, "fp8 (1 byte)": 1.0, "int4 (0.5 byte)": 0.5, "fp32 (4 bytes)": 4.0}
 CHART_H = 340
 TABS = ("Analytic model", "Step simulator · Try it", "When it does not help", "Distribution check",
-        "My measured numbers", "Token trees")
+        "My measured numbers", "Token trees", "Sequential vs parallel drafting")
 MAX_BATCHES = [8, 64, 256, 1024, 4096, 16384, 65536]
 TOY_NS = [1000, 2000, 5000, 10000]  # 20 000 (the engine's cap) can take > 2 s on a busy 2-core CPU
 
@@ -87,6 +89,19 @@ url_param("wi_tree_n", 8, int, lo=1, hi=TREE_MAX_NODES)
 url_param("wi_tree_depth", 6, int, lo=1, hi=GAMMA_MAX)
 url_param("wi_tree_curve", "cpu", str, choices=list(TREE_CURVES))
 URL_KEYS += ["wi_tree_sib", "wi_tree_decay", "wi_tree_branch", "wi_tree_n", "wi_tree_depth", "wi_tree_curve"]
+
+# the Sequential vs parallel drafting tab's settings (its section is _section_block)
+BLOCK_COSTS = {"flat": "One pass, same cost at any B: c_block = c0", "linear": "Grows with the block: c0 + c1·B",
+               "measured": "Measured block passes (benchmarks/results/block.json)"}
+BLOCK_CURVES = {k: TREE_CURVES[k] for k in ("cpu", "slope")}
+url_param("wi_block_decay", 0.90, float, lo=0.0, hi=1.0, step=0.01)
+url_param("wi_block_seq_decay", 1.0, float, lo=0.0, hi=1.0, step=0.01)
+url_param("wi_block_cmodel", "flat", str, choices=list(BLOCK_COSTS))
+url_param("wi_block_c0", 0.10, float, lo=0.0, hi=1.0, step=0.01)
+url_param("wi_block_c1", 0.005, float, lo=0.0, hi=0.1, step=0.001)
+url_param("wi_block_curve", "cpu", str, choices=list(BLOCK_CURVES))
+URL_KEYS += ["wi_block_decay", "wi_block_seq_decay", "wi_block_cmodel", "wi_block_c0", "wi_block_c1",
+             "wi_block_curve"]
 
 
 def _set(**values) -> None:
@@ -153,7 +168,8 @@ alpha, gamma, cost = st.session_state["wi_alpha"], st.session_state["wi_gamma"],
 # tab is in the link as ?wi_tab=… through url_param like every other setting, not Streamlit's binding:
 # that one replaced the history entry (a tab switch was no Back step) and wrote the URL on its own,
 # adding a history entry of its own after a tour stop opened.
-tab_model, tab_sim, tab_batch, tab_toy, tab_meas, tab_tree = st.tabs(list(TABS), key="wi_tab", on_change="rerun")
+tab_model, tab_sim, tab_batch, tab_toy, tab_meas, tab_tree, tab_block = st.tabs(list(TABS), key="wi_tab",
+                                                                                 on_change="rerun")
 
 # ------------------------------------------------------------------ analytic model
 def _set_slope() -> None:
@@ -631,9 +647,10 @@ def _section_measured() -> None:
                                f"t(γ+1)/t(1) = {mc.verify_ratio:.2f} = 1 + s·γ.")))
 
 # ------------------------------------------------------------------ token trees
-def _tree_curve() -> tuple[dict[int, float] | None, str]:
-    """The verify-cost curve the tab uses: (measured ms by tokens or None for the slope, what it is)."""
-    choice = st.session_state["wi_tree_curve"]
+def _tree_curve(key: str = "wi_tree_curve") -> tuple[dict[int, float] | None, str]:
+    """The verify-cost curve a tab uses (its radio ``key``): (measured ms by tokens or None for the slope, what
+    it is)."""
+    choice = st.session_state[key]
     if choice == "live":
         run = st.session_state.get("measured_run")
         curve = getattr(run, "verify_ms_by_tokens", None) or {}
@@ -653,7 +670,7 @@ def _tree_curve() -> tuple[dict[int, float] | None, str]:
             st.rerun()
         n_max = max(pc.ms)
         return dict(pc.ms), (f"{pc.source}: passes of 1–{n_max} tokens, extended linearly beyond: trees over "
-                             f"{n_max - 1} nodes are an extrapolation")
+                             f"{n_max - 1} nodes (drafts over γ = {n_max - 1}) are an extrapolation")
     return None, f"t(n) = t(1)·(1 + s·(n − 1)) with s = {st.session_state['wi_slope']:.2f}"
 
 
@@ -780,9 +797,179 @@ def _gap_parts(run) -> None:
         st.markdown("\n".join(f"- **{s.label}**: {s.assumption}." for s in pred.steps))
 
 
+# ------------------------------------------------------------------ sequential vs parallel (block) drafting
+SEQ_COLOR, BLOCK_COLOR, CUT_COLOR = "#4292c6", YOURS_COLOR, "#e6550d"
+MEASURED_SYMBOLS = {"block": "diamond", "head": "square", "medusa": "triangle-up"}
+# below the x-axis title (at -0.25 on a shorter chart presenter mode's larger title ran into the legend)
+BLOCK_LEGEND = {"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"}
+
+
+def _block_results():
+    """block.json read by the engine: (results or None, an error message or None)."""
+    try:
+        return load_block_results(), None
+    except SpeedupLabError as e:
+        return None, str(e)
+
+
+def _block_cost(results) -> tuple[BlockCost, str]:
+    """c_block(B) from the tab's choice, and where it comes from (one line)."""
+    choice = st.session_state["wi_block_cmodel"]
+    c0, c1 = st.session_state["wi_block_c0"], st.session_state["wi_block_c1"]
+    if choice == "measured":
+        if results is not None and results.block_pass:
+            here = "this machine" if results.cpu == cpu_model() else "another machine than this one"
+            cost = results.block_cost()
+            return cost, f"{cost.describe()} ({results.label()}: {here})"
+        st.info("No measured block passes yet: run benchmarks/bench_block.py to write benchmarks/results/block.json. "
+                "Using one pass at the same cost for any B (c0) instead.")
+        choice = "flat"
+    cost = BlockCost.linear(c0, c1) if choice == "linear" else BlockCost.constant(c0)
+    return cost, cost.describe() + " (set by the sliders)"
+
+
+def _section_block() -> None:
+    intro("Two ways to draft γ tokens for one verify pass. **Sequential** (a small draft model, an EAGLE-style "
+          "head): γ draft steps, each conditioned on the tokens drafted before it; a round costs γ·c + t(γ+1)/t(1) "
+          "target steps. **Parallel, block** (DFlash): a non-causal drafter fills a block [bonus token, MASK × "
+          "(B − 1)] in **one** forward pass, conditioned on the target's hidden states; γ = B − 1 drafts cost "
+          "c_block(B) + t(B)/t(1). Acceptance model: draft position j is kept with α_j = α·δ^(j−1) if all before "
+          "it were. A block's position j > 1 sees only MASKs, not the tokens drafted before it, so its δ is "
+          "usually lower. **+ confidence cut** (DSpark) is an *oracle*: it verifies exactly the tokens the round "
+          "keeps — the ceiling of what a cut can save, not a measurement. α and c come from the sliders at the "
+          "top; γ there is the draft length the metrics inspect.", label="About this tab")
+    results, load_error = _block_results()
+    b1, b2, b3 = st.columns(3)
+    b1.slider("Block decay δ_block: α_j = α·δ^(j−1)", 0.0, 1.0, step=0.01, key="wi_block_decay",
+              help="How much less a block position is accepted than the one before it. A block drafter guesses "
+                   "position j from MASKs, not from its own earlier guesses, so its later positions fall off "
+                   "faster than a sequential drafter's. 1 = no fall-off. The default 0.90 is an assumption, not a "
+                   "measurement.")
+    b1.slider("Sequential decay δ_seq", 0.0, 1.0, step=0.01, key="wi_block_seq_decay",
+              help="The same for the sequential drafter; 1 = the constant α of the Analytic model tab.")
+    b2.radio("Block pass cost c_block(B)", list(BLOCK_COSTS), key="wi_block_cmodel", format_func=BLOCK_COSTS.get,
+             help="One drafter pass over B positions, as a fraction of one target decode step.")
+    b2.slider("c0: one block pass (fraction of a target step)", 0.0, 1.0, step=0.01, key="wi_block_c0",
+              disabled=st.session_state["wi_block_cmodel"] == "measured" and bool(results and results.block_pass))
+    b2.slider("c1: what each block position adds", 0.0, 0.1, step=0.001, format="%.3f", key="wi_block_c1",
+              disabled=st.session_state["wi_block_cmodel"] != "linear")
+    b3.radio("Verify-cost curve t(n)", list(BLOCK_CURVES), key="wi_block_curve", format_func=BLOCK_CURVES.get)
+    b3.button("A flat verify pass (s = 0), as on a GPU while decoding is memory-bound", key="wi_btn_block_flat",
+              on_click=_set, kwargs={"block_curve": "slope", "slope": 0.0},
+              help="Sets the verify-cost curve to the slope and the slope to 0: verifying B tokens costs one decode "
+                   "step. There long blocks pay most; on this CPU each extra verified token costs time.")
+    measured, what = _tree_curve("wi_block_curve")
+    bcost, bcost_what = _block_cost(results)
+    try:
+        cur = drafting_curves(alpha, cost, bcost, st.session_state["wi_block_decay"],
+                              st.session_state["wi_block_seq_decay"], st.session_state["wi_slope"], measured)
+    except SpeedupLabError as e:
+        st.error(str(e))
+        stop_page()
+    i = gamma - 1
+    k1, k2, k3, k4 = st.columns(4)
+    k1.metric(f"Sequential, γ = {gamma}", f"{cur.seq_speedup[i]:.2f}×",
+              delta=f"E {cur.seq_tokens[i]:.2f} ÷ ({gamma}·c + {cur.verify[i]:.2f})", delta_color="off",
+              delta_arrow="off", help="E ÷ (γ·c + t(γ+1)/t(1)): γ draft steps and one verify pass.")
+    k2.metric(f"Block B = {gamma + 1}, γ = {gamma}", f"{cur.block_speedup[i]:.2f}×",
+              delta=f"E {cur.block_tokens[i]:.2f} ÷ ({cur.block_draft_cost[i]:.2f} + {cur.verify[i]:.2f})",
+              delta_color="off", delta_arrow="off", help="E ÷ (c_block(B) + t(B)/t(1)): one drafter pass and one "
+                                                         "verify pass over the B = γ + 1 tokens.")
+    k3.metric("Block + confidence cut (oracle)", f"{cur.cut_speedup[i]:.2f}×",
+              delta=f"mean verify {cur.cut_verify[i]:.2f} instead of {cur.verify[i]:.2f}", delta_color="off",
+              delta_arrow="off", help="Verifies only the tokens the round keeps: E ÷ (c_block(B) + E[t(T)/t(1)]). "
+                                      "A ceiling, not a measurement: a real confidence head cuts some good tokens "
+                                      "and verifies some bad ones.")
+    k4.metric("Best γ: sequential", f"γ = {cur.best_seq[0]} ({cur.best_seq[1]:.2f}×)",
+              delta=f"block: γ = {cur.best_block[0]}, B = {cur.best_block[0] + 1} ({cur.best_block[1]:.2f}×)",
+              delta_color="off", delta_arrow="off", help=f"Over γ = 1..{GAMMA_MAX}; ties go to the shorter draft.")
+
+    left, right = st.columns(2)
+    fs = go.Figure()
+    fs.add_scatter(x=cur.gammas, y=cur.seq_speedup, mode="lines", name="sequential (γ steps)",
+                   line={"width": 2.5, "color": SEQ_COLOR})
+    fs.add_scatter(x=cur.gammas, y=cur.block_speedup, mode="lines", name="block (one pass, B = γ + 1)",
+                   line={"width": 3.5, "color": BLOCK_COLOR})
+    fs.add_scatter(x=cur.gammas, y=cur.cut_speedup, mode="lines", name="block + confidence cut (oracle ceiling)",
+                   line={"dash": "dash", "width": 2.5, "color": CUT_COLOR})
+    fs.add_scatter(x=[b[0] for b in (cur.best_seq, cur.best_block, cur.best_cut)],
+                   y=[b[1] for b in (cur.best_seq, cur.best_block, cur.best_cut)], mode="markers", name="best γ",
+                   marker=BEST_MARKER)
+    if results is not None:
+        for row in results.drafted():  # named by symbol in the legend: text labels of neighbours overlapped
+            fs.add_scatter(x=[row.gamma], y=[row.speedup], mode="markers", name=f"measured: {row.draft}",
+                           marker={"symbol": MEASURED_SYMBOLS.get(row.kind, "circle"), "size": 12, "color": "#8c8c8c",
+                                   "line": {"width": 1, "color": "#ffffff"}},
+                           hovertemplate=(f"{row.draft}: %{{y:.2f}}× at γ = %{{x}}"
+                                          + (f" (a tree of {row.tree} nodes)" if row.tree else "")
+                                          + f", {row.accepted_per_pass:.2f} tokens per pass ({results.label()})"
+                                          "<extra></extra>"))
+    fs.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain",
+                 annotation_position="bottom left")
+    fs.update_layout(title="Speedup against γ (★ best)", xaxis_title="draft tokens γ (block B = γ + 1)",
+                     yaxis_title="speedup ×", height=CHART_H + 130, margin={"t": 40, "b": 10},
+                     legend=BLOCK_LEGEND)
+    show_chart(fs, key="wi_fig_block_speedup", where=left)
+    fc = go.Figure()
+    fc.add_scatter(x=cur.gammas, y=cur.seq_draft_cost, mode="lines", name="sequential drafting γ·c",
+                   line={"width": 2.5, "color": SEQ_COLOR})
+    fc.add_scatter(x=cur.gammas, y=cur.block_draft_cost, mode="lines", name="block drafting c_block(γ + 1)",
+                   line={"width": 3.5, "color": BLOCK_COLOR})
+    fc.add_scatter(x=cur.gammas, y=cur.verify, mode="lines", name="verify pass t(γ+1)/t(1)",
+                   line={"dash": "dot", "color": "#888888"})
+    fc.add_scatter(x=cur.gammas, y=cur.cut_verify, mode="lines", name="verify with the oracle cut E[t(T)/t(1)]",
+                   line={"dash": "dash", "color": CUT_COLOR})
+    fc.update_layout(title="What a round costs (target decode steps)", xaxis_title="draft tokens γ",
+                     yaxis_title="target decode steps", height=CHART_H + 130, margin={"t": 40, "b": 10},
+                     legend=BLOCK_LEGEND)
+    show_chart(fc, key="wi_fig_block_cost", where=right)
+
+    left, right = st.columns(2)
+    fa = go.Figure()
+    fa.add_scatter(x=cur.gammas, y=cur.seq_alphas, mode="lines+markers", name="sequential α_j",
+                   line={"color": SEQ_COLOR})
+    fa.add_scatter(x=cur.gammas, y=cur.block_alphas, mode="lines+markers", name="block α_j",
+                   line={"color": BLOCK_COLOR})
+    fa.update_layout(title="Acceptance by draft position j", xaxis_title="draft position j", yaxis_title="α_j",
+                     yaxis_range=[0, 1.02], height=CHART_H, margin={"t": 40, "b": 10},
+                     legend=BLOCK_LEGEND)
+    show_chart(fa, key="wi_fig_block_alpha", where=left)
+    bs, bb = cur.best_seq, cur.best_block
+    verdict = ("block drafting pays more" if bb[1] > bs[1] * 1.005 else
+               "sequential drafting pays more" if bs[1] > bb[1] * 1.005 else "the two are about even")
+    right.markdown(
+        f"**At these settings {verdict}**: sequential at best γ = {bs[0]} ({bs[1]:.2f}×), block at best "
+        f"B = {bb[0] + 1} ({bb[1]:.2f}×).\n\n"
+        "- **Why long blocks become affordable.** Sequential drafting pays c for every token it drafts, so its draft "
+        "cost γ·c climbs with γ and stops its best γ early. A block costs one drafter pass whatever its length: "
+        "going from B = 4 to B = 16 adds little to c_block(B), so drafting is no longer what limits γ.\n"
+        "- **What limits it instead.** The verify pass over B tokens (flat on a GPU while decoding is memory-bound, "
+        "growing on this CPU) and, mostly, how well the later positions are accepted. A block position sees MASKs, "
+        "not the drafts before it, so its α_j falls faster (δ_block); a token deep in the block only counts if every "
+        "one before it was accepted.\n"
+        "- **The confidence cut** helps only where verifying more tokens costs more: with a flat verify cost "
+        "(slope 0) it equals the full block. A cut at a fixed position is never better than a shorter block; "
+        "only a per-round decision can pay.")
+    st.caption(f"Block pass: {bcost_what}. Verify cost: {what}. Formulas: engine/explain/drafting.py "
+               "(Leviathan et al. 2023, Eq. 1 and Theorem 3.8 with per-position α; block drafting after DFlash, "
+               "arXiv 2602.06036; the confidence cut after DSpark, arXiv 2607.05147, as an oracle model).")
+    if load_error:
+        st.error(f"The measured points could not be read: {load_error}")
+    elif results is None:
+        st.caption("No measured points yet: run benchmarks/bench_block.py to put measured points here.")
+    else:
+        st.caption(f"Grey points: the shipped drafters {results.label()}, plain decoding = 1× on the same machine "
+                   f"(target step {results.target_step_ms:.1f} ms; {results.command}). The lines are the model above, "
+                   "not a fit to them.")
+        show_table([{"draft": r.draft, "kind": r.kind, "γ": r.gamma, "tree nodes": r.tree,
+                     "tokens per pass": r.accepted_per_pass, "tokens/s": r.tokens_per_s, "speedup ×": r.speedup}
+                    for r in results.rows],
+                   formats={"tokens per pass": "%.2f", "tokens/s": "%.1f", "speedup ×": "%.2f"})
+
+
 for _tab, _section in ((tab_model, _section_model), (tab_sim, _section_simulator),
                        (tab_batch, _section_batch), (tab_toy, _section_toy),
-                       (tab_meas, _section_measured), (tab_tree, _section_tree)):
+                       (tab_meas, _section_measured), (tab_tree, _section_tree), (tab_block, _section_block)):
     if _tab.open:
         with _tab:
             _section()

@@ -116,3 +116,52 @@ def test_whatif_shows_where_a_live_runs_gap_comes_from(page, app_url):
     page.set_viewport_size({"width": 1400, "height": 2200})
     wait_idle(page)
     assert screenshot(page, "whatif_measured_gap").stat().st_size > 20_000
+
+
+def test_whatif_sequential_vs_parallel_tab(page, app_url):
+    """The Sequential vs parallel drafting tab (engine/explain/drafting.py): opened by a click, its metrics and
+    three charts, a radio written into the link; without benchmarks/results/block.json a caption says how to get
+    measured points, with it the points are drawn (both are fine here: the app reads the repo's file)."""
+    import re
+
+    page.goto(app_url + "/whatif?wi_gamma=8")
+    wait_idle(page)
+    page.get_by_role("tab", name="Sequential vs parallel drafting").click()
+    wait_idle(page)
+    page.get_by_text("Block + confidence cut (oracle)").first.wait_for(timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=60_000)
+    body = page.inner_text("body")
+    assert re.search(r"Block B = 9, γ = 8\s*[\d.]+×", body), body[:3000]
+    assert "run benchmarks/bench_block.py" in body or "Grey points: the shipped drafters measured on" in body
+    page.get_by_text("Grows with the block: c0 + c1·B").click()
+    wait_idle(page)
+    wait_url(page, "wi_tab=Sequential+vs+parallel+drafting", "wi_block_cmodel=linear", "wi_gamma=8")
+    assert not page.locator('[data-testid="stException"]').count()
+    page.set_viewport_size({"width": 1400, "height": 2400})
+    wait_idle(page)
+    assert screenshot(page, "whatif_block").stat().st_size > 20_000
+
+
+@pytest.fixture(scope="module")
+def app_with_block_fixture():
+    """The app reading tests/fixtures/block/block.json as its measured block results."""
+    from tests.e2e.conftest import ROOT, run_app
+
+    fixture = ROOT / "tests" / "fixtures" / "block" / "block.json"
+    yield from run_app(env={"SPEEDUP_LAB_BLOCK_RESULTS": str(fixture)}, log_name="streamlit_block.log")
+
+
+def test_whatif_block_tab_draws_measured_points(page, app_with_block_fixture):
+    page.goto(app_with_block_fixture + "/whatif?wi_tab=Sequential+vs+parallel+drafting&wi_block_cmodel=measured")
+    wait_idle(page)
+    page.get_by_text("Grey points: the shipped drafters measured on Test CPU 9000, onednn kernels").first.wait_for(
+        timeout=60_000)
+    # the three measured drafts are drawn on the speedup chart, named in its legend
+    for name in ("block chain B=8", "EAGLE-style head γ=3", "Medusa heads"):
+        page.locator(".js-plotly-plot .legendtext", has_text=f"measured: {name}").first.wait_for(timeout=30_000)
+    assert page.locator(".js-plotly-plot .scatterlayer .point").count() >= 3
+    assert "measured c_block(B): B=4: 0.06" in page.inner_text("body")
+    assert not page.locator('[data-testid="stException"]').count()
+    page.set_viewport_size({"width": 1400, "height": 2400})
+    wait_idle(page)
+    assert screenshot(page, "whatif_block_measured").stat().st_size > 20_000
