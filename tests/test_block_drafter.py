@@ -82,7 +82,7 @@ def reference_block_logits(drafter, target, seq, block):
         h = target.model.get_decoder()(input_ids=torch.tensor([seq[:-1]])).last_hidden_state[0]
         n = len(seq) - 1
         ctx = drafter.fc(h)[None]
-        blk = drafter.block_inputs(torch.tensor([seq[-1]]), block)
+        blk = drafter.block_inputs(torch.tensor([seq[-1]]), block, h[-1][None])
         vis = torch.zeros(n + block, n + block, dtype=torch.bool)
         vis[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
         vis[n:] = True
@@ -329,3 +329,22 @@ def test_training_fits_a_tiny_targets_answers_and_keeps_the_best_epoch(tmp_path)
     vals = [sum(r["val_top1"][:4]) / len(r["val_top1"][:4]) for r in log if "val_top1" in r]
     final = slot_accuracy(drafter, seqs[:8], 4, ranks=1, greedy_only=False)
     assert len(vals) >= 2 and sum(final["top1"]) / 3 == pytest.approx(max(vals), abs=1e-3)
+
+
+def test_cli_block_drafter_runs_and_refuses_a_block_past_its_maximum(tiny, capsys):
+    """`generate --draft <block folder>`: γ = block − 1 runs with plain greedy's output; γ 0 or a block past the
+    trained maximum, and --tree-branching on its static tree, are one error line and exit status 2."""
+    from engine.__main__ import main
+
+    tgt, block = str(tiny["root"] / "target"), str(tiny["dir"])
+    base = ["generate", "--target", tgt, "--draft", block, "--no-chat", "--prompt", "w1 w2 w3 w1 w2",
+            "--max-new-tokens", "10"]
+    assert main(base + ["--gamma", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert main(["generate", "--target", tgt, "--draft", "none", "--no-chat", "--prompt", "w1 w2 w3 w1 w2",
+                 "--max-new-tokens", "10", "--json"]) == 0
+    assert out["token_ids"] == json.loads(capsys.readouterr().out)["token_ids"]
+    for args, msg in ((["--gamma", "5"], "blocks of 2 to 5"), (["--gamma", "0"], "γ"),
+                      (["--tree", "4", "--tree-branching", "2"], "static tree")):
+        assert main(base + args) == 2, args
+        assert msg in capsys.readouterr().err, args

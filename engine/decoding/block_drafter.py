@@ -16,7 +16,11 @@ Our drafter (all sizes for the embedded SmolLM2-135M, H = 576):
   the feature the engine already keeps from every verify pass (``proposers.CachedLM.hidden``), so the
   target's passes are unchanged. Entry i sits at position i and is kept in the drafter's KV cache;
 - the block: the target's (frozen) embedding of the bonus token x_n at position n, then a learned mask
-  embedding at positions n + 1 .. n + B − 1 (n = the number of context entries, so x_n is the newest token);
+  embedding at positions n + 1 .. n + B − 1 (n = the number of context entries, so x_n is the newest token); each
+  block input is fused with the newest context feature h_{n−1} (the one the target's LM head read to produce x_n):
+  fuse([e; h_{n−1}]), 2H → H, as EAGLE's head fuses token and feature (Li et al. 2024, §3). **What we add:** DFlash
+  reaches the context only through attention; with one layer and a few hundred thousand training tokens on this CPU,
+  a first run where the slots had to find h_{n−1} by attention learnt slowly (slot-1 top-1 0.08 after an epoch);
 - ``n_layers`` Llama decoder layers (transformers' ``LlamaModel``, final RMSNorm): context entries are causal
   among themselves; every block slot sees every context entry and every slot of its own block (bidirectional,
   the custom 4D mask of ``attention.model_mask``); one call feeds the new context entries and the block;
@@ -105,6 +109,7 @@ class BlockDrafter(nn.Module):
         self.n_layers = int(n_layers)
         self.max_block = int(max_block)
         self.fc = nn.Linear(self.hidden_size, self.hidden_size)
+        self.fuse = nn.Linear(2 * self.hidden_size, self.hidden_size)
         self.mask_embed = nn.Parameter(torch.zeros(self.hidden_size))
         self.body = LlamaModel(head_layer_config(target_config, n_layers))
         self.body.embed_tokens = None  # reads inputs_embeds; token embeddings are the target's
@@ -122,7 +127,8 @@ class BlockDrafter(nn.Module):
 
     def init_from_target(self, target_model: nn.Module) -> None:
         """Start the layers from the target's last ``n_layers`` layers, the norm from its final norm, fc as the
-        identity and the mask embedding as the mean token embedding."""
+        identity, fuse as [½·I, I] (half the embedding plus the feature, the EAGLE-style head's start) and the mask
+        embedding as the mean token embedding."""
         layers = target_model.model.layers
         for i, layer in enumerate(self.body.layers):
             layer.load_state_dict(layers[len(layers) - self.n_layers + i].state_dict())
@@ -130,10 +136,16 @@ class BlockDrafter(nn.Module):
         with torch.no_grad():
             self.fc.weight.copy_(torch.eye(self.hidden_size))
             self.fc.bias.zero_()
+            H = self.hidden_size
+            self.fuse.weight.zero_()
+            self.fuse.weight[:, :H] = 0.5 * torch.eye(H)
+            self.fuse.weight[:, H:] = torch.eye(H)
+            self.fuse.bias.zero_()
             self.mask_embed.copy_(target_model.get_input_embeddings().weight.detach().mean(0))
 
-    def block_inputs(self, bonus: torch.Tensor, block: int) -> torch.Tensor:
-        """[N] bonus ids → [N, block, H]: the bonus token's embedding, then ``block − 1`` mask embeddings.
+    def block_inputs(self, bonus: torch.Tensor, block: int, last: torch.Tensor) -> torch.Tensor:
+        """[N] bonus ids and [N, H] newest context features h_{n−1} → [N, block, H]: fuse([e; h_{n−1}]) for the bonus
+        token's embedding e, then for ``block − 1`` mask embeddings.
 
         Raises:
             RuntimeError: ``bind`` was not called.
@@ -143,7 +155,8 @@ class BlockDrafter(nn.Module):
         with torch.no_grad():
             e = self._target_embed[0](bonus).to(self.mask_embed.dtype)  # [N, H]
         masks = self.mask_embed.expand(bonus.shape[0], block - 1, -1)
-        return torch.cat([e[:, None], masks], dim=1)
+        emb = torch.cat([e[:, None], masks], dim=1)
+        return self.fuse(torch.cat([emb, last.to(emb.dtype)[:, None].expand(-1, block, -1)], dim=-1))
 
     def forward(self, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 cache=None) -> torch.Tensor:
@@ -382,7 +395,7 @@ class BlockProposer(Proposer):
         held = self.n_ctx
         new = n - held
         ctx = d.fc(hidden[held:n].to(d.fc.weight.dtype))[None]  # [1, new, H]
-        blk = d.block_inputs(torch.tensor([seq[n]], dtype=torch.long, device=dev), block)  # [1, B, H]
+        blk = d.block_inputs(torch.tensor([seq[n]], dtype=torch.long, device=dev), block, hidden[n - 1][None])
         q_len = new + block
         vis = torch.zeros(q_len, held + q_len, dtype=torch.bool)
         vis[:, :held] = True

@@ -75,6 +75,8 @@ class DraftKind:
 DRAFTS: dict[str, DraftKind] = {k.name: k for k in (
     DraftKind("embedded-head", "EAGLE-style draft head", "assets/smollm2-head", 64, gamma=EMBEDDED_HEAD_GAMMA),
     DraftKind("embedded-medusa", "Medusa heads", "assets/smollm2-medusa", 48, gamma=None, tree="saved"),
+    DraftKind("embedded-block", "block drafter (DFlash-style)", "assets/smollm2-block", 32,
+              gamma=default_gamma("embedded-block")),
     DraftKind("embedded-draft", "small draft model", "assets/smollm2-draft", 64, gamma=default_gamma("embedded-draft")),
     DraftKind("early-exit", "early exit (the target's first K layers)", None, 64,
               gamma=default_gamma("early-exit"), needs_k=True),

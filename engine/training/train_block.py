@@ -138,7 +138,8 @@ def block_forward(drafter: BlockDrafter, batch: dict, block: int) -> torch.Tenso
     S, lmax, H = h.shape
     A = anchors.shape[1]
     ctx = drafter.fc(h)
-    blk = drafter.block_inputs(batch["bonus"].reshape(-1), block).reshape(S, A * block, H)
+    last = h.gather(1, (anchors - 1).clamp(min=0)[..., None].expand(-1, -1, H))  # h_{a−1}: [S, A, H]
+    blk = drafter.block_inputs(batch["bonus"].reshape(-1), block, last.reshape(-1, H)).reshape(S, A * block, H)
     vis = block_visibility(anchors, keep, lmax, block)
     pos = torch.cat([torch.arange(lmax).expand(S, -1),
                      (anchors[..., None] + torch.arange(block)).reshape(S, A * block)], dim=1)
@@ -325,7 +326,9 @@ def block_pass_ms(target, drafter: BlockDrafter, blocks: list[int], context: int
 
     def round_of(b):
         def one():
-            prop.cache.crop(n0)
+            extra = prop.cache.get_seq_length() - n0
+            if extra > 0:
+                prop.cache.crop(-extra)  # transformers 5: crop takes the count to drop, negative
             prop.n_ctx = n0
             prop.block_logits(seq, b)
         return one
