@@ -902,7 +902,7 @@ def _section_block() -> None:
                                    "line": {"width": 1, "color": "#ffffff"}},
                            hovertemplate=(f"{row.draft}: %{{y:.2f}}× at γ = %{{x}}"
                                           + (f" (a tree of {row.tree} nodes)" if row.tree else "")
-                                          + f", {row.accepted_per_pass:.2f} tokens per pass ({results.label()})"
+                                          + f", {row.tokens_per_pass:.2f} tokens per pass ({results.label()})"
                                           "<extra></extra>"))
     fs.add_hline(y=1.0, line_dash="dot", line_color=REFERENCE_LINE, annotation_text="no gain",
                  annotation_position="bottom left")
@@ -962,7 +962,7 @@ def _section_block() -> None:
                    f"(target step {results.target_step_ms:.1f} ms; {results.command}). The lines are the model above, "
                    "not a fit to them.")
         show_table([{"draft": r.draft, "kind": r.kind, "γ": r.gamma, "tree nodes": r.tree,
-                     "tokens per pass": r.accepted_per_pass, "tokens/s": r.tokens_per_s, "speedup ×": r.speedup}
+                     "tokens per pass": r.tokens_per_pass, "tokens/s": r.tokens_per_s, "speedup ×": r.speedup}
                     for r in results.rows],
                    formats={"tokens per pass": "%.2f", "tokens/s": "%.1f", "speedup ×": "%.2f"})
 

@@ -393,7 +393,7 @@ class MeasuredDraft:
     kind: str
     gamma: int
     tree: int
-    accepted_per_pass: float
+    tokens_per_pass: float
     tokens_per_s: float
     speedup: float
 
@@ -451,7 +451,7 @@ def parse_block_results(data: object, path: str = "block.json") -> BlockResults:
 
     Schema: {"machine": {"cpu": str, "compute": str, ...}, "command": str, "target_step_ms": number > 0,
     "block_pass": [{"block": int ≥ 1, "ms": number, "ratio": number in (0, 10]}, ...],
-    "rows": [{"draft": str, "kind": str, "gamma": int ≥ 0, "tree": int ≥ 0, "accepted_per_pass": number ≥ 1,
+    "rows": [{"draft": str, "kind": str, "gamma": int ≥ 0, "tree": int ≥ 0, "tokens_per_pass": number ≥ 1,
     "tokens_per_s": number ≥ 0, "speedup": number > 0}, ...]}.
 
     Raises:
@@ -487,12 +487,12 @@ def parse_block_results(data: object, path: str = "block.json") -> BlockResults:
         where = f"{path}: rows[{i}]"
         row = MeasuredDraft(draft=_field(r, "draft", where, str), kind=_field(r, "kind", where, str),
                             gamma=_field(r, "gamma", where, int), tree=_field(r, "tree", where, int),
-                            accepted_per_pass=float(_field(r, "accepted_per_pass", where, num)),
+                            tokens_per_pass=float(_field(r, "tokens_per_pass", where, num)),
                             tokens_per_s=float(_field(r, "tokens_per_s", where, num)),
                             speedup=float(_field(r, "speedup", where, num)))
-        if row.gamma < 0 or row.tree < 0 or not (1.0 <= row.accepted_per_pass < 1e6) \
+        if row.gamma < 0 or row.tree < 0 or not (1.0 <= row.tokens_per_pass < 1e6) \
                 or not (0.0 <= row.tokens_per_s < 1e9) or not (0.0 < row.speedup < 1e6):
-            raise InputError(f"{where} ({row.draft}): needs γ ≥ 0, tree ≥ 0, accepted per pass ≥ 1, "
+            raise InputError(f"{where} ({row.draft}): needs γ ≥ 0, tree ≥ 0, tokens per pass ≥ 1, "
                              f"tokens/s ≥ 0 and speedup > 0.")
         rows.append(row)
     return BlockResults(cpu=cpu, compute=compute, machine=machine, command=str(data.get("command", "")),
