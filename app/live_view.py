@@ -167,6 +167,22 @@ def verdict_frame(rnd: Round) -> str:
     return "**Verify:** " + " ".join(parts)
 
 
+MASK_CHIP = ":gray-background[MASK]"
+
+
+def block_frames(rnd: Round, bonus_text: str) -> list[str]:
+    """Animation frames of a block drafter's round (``engine.decoding.block_drafter``): the block as the drafter
+    receives it (the newest token, then one MASK per slot), every slot filled at once by ONE drafter pass, then
+    the verdict. ``bonus_text`` is the newest token's text (the block's first position)."""
+    head = "**Block pass:** " + chip(bonus_text, STYLE["plain"]) + " "
+    n = len(rnd.drafted)
+    if not n:
+        return [draft_frame(rnd, 0) + "  \n" + verdict_frame(rnd)]
+    masks = head + " ".join([MASK_CHIP] * n) + f" :gray[({n} slot{'s' if n != 1 else ''}, one drafter pass)]"
+    filled = head + " ".join(chip(d.text, STYLE["draft"]) for d in rnd.drafted) + " :gray[(all filled at once)]"
+    return [masks, filled, filled + "  \n" + verdict_frame(rnd)]
+
+
 def round_frames(rnd: Round) -> list[str]:
     """Animation frames of a round: one per draft token appearing, then the verdict (draft + verify)."""
     frames = [draft_frame(rnd, i) for i in range(1, len(rnd.drafted) + 1)] or [draft_frame(rnd, 0)]

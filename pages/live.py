@@ -26,6 +26,7 @@ from app.live_view import (
     generated_pieces,
     history_rows,
     legend_markdown,
+    block_frames,
     round_frames,
     round_rows,
     round_summary,
@@ -38,8 +39,10 @@ from app.teaching import check_yourself, safe_questions
 from app.tour import intro
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
-from engine.decoding.models import EMBEDDED, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, default_draft_spec
-from engine.decoding.proposers import make_proposer
+from engine.decoding.block_drafter import check_block_size
+from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
+                                    default_draft_spec)
+from engine.decoding.drafts import make_proposer
 from engine.decoding.scheduler import room_for
 from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
@@ -58,6 +61,7 @@ PROMPT_URL_MAX = 2000  # a custom prompt up to this many characters travels in t
 DRAFT_KINDS = {
     "head": "Trained draft head on the target's features (EAGLE-style, embedded)",
     "medusa": "Medusa heads: guesses for the next positions at once, as a token tree (embedded)",
+    "block": "Block drafter: a whole block of guesses in one pass (DFlash-style, embedded)",
     "draft": "Trained small draft model (embedded)",
     "ngram": "Prompt lookup (n-gram)",
     "early-exit": "Early exit (target's first k layers)",
@@ -138,12 +142,23 @@ def _on_target_change() -> None:
     default does, and the page says so."""
     spec = st.session_state["lv_target"].strip() or EMBEDDED
     kind = default_draft_kind(default_draft_spec(spec))
-    if st.session_state["lv_draft"] in ("head", "medusa") and kind != "head":
+    if st.session_state["lv_draft"] in ("head", "medusa", "block") and kind != "head":
         st.session_state["lv_draft"] = kind
         st.session_state["lv_gamma"] = default_gamma_here(default_draft_spec(spec), spec)[0]
         st.session_state["lv_draft_note"] = (f"Draft switched to {DRAFT_KINDS[kind]}, γ = "
                                              f"{st.session_state['lv_gamma']}: the shipped draft head was trained "
                                              "on the embedded target's features only.")
+
+
+def _on_draft_change() -> None:
+    """Into or out of the block drafter, γ becomes the new draft's default (a block's γ is its length − 1, chosen
+    for this machine; the other drafts' γ means a number of sequential guesses)."""
+    spec = st.session_state["lv_target"].strip() or EMBEDDED
+    kind = st.session_state["lv_draft"]
+    if kind == "block" or st.session_state.get("lv_prev_draft") == "block":
+        draft_spec = EMBEDDED_BLOCK if kind == "block" else default_draft_spec(spec)
+        st.session_state["lv_gamma"] = default_gamma_here(draft_spec, spec)[0]
+    st.session_state["lv_prev_draft"] = kind
 
 
 def _on_prompt_edit() -> None:
@@ -178,7 +193,8 @@ with st.sidebar:
                  format_func=lambda k: PROMPT_PRESETS[k].label if k in PROMPT_PRESETS else "Custom (edited)")
     st.text_area("Prompt (one user turn; the chat template is applied)", key="lv_prompt", height=160,
                  max_chars=PROMPT_MAX_CHARS, on_change=_on_prompt_edit)
-    st.selectbox("Draft", list(DRAFT_KINDS), key="lv_draft", format_func=DRAFT_KINDS.get)
+    st.session_state.setdefault("lv_prev_draft", st.session_state["lv_draft"])
+    st.selectbox("Draft", list(DRAFT_KINDS), key="lv_draft", format_func=DRAFT_KINDS.get, on_change=_on_draft_change)
     if st.session_state["lv_draft"] == "early-exit":
         if n_layers >= 2:
             st.session_state["lv_k"] = min(max(st.session_state["lv_k"], 1), n_layers - 1)
@@ -189,18 +205,24 @@ with st.sidebar:
     elif st.session_state["lv_draft"] == "model":
         st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
                       help="Must share the target's tokenizer.")
-    st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma",
-              help=f"Default {_gamma_default}: {_gamma_why}.")
+    if st.session_state["lv_draft"] == "block":
+        _bg, _bwhy = default_gamma_here(EMBEDDED_BLOCK, st.session_state["lv_target"].strip() or EMBEDDED)
+        st.slider("γ (slots per block: the block is the newest token + γ masks; a tree's depth)", 1, GAMMA_MAX,
+                  key="lv_gamma", help=f"Default {_bg}: {_bwhy}. The drafter was trained for blocks up to its "
+                                       "maximum (see its card); a longer block is refused with a message.")
+    else:
+        st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma",
+                  help=f"Default {_gamma_default}: {_gamma_why}.")
     st.slider("Tree size (nodes; 0 = chain)", 0, TREE_MAX_NODES, key="lv_tree",
               help="0: the draft proposes one chain of γ tokens. N ≥ 1: a token tree of at most N nodes and "
                    "depth ≤ γ, several continuations verified in one target pass with a tree attention mask "
-                   "(EAGLE-2's dynamic tree for the draft head, several matches for prompt lookup). Only the "
-                   "draft head and prompt lookup can branch.")
-    if st.session_state["lv_tree"]:
+                   "(EAGLE-2's dynamic tree for the draft head, several matches for prompt lookup, a static tree "
+                   "of each slot's top candidates for Medusa heads and the block drafter).")
+    if st.session_state["lv_tree"] and st.session_state["lv_draft"] not in ("medusa", "block"):
         st.slider("Branching (children per node)", 1, TREE_MAX_BRANCHING, key="lv_branch",
                   help="At most this many candidates for the next token below each node: the draft head's "
                        "top-k, or prompt lookup's distinct continuations.")
-    if st.session_state["lv_draft"] == "head":
+    if st.session_state["lv_draft"] in ("head", "block"):
         st.slider("Confidence gate (0 = off)", 0.0, CONF_MAX, step=0.05, key="lv_conf",
                   help="The head stops a round's draft at the first token whose top probability under "
                        "the head is below this, so a round can propose fewer than γ tokens (or none: a "
@@ -272,6 +294,11 @@ def _proposer(cfg: LiveConfig, tgt):
         return make_proposer(EMBEDDED_MEDUSA, tgt)
     if kind == "head":
         proposer = make_proposer(EMBEDDED_HEAD, tgt)
+        proposer.confidence_threshold = cfg.confidence_gate
+        return proposer
+    if kind == "block":  # one drafter pass per round fills γ slots (assets/smollm2-block)
+        proposer = make_proposer(EMBEDDED_BLOCK, tgt)
+        check_block_size(cfg.gamma + 1, proposer.max_block)  # a clear message past the trained block
         proposer.confidence_threshold = cfg.confidence_gate
         return proposer
     spec = EMBEDDED_DRAFT if kind == "draft" else cfg.draft_model
@@ -401,6 +428,12 @@ if dec.proposer is not None and S["lv_draft"] == "medusa":
                "hidden state; head k guesses the token k + 1 positions ahead (the target's own LM head gives the "
                f"next one). Their top candidates form a static tree of {dec.proposer.tree_size} nodes, depth capped "
                "at γ, checked in one target pass (assets/smollm2-medusa/README.md).")
+if dec.proposer is not None and S["lv_draft"] == "block":
+    st.caption("Block drafter (DFlash-style, arXiv 2602.06036): each round the drafter gets the newest token and γ "
+               "MASK slots after it, reads the target's hidden states of the context, and fills every slot in ONE "
+               "pass, so a long block costs about what a short one does. The slots see each other but not each "
+               "other's picks, which is why later slots are right less often (assets/smollm2-block/README.md). "
+               "With a tree size, each slot's top candidates form a static tree.")
 if dec.proposer is not None and S["lv_draft"] == "ngram":
     st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
                "1 fewer after a rejection, so a broken copy stops paying for long target passes.")
@@ -447,15 +480,19 @@ def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
         _draw_tree_round(rnd, frame_s, budget_s)
         return
     tree_box.empty()
+    if S["lv_draft"] == "block" and rnd.drafted:  # the block, masks first, filled by one pass
+        all_frames = block_frames(rnd, dec.token_text(dec.seq[rnd.context_len - 1]))
+    else:
+        all_frames = round_frames(rnd)
     if frame_s > 0:
-        frames = round_frames(rnd)
+        frames = all_frames
         delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
         for f in frames[:-1]:
             round_md.markdown(f)
             time.sleep(delay)
         round_md.markdown(frames[-1])
     else:
-        round_md.markdown(round_frames(rnd)[-1])
+        round_md.markdown(all_frames[-1])
 
 
 def _safe_step(d: SpeculativeDecoder):

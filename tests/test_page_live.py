@@ -353,6 +353,31 @@ def test_medusa_kind_needs_the_embedded_target(tiny):
     assert at.error and "embedded target" in at.error[0].value
 
 
+@pytest.mark.slow
+def test_block_kind_drafts_a_block_in_one_pass_on_the_embedded_model():
+    """The block drafter kind: a step drafts γ slots in one pass (the round shows the block, masks then filled), the
+    γ slider's help says where its default comes from, and a block past the trained maximum is a clear error."""
+    from engine.decoding.block_drafter import BlockProposer, is_block_folder
+    from engine.decoding.models import EMBEDDED_BLOCK_DIR
+
+    if not is_block_folder(EMBEDDED_BLOCK_DIR):
+        pytest.skip("no shipped block drafter")
+    at = _app("embedded", prompt=None, lv_preset="chat", lv_max_new=8, lv_gamma=7, lv_draft="block")
+    assert not at.error
+    at = _click(at, "lv_step")
+    dec = at.session_state["lv_dec"]
+    assert isinstance(dec.proposer, BlockProposer) and dec.rounds and dec.rounds[0].n_drafted <= 7
+    assert "Block drafter (DFlash-style" in "\n".join(c.value for c in at.caption)
+    assert any("Block pass:" in m.value for m in at.markdown)
+    at = _app("embedded", prompt=None, lv_preset="chat", lv_max_new=8, lv_gamma=16, lv_draft="block")
+    assert at.error and "blocks of 2 to" in at.error[0].value
+
+
+def test_block_kind_needs_the_embedded_target(tiny):
+    at = _app(tiny, lv_draft="block")
+    assert at.error and "embedded target" in at.error[0].value
+
+
 def test_compute_path_shown_beside_the_model(tiny):
     """The sidebar names the kernels every pass runs (engine/decoding/compute.py), with the CPU."""
     from engine.decoding.compute import cpu_model

@@ -137,3 +137,22 @@ def test_live_medusa_heads_round(page, app_url):
     wait_url(page, "lv_draft=medusa")
     assert not page.locator('[data-testid="stException"]').count()
     assert screenshot(page, "live-medusa").stat().st_size > 20_000
+
+
+def test_live_block_drafter_round(page, app_url):
+    """The block drafter kind on the embedded model: a stepped round shows the block (the newest token, then the
+    slots filled by one pass) and the verdict; the kind and γ travel in the link."""
+    page.goto(app_url + "/live?lv_draft=block&lv_preset=chat&lv_gamma=7&lv_temp=0&lv_max_new=16&lv_seed=0"
+              "&lv_speed=presenter")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_text("No round yet.").wait_for()
+    page.get_by_role("button", name=re.compile(r"^Step one round")).click()
+    page.get_by_text("Round 1:").first.wait_for(timeout=60_000)
+    page.get_by_text("Verify:").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    body = page.inner_text("body")
+    assert "Block pass:" in body and "all filled at once" in body
+    assert "Block drafter (DFlash-style" in body
+    wait_url(page, "lv_draft=block", "lv_gamma=7")
+    assert not page.locator('[data-testid="stException"]').count()
+    assert screenshot(page, "live-block").stat().st_size > 20_000
