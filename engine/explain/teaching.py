@@ -769,6 +769,8 @@ _LIVE_NGRAM = PageLink("live", {"lv_preset": "code", "lv_draft": "ngram", "lv_ga
 _LIVE_MEDUSA = PageLink("live", {"lv_draft": "medusa"})
 _LIVE_EARLY = PageLink("live", {"lv_draft": "early-exit"})
 _WHATIF = PageLink("whatif", {})
+_LIVE_BLOCK = PageLink("live", {"lv_draft": "block"})
+_WHATIF_BLOCK = PageLink("whatif", {"wi_tab": "Sequential vs parallel drafting"})
 
 
 @dataclass(frozen=True)
@@ -780,7 +782,8 @@ class SpecMethod:
         method: the method's name. drafts: how it drafts, in one line.
         flag: how to switch it on, as the cited source spells it.
         source: the repository file (or page) it was checked against, with the repository.
-        link: this app's page that shows the mechanism (the closest one: none shows DFlash's block diffusion).
+        link: this app's page that shows the mechanism (the closest one: the Live page's block drafter for
+            DFlash, What-if's sequential-vs-parallel tab for DSpark's cut).
         verified: "yes" when the flag and the method were both read in the cited file; otherwise what was not.
     """
 
@@ -819,10 +822,10 @@ SPEC_METHODS_2026: list[SpecMethod] = [
     SpecMethod("vLLM", "DFlash", "a small block-diffusion draft emits a whole block per pass from the target's hidden states",
                "`\"method\": \"dflash\"`",
                "vllm-project/vllm vllm/config/speculative.py (DFlashModelTypes); docs/features/speculative_decoding/dflash.md",
-               _WHATIF),
+               _LIVE_BLOCK),
     SpecMethod("vLLM", "DSpark", "DFlash's block draft with a Markov head on the previous token",
                "`\"method\": \"dspark\"`",
-               "vllm-project/vllm vllm/config/speculative.py (DSparkModelTypes); vllm/v1/spec_decode/dspark.py", _WHATIF),
+               "vllm-project/vllm vllm/config/speculative.py (DSparkModelTypes); vllm/v1/spec_decode/dspark.py", _WHATIF_BLOCK),
     # SGLang: documented algorithms; DFlash from its source tree
     SpecMethod("SGLang", "EAGLE-2 / EAGLE-3", "a head on the target's features drafts a token tree (top-k per step)",
                "`--speculative-algorithm EAGLE | EAGLE3` with --speculative-num-steps, -eagle-topk, -num-draft-tokens",
@@ -838,7 +841,7 @@ SPEC_METHODS_2026: list[SpecMethod] = [
                _LIVE_NGRAM),
     SpecMethod("SGLang", "DFlash", "block-diffusion draft, as in vLLM",
                "`--speculative-algorithm DFLASH`",
-               "sgl-project/sglang python/sglang/srt/speculative/dflash_worker.py", _WHATIF,
+               "sgl-project/sglang python/sglang/srt/speculative/dflash_worker.py", _LIVE_BLOCK,
                verified="the worker file is in SGLang's tree; the flag is the enum name seen in a spec_info.py snapshot "
                         "that could not be tied to the newest main"),
     # llama.cpp: the vendored copy in the PyPI sdist llama-cpp-python 0.3.36 (read here in full)
@@ -853,7 +856,7 @@ SPEC_METHODS_2026: list[SpecMethod] = [
                "llama.cpp docs/speculative.md, common/speculative.cpp (vendored, 0.3.36)", _LIVE_MEDUSA),
     SpecMethod("llama.cpp", "DFlash / DSpark", "block-diffusion drafts (DSpark adds a Markov head)",
                "`-md DRAFT.gguf --spec-type draft-dflash` (or `draft-dspark`)",
-               "llama.cpp docs/speculative.md (vendored, 0.3.36)", _WHATIF),
+               "llama.cpp docs/speculative.md (vendored, 0.3.36)", _LIVE_BLOCK),
     SpecMethod("llama.cpp", "n-gram kinds", "ngram-simple / ngram-map-k / ngram-map-k4v look up the last n tokens in "
                "the history; ngram-mod a hash pool shared by all slots; ngram-cache n-gram statistics",
                "`--spec-type ngram-simple` (or ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache); "
@@ -886,7 +889,7 @@ SPEC_METHODS_2026: list[SpecMethod] = [
                "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/suffix_automaton.py, sa_worker.py", _LIVE_NGRAM,
                verified="files present; the flag was not read in TensorRT-LLM's own code"),
     SpecMethod("TensorRT-LLM", "DFlash", "block-diffusion draft", "unverified",
-               "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/dflash.py", _WHATIF,
+               "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/dflash.py", _LIVE_BLOCK,
                verified="the file is present; its config class was not found"),
 ]
 
