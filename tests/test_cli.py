@@ -103,7 +103,7 @@ def test_generate_with_a_head_folder(tiny_dir, tmp_path, capsys):
 def test_draft_confidence_is_checked(tiny_dir, capsys):
     rc = main(["generate", "--prompt", "w1 w2", "--target", tiny_dir, "--draft", "ngram", "--no-chat",
                "--draft-confidence", "0.3"])
-    assert rc != 0 and "draft head only" in capsys.readouterr().err
+    assert rc != 0 and "a draft head or a block drafter only" in capsys.readouterr().err
     rc = main(["generate", "--prompt", "w1 w2", "--target", tiny_dir, "--draft-confidence", "1.5"])
     assert rc != 0 and "[0, 1)" in capsys.readouterr().err
 
