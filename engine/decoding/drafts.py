@@ -23,7 +23,7 @@ from engine.decoding.draft_head import is_head_folder, load_head
 from engine.decoding.medusa import MedusaProposer, choose_tree, is_medusa_folder, load_medusa
 from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_BLOCK_DIR, EMBEDDED_HEAD, EMBEDDED_HEAD_DIR,
                                     EMBEDDED_MEDUSA, EMBEDDED_MEDUSA_DIR, LoadedModel)
-from engine.decoding.pass_cost import cached_pass_cost
+from engine.decoding import pass_cost
 from engine.decoding.proposers import (DraftModelProposer, EarlyExitProposer, FeatureHeadProposer,
                                        PromptLookupProposer, Proposer, output_vocab_size)
 from engine.errors import InputError, ModelLoadError
@@ -86,7 +86,7 @@ def _machine_medusa_tree(heads, target: LoadedModel):
     curve was measured (``engine.decoding.pass_cost``); else None (the saved ``medusa_choices``)."""
 
     acc = heads.config.get("head_accuracy")
-    curve = cached_pass_cost(target.spec, target.compute.path if target.compute else "default",
+    curve = pass_cost.cached_pass_cost(target.spec, target.compute.path if target.compute else "default",
                              target.device.type)
     if not acc or curve is None:
         return None
