@@ -160,7 +160,8 @@ def test_tree_greedy_identical_to_transformers_generate(tiny):
             got = SpeculativeDecoder(target, prop, ids, gamma=gamma, tree=tree, max_new_tokens=24,
                                      stop_on_eos=False).run()
             assert got.token_ids == ref, (tree, gamma)
-            assert all(max(n.depth for n in r.tree.nodes) <= min(gamma, 4) for r in got.rounds if r.tree and r.tree.nodes)
+            assert all(max(n.depth for n in r.tree.nodes) <= min(gamma, 4)
+                       for r in got.rounds if r.tree and r.tree.nodes)
 
 
 def test_tree_paths_follow_the_slot_accuracies(tiny):

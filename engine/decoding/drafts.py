@@ -72,8 +72,8 @@ def _medusa_proposer(kind: str, target: LoadedModel) -> Proposer:
         raise ModelLoadError(f"The shipped Medusa heads are missing from {folder}.")
     heads = _cached_head(str(folder), target.model)
     label = f"Medusa heads ({heads.n_heads} heads)" if shipped else f"Medusa heads: {kind}"
-    return MedusaProposer(heads, output_vocab_size(target), choices=_machine_medusa_tree(heads, target) if shipped else None,
-                          name=label)
+    choices = _machine_medusa_tree(heads, target) if shipped else None
+    return MedusaProposer(heads, output_vocab_size(target), choices=choices, name=label)
 
 
 MEDUSA_MAX_TREE = 15
