@@ -350,52 +350,18 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     target = load_model("embedded", device="cpu")
-    model, tok, eos = target.model, target.tokenizer, target.eos_token_ids
+    model = target.model
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    gen_dtype = torch.bfloat16 if args.gen_dtype == "bf16" else torch.float32
-    gen_model = model if gen_dtype == torch.float32 else __import__("copy").deepcopy(model).to(gen_dtype)
-
-    held_path = work / "heldout.pt"
-    if held_path.is_file():
-        held = load_samples(held_path)
-    else:
-        held = generate_samples(model, tok, build_prompts(args.heldout, "heldout", seed=0), eos,
-                                greedy_fraction=0.5, max_new_tokens=args.max_new_tokens,
-                                batch_size=32, seed=args.seed + 1000, progress=_log)
-        save_samples(held, held_path)
-    new_path = work / f"train-{args.gen_dtype}-s{args.seed}.pt"
-    t0 = time.perf_counter()
-    if args.data_minutes > 0 and not new_path.is_file():
-        old = {s.prompt for f in _train_files(work) for s in load_samples(f)}
-        prompts = [p for p in build_prompts(args.prompts, "train", seed=args.seed, prompt_set=args.prompt_set) if p["prompt"] not in old]
-        new = generate_samples(gen_model, tok, prompts, eos, greedy_fraction=0.4, temperature=0.8,
-                               max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, seed=args.seed,
-                               progress=_log, time_budget_s=args.data_minutes * 60)
-        save_samples(new, new_path)
-    data_min = (time.perf_counter() - t0) / 60
-
-    # features, cached next to each data file (a second training run skips this step)
-    t0 = time.perf_counter()
-    fdt = torch.bfloat16 if args.feature_dtype == "bf16" else torch.float32
-    samples, train_items = [], []
-    files = _train_files(work)
-    for f in files:
-        ss = load_samples(f)
-        fpath = f.with_name(f"{f.stem}.features-{args.feature_dtype}.pt")
-        if fpath.is_file():
-            feats = torch.load(fpath, weights_only=True)
-        else:
-            _log(f"[features] {f.name}: {len(ss)} samples ({args.feature_dtype})")
-            feats = compute_features(gen_model if fdt == gen_dtype else model, ss, fdt, progress=_log)
-            torch.save(feats, fpath)
-        samples += ss
-        train_items += make_items(ss, feats)
+    data = cached_training_data(target, Path(args.work_dir), heldout=args.heldout, prompts=args.prompts,
+                                prompt_set=args.prompt_set, data_minutes=args.data_minutes, gen_dtype=args.gen_dtype,
+                                gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens,
+                                feature_dtype=args.feature_dtype, seed=args.seed, progress=_log)
+    samples, held, files = data["samples"], data["heldout"], data["files"]
+    data_min, feat_min = data["data_minutes"], data["feature_minutes"]
+    train_items = make_items(samples, data["features"])
     held_items = make_items(held, compute_features(model, held, torch.float32))
-    feat_min = (time.perf_counter() - t0) / 60
     n_tok = sum(len(s.response_ids) for s in samples)
-    _log(f"[data] {len(samples)} training answers ({n_tok} answer tokens) from {len(files)} files, "
+    _log(f"[data] {len(samples)} training answers ({n_tok} answer tokens) from {files} files, "
          f"{len(held)} held-out; {data_min:.1f} min generating, {feat_min:.1f} min features")
 
     if args.init:

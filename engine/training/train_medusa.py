@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from engine.decoding.medusa import MedusaHeads, best_paths, choose_tree, expected_accepted, save_medusa
 from engine.errors import InputError
-from engine.training.draft_data import Sample, build_prompts, generate_samples, load_samples, save_samples
-from engine.training.train_head import _train_files, compute_features, draft_vocabulary
+from engine.training.draft_data import Sample
+from engine.training.train_head import cached_training_data, compute_features, draft_vocabulary
 
 ROOT = Path(__file__).resolve().parents[2]
 RANKS = 10  # candidates per head whose accuracy is measured (the tree may use ranks below this)
@@ -353,52 +353,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.perf_counter()
     target = load_model("embedded", device="cpu")
-    model, tok, eos = target.model, target.tokenizer, target.eos_token_ids
+    model = target.model
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    gen_dtype = torch.bfloat16 if args.gen_dtype == "bf16" else torch.float32
-    gen_model = model if gen_dtype == torch.float32 else __import__("copy").deepcopy(model).to(gen_dtype)
-
-    # 1. data (same files and rules as engine.training.train_head)
-    held_path = work / "heldout.pt"
-    if held_path.is_file():
-        held = load_samples(held_path)
-    else:
-        held = generate_samples(model, tok, build_prompts(args.heldout, "heldout", seed=0), eos,
-                                greedy_fraction=0.5, max_new_tokens=args.max_new_tokens, batch_size=32,
-                                seed=args.seed + 1000, progress=_log)
-        save_samples(held, held_path)
-    new_path = work / f"train-{args.gen_dtype}-s{args.seed}.pt"
+    data = cached_training_data(target, Path(args.work_dir), heldout=args.heldout, prompts=args.prompts,
+                                prompt_set=args.prompt_set, data_minutes=args.data_minutes, gen_dtype=args.gen_dtype,
+                                gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens,
+                                feature_dtype=args.feature_dtype, seed=args.seed, progress=_log)
+    samples, feats, held, files = data["samples"], data["features"], data["heldout"], data["files"]
+    data_min = data["data_minutes"]
     t0 = time.perf_counter()
-    if args.data_minutes > 0 and not new_path.is_file():
-        old = {s.prompt for f in _train_files(work) for s in load_samples(f)}
-        prompts = [p for p in build_prompts(args.prompts, "train", seed=args.seed, prompt_set=args.prompt_set)
-                   if p["prompt"] not in old]
-        new = generate_samples(gen_model, tok, prompts, eos, greedy_fraction=0.4, temperature=0.8,
-                               max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, seed=args.seed,
-                               progress=_log, time_budget_s=args.data_minutes * 60)
-        save_samples(new, new_path)
-    data_min = (time.perf_counter() - t0) / 60
-
-    # 2. features, cached next to each data file
-    t0 = time.perf_counter()
-    fdt = torch.bfloat16 if args.feature_dtype == "bf16" else torch.float32
-    samples, feats = [], []
-    files = _train_files(work)
-    if not files:
-        raise InputError(f"No training data in {work}: run with --data-minutes > 0.")
-    for f in files:
-        ss = load_samples(f)
-        fpath = f.with_name(f"{f.stem}.features-{args.feature_dtype}.pt")
-        if fpath.is_file():
-            ff = torch.load(fpath, weights_only=True)
-        else:
-            _log(f"[features] {f.name}: {len(ss)} samples ({args.feature_dtype})")
-            ff = compute_features(gen_model if fdt == gen_dtype else model, ss, fdt, progress=_log)
-            torch.save(ff, fpath)
-        samples += ss
-        feats += ff
     rng = random.Random(args.seed)
     val_idx = set(rng.sample(range(len(samples)), max(1, int(len(samples) * args.val_fraction)))) \
         if args.val_fraction > 0 and len(samples) > 1 else set()
@@ -408,10 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     val_ex = make_examples([samples[i] for i in sorted(val_idx)], [feats[i] for i in sorted(val_idx)], args.heads,
                            soft=False) if val_idx else None
     held_ex = make_examples(held, compute_features(model, held, torch.float32), args.heads, soft=False)
-    feat_min = (time.perf_counter() - t0) / 60
+    feat_min = data["feature_minutes"] + (time.perf_counter() - t0) / 60
     n_tok = sum(len(s.response_ids) for i, s in enumerate(samples) if i not in val_idx)
     _log(f"[data] {len(samples)} training answers ({n_tok} answer tokens, {train_ex['h'].shape[0]} positions) "
-         f"from {len(files)} files, {len(held)} held-out; {data_min:.1f} min generating, {feat_min:.1f} min features")
+         f"from {files} files, {len(held)} held-out; {data_min:.1f} min generating, {feat_min:.1f} min features")
 
     # 3. train
     vocab = draft_vocabulary(samples, args.draft_vocab, vocab_size)
