@@ -71,9 +71,10 @@ def add_generate(sub) -> None:
 def add_compute_option(p) -> None:
     """--compute: which matmul kernels run (``engine.decoding.compute``)."""
     p.add_argument("--compute", default=None, metavar="PATH",
-                   help="compute path of the linear layers: auto (the faster of the two, measured once per "
-                        "machine), default (PyTorch's own, MKL on x86) or onednn (default: $SPEEDUP_LAB_COMPUTE, "
-                        "else auto)")
+                   help="compute path of the linear layers: auto (the fastest, measured once per machine), "
+                        "default (PyTorch's own, MKL on x86), onednn, or stream (this project's weight-streaming "
+                        "kernel for ≤ 16 rows, oneDNN above; built once per machine) (default: "
+                        "$SPEEDUP_LAB_COMPUTE, else auto)")
 
 
 def compute_settings(lm) -> dict:

@@ -30,6 +30,7 @@ totals (tokens/s, target passes, tokens per pass with padding) are in ``BatchRes
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -48,6 +49,8 @@ from engine.decoding.trace import Round, run_stats
 from engine.errors import InputError
 
 MAX_BATCH = 4096
+PACK_TOKENS = 2048
+"""Most prompt tokens packed into one prefill pass (its block-diagonal mask is PACK_TOKENS² entries)."""
 """The largest batch any function here accepts (memory is checked too: ``check_batch_memory``)."""
 
 MEMORY_SHARE = 0.8
@@ -403,12 +406,14 @@ class BatchDecoder:
         return model_mask(fed_visibility(new_visible, cached_valid), self.target.model)
 
     def prefill(self) -> None:
-        """The prompts' pass. Prompts of one length: all rows in one pass. Prompts of different lengths: each
-        prompt alone (no padding computed: a prefill is compute-bound, so padding to the longest prompt cost
-        its share of FLOPs; measured on the AMD EPYC, 16 sweep prompts of 34–81 tokens padded to 81 computed
-        1296 positions for 752 real ones), then the rows' caches stacked left-padded into the batch cache
-        (padding marked invalid, each row's positions counted from its own first token). Each row's prefill is
-        then exactly the single-sequence engine's. Idempotent."""
+        """The prompts' pass. Prompts of one length: all rows in one pass. Prompts of different lengths: packed
+        without padding, as serving engines pack prefills (vLLM's variable-length batches): consecutive prompts
+        go end to end into one sequence of at most ``PACK_TOKENS`` tokens, a block-diagonal causal mask keeps
+        each prompt to itself and each prompt's positions start at 0; the KV entries are then cut per prompt and
+        stacked left-padded into the batch cache (padding marked invalid). Why: a prefill is compute-bound, so
+        padding to the longest prompt costs its share of FLOPs, and one pass per prompt runs small inefficient
+        products (measured on the AMD EPYC, 16 sweep prompts of 34–81 tokens: 1296 padded positions for 752 real
+        ones). Idempotent."""
         if self._prefilled:
             return
         t0 = time.perf_counter()
@@ -427,26 +432,7 @@ class BatchDecoder:
                 if h is not None:
                     r.hidden = h[b]
         else:
-            from transformers import DynamicCache
-
-            caches = []
-            for r in rows:
-                caches.append(DynamicCache())
-                logits, h = self._forward(torch.tensor([r.prompt_ids], dtype=torch.long), None, None, 1,
-                                          cache=caches[-1])
-                r.last_logits = logits[0, -1]
-                if h is not None:
-                    r.hidden = h[0]
-            for li in range(len(caches[0].layers)):
-                ks, vs = [], []
-                for c, n in zip(caches, lens):
-                    k, v = c.layers[li].keys, c.layers[li].values
-                    if n < width:
-                        pad = k.new_zeros((1, k.shape[1], width - n, k.shape[3]))
-                        k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
-                    ks.append(k)
-                    vs.append(v)
-                self.cache.update(torch.cat(ks), torch.cat(vs), li)
+            self._packed_prefill(lens, width)
         for r, n in zip(rows, lens):
             r.cached_n = n
         self.valid = key_valid
@@ -455,6 +441,61 @@ class BatchDecoder:
         self.elapsed_ms += self.prefill_ms
         self.passes.append(BatchPass(len(rows), width, sum(lens), sum(lens), self.prefill_ms, True))
         self._prefilled = True
+
+    def _packed_prefill(self, lens: list[int], width: int) -> None:
+        """Prefill prompts of different lengths packed end to end (see ``prefill``) and fill the batch cache."""
+        from transformers import DynamicCache
+
+        groups: list[list[int]] = [[]]
+        for b, n in enumerate(lens):  # consecutive prompts, at most PACK_TOKENS per pass (a long one alone)
+            if groups[-1] and sum(lens[i] for i in groups[-1]) + n > PACK_TOKENS:
+                groups.append([])
+            groups[-1].append(b)
+        per_row: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in lens]
+        for group in groups:
+            ids = [t for b in group for t in self.rows[b].prompt_ids]
+            total = len(ids)
+            seg = torch.tensor([i for i, b in enumerate(group) for _ in range(lens[b])])
+            pos = torch.tensor([[j for b in group for j in range(lens[b])]], dtype=torch.long)
+            ends = list(itertools.accumulate(lens[b] for b in group))
+            if len(group) == 1:
+                mask = pos = None  # one prompt: exactly what a single sequence runs
+            else:
+                causal = torch.ones(total, total, dtype=torch.bool).tril()
+                vis = causal & (seg[:, None] == seg[None, :])
+                mask = self._mask(vis[None], torch.zeros(1, 0, dtype=torch.bool))
+            cache = DynamicCache()
+            model, dev = self.target.model, self.target.device
+            kw = {} if mask is None else {"attention_mask": mask.to(dev), "position_ids": pos.to(dev)}
+            inp = torch.tensor([ids], dtype=torch.long, device=dev)
+            last = [e - 1 for e in ends]
+            with torch.inference_mode():
+                if hasattr(model, "get_decoder"):
+                    h = model.get_decoder()(input_ids=inp, cache=cache, use_cache=True, **kw).last_hidden_state
+                    # the LM head only where a prompt ends (the logits of its next token)
+                    logits = model.get_output_embeddings()(h[0, last]).float().cpu()
+                else:  # a model without a separate decoder (the tests' toy LMs): all logits, then those
+                    h = None
+                    logits = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=total,
+                                   **kw).logits[0, last].float().cpu()
+            for i, b in enumerate(group):
+                lo, hi = ends[i] - lens[b], ends[i]
+                r = self.rows[b]
+                r.last_logits = logits[i]
+                if self.keep_hidden and h is not None:
+                    r.hidden = h[0, lo:hi]
+                per_row[b] = ([layer.keys[:, :, lo:hi] for layer in cache.layers],
+                              [layer.values[:, :, lo:hi] for layer in cache.layers])
+        for li in range(len(per_row[0][0])):
+            ks, vs = [], []
+            for (keys, values), n in zip(per_row, lens):
+                k, v = keys[li], values[li]
+                if n < width:
+                    pad = k.new_zeros((1, k.shape[1], width - n, k.shape[3]))
+                    k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
+                ks.append(k)
+                vs.append(v)
+            self.cache.update(torch.cat(ks), torch.cat(vs), li)
 
     # ---------------------------------------------------------------- one round
     def step(self) -> list[Round]:

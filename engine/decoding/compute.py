@@ -163,7 +163,7 @@ def _cpu_flags() -> str:
     return platform.machine()
 
 
-_STREAM: dict = {"tried": False, "op": None, "problem": None}
+_STREAM: dict = {"tried": False, "op": None, "problem": None, "name": ""}
 STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 
 
@@ -185,6 +185,7 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
         key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
                            .encode()).hexdigest()[:12]
         name = f"speedup_lab_small_linear_{key}"
+        _STREAM["name"] = name
         try:
             from torch.utils import cpp_extension
 
@@ -548,7 +549,7 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
             return ComputePath("stream", f"forced by override ({ENV_VAR} or --compute)", cpu, threads)
         return ComputePath("default" if problem else "onednn", f"fallback: {stream_bad}", cpu, threads)
     offered = ("default", "onednn") + (() if stream_bad else ("stream",))
-    key = _memo_key(model) + "|paths=" + ",".join(offered)
+    key = _memo_key(model) + "|paths=" + ",".join(offered) + ("" if stream_bad else f"|kernel={_STREAM.get('name', '')}")
     with _LOCK:
         if key in _MEMO:
             return _MEMO[key]
