@@ -288,3 +288,31 @@ def test_stream_path_that_cannot_be_built_falls_back_and_says_why(monkeypatch, t
     lm = load_model(str(path), device="cpu", compute="stream")
     assert lm.compute.path in ("onednn", "default") and "no C++ compiler (test)" in lm.compute.reason
     assert parse_override("STREAM") == "stream"
+
+
+@needs_stream
+def test_built_kernel_is_imported_directly_and_a_stale_build_lock_is_removed(monkeypatch, tmp_path):
+    """Once built, a process imports the library without a build (no progress message); a build lock left by a
+    killed build (older than STALE_LOCK_S) is removed before building, instead of waiting on it forever."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from torch.utils import cpp_extension
+
+    msgs = []
+    monkeypatch.setattr(compute, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
+    assert compute.stream_kernel(msgs.append) is not None and msgs == []
+    name = compute._STREAM["name"]
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / name / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    old = time.time() - compute.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load",
+                        lambda **kw: seen.append(lock.exists()) or SimpleNamespace(small_linear=F.linear))
+    monkeypatch.setattr(compute, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
+    assert compute.stream_kernel(msgs.append) is F.linear
+    assert seen == [False] and len(msgs) == 1 and msgs[0].startswith("Building")

@@ -170,8 +170,10 @@ STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"
 def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | None:
     """The streaming kernel's op (``small_linear(x [M, K], w [N, K], b [N] | None) → [M, N]``), built on first
     use (~40 s; ``progress`` is told before a build), or None where it cannot be built (``stream_problem``
-    says why). Built once per process at most; later processes load the compiled library from PyTorch's
-    extension cache (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)."""
+    says why). Built once per machine: the library is kept in ``<PyTorch's extension root>/<name>/``
+    (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``; the name carries the CPU's flags, the
+    torch version and the source's hash) and later processes import it directly. A build lock left by a killed
+    build is removed after ``STALE_LOCK_S``."""
     with _KERNEL_LOCK:
         if _STREAM["tried"]:
             return _STREAM["op"]
@@ -189,15 +191,44 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
         try:
             from torch.utils import cpp_extension
 
-            if progress is not None:
-                progress("Building this CPU's streaming kernel (once per machine, about 40 s)…")
-            mod = cpp_extension.load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=STREAM_CFLAGS,
-                                     extra_ldflags=["-fopenmp"], verbose=False)
+            folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / name
+            lib = folder / f"{name}.so"
+            mod = None
+            if lib.exists():  # built before: import it directly (no ninja run, no build lock to wait on)
+                try:
+                    mod = _import_library(name, lib)
+                except Exception:  # noqa: BLE001 - a half-written library: build it again
+                    for f in folder.glob("*.o"):
+                        f.unlink(missing_ok=True)
+                    lib.unlink(missing_ok=True)
+            if mod is None:
+                folder.mkdir(parents=True, exist_ok=True)
+                lock = folder / "lock"  # PyTorch's build lock; a build killed midway leaves it behind forever
+                if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+                    lock.unlink(missing_ok=True)
+                if progress is not None:
+                    progress("Building this CPU's streaming kernel (once per machine, about 40 s)…")
+                mod = cpp_extension.load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=STREAM_CFLAGS,
+                                         extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
             _STREAM["op"] = mod.small_linear
         except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _STREAM["problem"] = f"the streaming kernel could not be built here ({first[:200]})"
         return _STREAM["op"]
+
+
+STALE_LOCK_S = 600
+"""A build lock older than this (s) is left over from a killed build (a build takes about a minute) and removed."""
+
+
+def _import_library(name: str, path: Path):
+    """Import a compiled extension module from its file (what ``cpp_extension.load`` does once built)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def stream_problem() -> str | None:
