@@ -38,6 +38,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="batch")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every row generates exactly --max-new-tokens (EOS ignored, as vLLM's ignore_eos): the "
+                         "batch keeps its size to the end")
     args = ap.parse_args()
     batches = parse_batches(args.batches)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -50,7 +53,7 @@ def main() -> int:
         print(f"[{done}/{total}] {label}  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     sweep = batch_sweep(target, SWEEP_PROMPTS, batches=batches, methods=methods, max_new_tokens=args.max_new_tokens,
-                        reps=args.reps, on_progress=progress)
+                        reps=args.reps, on_progress=progress, stop_on_eos=not args.ignore_eos)
     peaks_after = measure_machine(args.device)
     load_after = os.getloadavg()
     peaks = {"bandwidth_gbs": statistics.median([peaks_before.bandwidth_gbs, peaks_after.bandwidth_gbs]),
@@ -70,7 +73,7 @@ def main() -> int:
         "# Batch sweep: plain vs speculative batched decoding (embedded SmolLM2-135M, fp32, greedy)", "",
         f"Command: `{cmd}`  ",
         machine_line(out["machine_meta"]) + "  ",
-        f"{sweep.max_new_tokens} new tokens per row (rows stop at EOS too), {sweep.reps} alternating runs per cell "
+        f"{sweep.max_new_tokens} new tokens per row ({'EOS ignored: every row generates them all' if args.ignore_eos else 'rows stop at EOS too'}), {sweep.reps} alternating runs per cell "
         f"(median), torch threads {sweep.threads}, {sweep.elapsed_s:.0f} s in all. Load average before/after: "
         f"{load_before[0]:.1f} / {load_after[0]:.1f} on 2 cores (" + (
             "above 2: other jobs ran meanwhile, the timings are noisy; " if max(load_before[0], load_after[0]) > 2

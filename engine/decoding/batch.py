@@ -1018,7 +1018,7 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
                 gamma: int | None = None, max_new_tokens: int = 16, reps: int = 1, chat: bool = True,
                 on_progress: Callable[[int, int, str, "BatchSweep"], None] | None = None,
                 should_stop: Callable[[], bool] | None = None, warmup: bool = True,
-                available_memory: int | None = None) -> BatchSweep:
+                available_memory: int | None = None, stop_on_eos: bool = True) -> BatchSweep:
     """Measure total generated tokens/s of plain and speculative batched greedy decoding against batch size.
 
     For each batch B (in the order given) the first B prompts are decoded together by every method, ``reps``
@@ -1037,6 +1037,9 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
         on_progress: ``on_progress(done, total, label, sweep_so_far)`` before each run.
         should_stop: checked before each round; True ends the sweep (``stopped``), keeping what was measured.
         warmup: one short untimed plain run first (the first pass of a process is slow).
+        stop_on_eos: False lets every row generate exactly ``max_new_tokens`` (EOS ignored, as vLLM's throughput
+            benchmark's ``ignore_eos``), so the batch keeps its size to the end instead of thinning out as rows
+            finish.
 
     Raises:
         InputError: see ``check_sweep_inputs``; ModelLoadError / InputError from a method's draft.
@@ -1078,7 +1081,8 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
                     on_progress(done, total, f"batch {b}: {m} (run {rep + 1} of {reps})", sweep)
                 res = generate_batch(target, _make_proposers(m, target, b, draft), ids[:b],
                                      gamma=_method_gamma(m, gamma) or 4, max_new_tokens=max_new_tokens,
-                                     record_logits=False, should_stop=stop, available_memory=available_memory)
+                                     record_logits=False, should_stop=stop, available_memory=available_memory,
+                                     stop_on_eos=stop_on_eos)
                 done += 1
                 if res.stopped:
                     sweep.stopped = True
