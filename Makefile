@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
 PORT   ?= 8501
 
-.PHONY: setup run test test-fast chromium prepare bench clean llamacpp serve-llamacpp
+.PHONY: setup toolchain run test test-fast chromium prepare bench clean llamacpp serve-llamacpp
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,16 @@ $(STAMP): requirements.txt
 
 setup: $(STAMP)
 
-# Dequantize the embedded GGUF once into the user cache (progress shown; later runs are instant).
-prepare: setup
+# A C++ compiler and ninja: `python -m engine prepare` builds the streaming kernel with them once per machine
+# (engine/decoding/small_linear.cpp, the "stream" compute path), and llama.cpp needs the compiler too. Installed
+# with apt-get when missing and possible (as root, as CI does); without them the engine runs oneDNN and says why.
+toolchain:
+	@{ command -v c++ >/dev/null 2>&1 && command -v ninja >/dev/null 2>&1; } || \
+	  { { apt-get update -qq && apt-get install -y -qq g++ ninja-build; } >/dev/null 2>&1 || true; }
+
+# Dequantize the embedded GGUF once into the user cache, build this CPU's streaming kernel, choose the compute
+# path and measure the pass-cost curve (progress shown; later runs are instant).
+prepare: setup toolchain
 	$(PY) -m engine prepare
 
 run: prepare

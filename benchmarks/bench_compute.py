@@ -1,6 +1,7 @@
-"""The compute path on this machine: PyTorch's default (MKL) vs oneDNN linears, side by side in one process.
+"""The compute path on this machine: PyTorch's default (MKL), oneDNN and the streaming kernel, side by side in one
+process.
 
-Measures, alternating the two paths rep by rep (``engine/decoding/compute.py``'s ``apply_path``):
+Measures, alternating the paths rep by rep (``engine/decoding/compute.py``'s ``apply_path``):
 1. the LM head product (49152 × 576) for 1, 2, 3, 8 and 16 rows;
 2. a whole target pass over n = 1, 2, 3, 4, 9, 16 new tokens after 100 cached tokens, and a 9-node token
    tree's verify pass (tree attention mask, ``engine.decoding.attention``);
@@ -35,7 +36,8 @@ from engine.decoding.attention import fed_visibility, model_mask, tree_visibilit
 from engine.decoding.models import load_model  # noqa: E402
 from engine.decoding.speculative import encode_prompt, generate  # noqa: E402
 
-PATHS = ("default", "onednn")
+PATHS = tuple(p for p in compute.PATHS if p != "stream" or compute.stream_kernel() is not None)
+NAMES = {"default": "default (MKL)", "onednn": "oneDNN", "stream": "stream"}
 TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3, 4, 5]  # 9 nodes, depth 4, as an EAGLE-2 tree of branching 2
 
 
@@ -54,13 +56,19 @@ def read_bandwidth_gbs(reps: int = 5) -> float:
 def lm_head_ms(target, rows=(1, 2, 3, 8, 16), reps: int = 7) -> dict:
     w = target.model.get_output_embeddings().weight.detach()
     op = compute._ONEDNN_OP
+    stream = compute.stream_kernel()
     out = {p: {r: [] for r in rows} for p in PATHS}
     for rep in range(reps + 1):
         for p in (PATHS if rep % 2 else PATHS[::-1]):
             for r in rows:
                 x = torch.randn(1, r, w.shape[1])
                 t0 = time.perf_counter()
-                F.linear(x, w) if p == "default" else op(x, w, None, "none", [], "")
+                if p == "default":
+                    F.linear(x, w)
+                elif p == "stream":
+                    stream(x[0], w, None)
+                else:
+                    op(x, w, None, "none", [], "")
                 if rep:
                     out[p][r].append((time.perf_counter() - t0) * 1e3)
     return {p: {r: round(statistics.median(v), 3) for r, v in d.items()} for p, d in out.items()}
@@ -156,17 +164,20 @@ def main() -> int:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     pm, lh = res["pass_ms"], res["lm_head_ms"]
-    lines = [f"# Compute path: PyTorch default (MKL) vs oneDNN linears ({meta['date']})", "",
+    cols = " | ".join(NAMES[p] for p in PATHS)
+    sep = "|---" * (len(PATHS) + 1) + "|"
+    lines = [f"# Compute path: {', '.join(NAMES[p] for p in PATHS)} linears ({meta['date']})", "",
              machine_line(meta), f"`{meta['command']}`; medians of {args.reps} alternating reps. "
              f"Read bandwidth (1 GiB fp32 sum, best of 5): {bw:.1f} GB/s; parameters {params / 1e6:.0f} MB (fp32).", "",
-             "## The LM head product (49152 × 576), ms", "", "| rows | default (MKL) | oneDNN |", "|---|---|---|"]
-    lines += [f"| {r} | {lh['default'][r]:.2f} | {lh['onednn'][r]:.2f} |" for r in lh["default"]]
+             f"Chosen on this machine: {chosen} ({target.compute.reason}).", "",
+             "## The LM head product (49152 × 576), ms", "", f"| rows | {cols} |", sep]
+    lines += [f"| {r} | " + " | ".join(f"{lh[p][r]:.2f}" for p in PATHS) + " |" for r in lh["default"]]
     lines += ["", "## A target pass after 100 cached tokens, ms (× one token)", "",
-              "| tokens in the pass | default (MKL) | oneDNN |", "|---|---|---|"]
+              f"| tokens in the pass | {cols} |", sep]
     for k in pm["default"]:
         label = "9-node tree (tree mask)" if k == "tree9" else k
-        lines.append(f"| {label} | {pm['default'][k]:.1f} ({pm['default'][k] / pm['default']['1']:.2f}×) | "
-                     f"{pm['onednn'][k]:.1f} ({pm['onednn'][k] / pm['onednn']['1']:.2f}×) |")
+        lines.append(f"| {label} | " + " | ".join(f"{pm[p][k]:.1f} ({pm[p][k] / pm[p]['1']:.2f}×)" for p in PATHS)
+                     + " |")
     lines += ["", f"## Plain greedy decoding, {args.max_new_tokens} new tokens", "",
               "| path, decoder | tokens/s | share of read bandwidth | same tokens as default engine |", "|---|---|---|---|"]
     lines += [f"| {k} | {d['tokens_per_s']:.1f} | {d['share_of_read_bandwidth']:.0%} | "

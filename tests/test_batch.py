@@ -346,3 +346,27 @@ def test_a_draft_model_per_row(tiny, tmp_path):
     for b in range(B):
         _assert_same_or_near_tie(tiny, PROMPTS[b], dec, b, singles[b])
     assert all(r.stats.drafted > 0 for r in res.results)
+
+
+def test_prefill_of_ragged_prompts_is_each_prompt_alone_stacked_left_padded(tiny):
+    """Prompts of different lengths are prefilled one at a time (no padding computed): each row's logits and
+    KV entries are bit-identical to the single-sequence engine's, padded on the left in the batch cache, and the
+    prefill's pass record counts only real tokens."""
+    from transformers import DynamicCache
+
+    prompts = PROMPTS[:4]
+    dec = BatchDecoder(tiny, _proposers("head", tiny, 4), prompts, gamma=2, max_new_tokens=4, stop_on_eos=False)
+    dec.prefill()
+    width = max(len(p) for p in prompts)
+    assert dec.passes[0].prefill and dec.passes[0].tokens == dec.passes[0].real_tokens == sum(map(len, prompts))
+    for b, (row, p) in enumerate(zip(dec.rows, prompts)):
+        cache = DynamicCache()
+        with torch.inference_mode():
+            h = tiny.model.get_decoder()(input_ids=torch.tensor([p]), cache=cache, use_cache=True).last_hidden_state
+            logits = tiny.model.get_output_embeddings()(h[:, -1:]).float()[0, -1]
+        assert torch.equal(row.last_logits, logits) and torch.equal(row.hidden, h[0])
+        for li, layer in enumerate(cache.layers):
+            assert torch.equal(dec.cache.layers[li].keys[b, :, width - len(p):], layer.keys[0])
+            assert torch.equal(dec.cache.layers[li].values[b, :, width - len(p):], layer.values[0])
+            assert not dec.cache.layers[li].keys[b, :, :width - len(p)].any()  # the padding, masked out
+        assert dec.valid[b].tolist() == [False] * (width - len(p)) + [True] * len(p)

@@ -126,9 +126,10 @@ def test_auto_measures_both_paths_once_and_remembers_the_choice(tmp_path, monkey
     monkeypatch.setattr(compute, "_MEMO", {})
     calls = []
     real = compute.measure_paths
-    monkeypatch.setattr(compute, "measure_paths", lambda m: calls.append(1) or real(m))
+    monkeypatch.setattr(compute, "measure_paths", lambda m, **kw: calls.append(1) or real(m, **kw))
     choice = choose_path(model, "auto", store=store)
-    assert set(choice.pass_ms) == {"default", "onednn"} and choice.path in compute.PATHS
+    offered = {"default", "onednn"} | ({"stream"} if compute.stream_kernel() is not None else set())
+    assert set(choice.pass_ms) == offered and choice.path in compute.PATHS
     best = min(choice.pass_ms, key=lambda p: sum(choice.pass_ms[p].values()))
     assert choice.path == best and choice.reason.startswith("measured")
     saved = json.loads(store.read_text())
@@ -169,7 +170,7 @@ def test_greedy_speculative_output_identical_under_each_path(tmp_path):
             res = generate(lm, make_proposer(spec, lm), ids, gamma=3, max_new_tokens=24)
             assert res.token_ids == plain, (p, spec)
         outs[p] = plain
-    assert outs["default"] == outs["onednn"]
+    assert outs["default"] == outs["onednn"] == outs["stream"]
 
 
 def test_cli_bad_compute_value_is_one_error_line():
@@ -219,3 +220,71 @@ def test_sibling_fusion_keeps_outputs_weights_and_memory(tmp_path):
     apply_path(model, "onednn")
     model(ids).logits.sum().backward()
     assert attn.k_proj.weight.grad is not None
+
+
+needs_stream = pytest.mark.skipif(compute.stream_kernel() is None,
+                                  reason=f"no streaming kernel here: {compute.stream_problem()}")
+
+
+@needs_stream
+def test_streaming_kernel_matches_f_linear_for_odd_shapes_rows_and_bias():
+    """K not a multiple of 16 (the scalar tail), N not a multiple of 4 (the last rows), 0..16 rows, bias."""
+    op = compute.stream_kernel()
+    gen = torch.Generator().manual_seed(3)
+    for n_out, n_in in ((7, 5), (13, 37), (64, 48), (9, 576)):
+        w = torch.randn(n_out, n_in, generator=gen)
+        b = torch.randn(n_out, generator=gen)
+        for rows in (0, 1, 2, 3, 4, 5, 8, 9, 16):
+            x = torch.randn(rows, n_in, generator=gen)
+            for bias in (None, b):
+                got = op(x, w, bias)
+                assert got.shape == (rows, n_out)
+                torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="fp32"):
+        op(torch.ones(1, 4, dtype=torch.float64), torch.ones(3, 4, dtype=torch.float64), None)
+
+
+@needs_stream
+def test_streaming_kernel_gives_a_row_the_same_bits_whatever_rows_share_the_call():
+    """Batch invariance: row i of a call over 1..16 rows is bit-identical to row i alone (the summation order
+    does not depend on the row count or on the thread split)."""
+    op = compute.stream_kernel()
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(301, 576, generator=gen)
+    x = torch.randn(16, 576, generator=gen)
+    alone = torch.cat([op(x[i:i + 1], w, None) for i in range(16)])
+    for rows in (2, 3, 5, 8, 13, 16):
+        assert torch.equal(op(x[:rows], w, None), alone[:rows]), rows
+
+
+@needs_stream
+def test_stream_path_routes_few_rows_to_the_kernel_and_more_to_onednn(monkeypatch):
+    lin = _lin(9, 20)
+    apply_path(lin, "stream")
+    try:
+        assert type(lin) is OneDNNLinear and path_of(lin) == "stream"
+        calls = []
+        real = compute._STREAM["op"]
+        monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+        with torch.inference_mode():
+            for rows in (1, 16, 17, 40):
+                x = torch.randn(1, rows, 20)
+                torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(compute.linear(torch.ones(20), lin.weight), lin.weight.sum(1))  # 1-D input
+        assert calls == [1, 16, 1]
+        assert compute.self_check(lin, kernel="stream") is None
+        monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: real(x, w, b) + 1e-2)
+        msg = compute.self_check(lin, kernel="stream")
+        assert msg and "streaming kernel disagreed" in msg
+    finally:
+        apply_path(lin, "default")
+
+
+def test_stream_path_that_cannot_be_built_falls_back_and_says_why(monkeypatch, tmp_path):
+    path = save_tiny_llama(tmp_path / "tiny")
+    from engine.decoding.models import load_model
+
+    monkeypatch.setattr(compute, "_STREAM", {"tried": True, "op": None, "problem": "no C++ compiler (test)"})
+    lm = load_model(str(path), device="cpu", compute="stream")
+    assert lm.compute.path in ("onednn", "default") and "no C++ compiler (test)" in lm.compute.reason
+    assert parse_override("STREAM") == "stream"

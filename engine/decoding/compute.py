@@ -16,15 +16,24 @@ Paths:
   weight (no copy: measured on the AMD EPYC, a weight packed with ``_reorder_linear_weight`` was no faster
   for 1–3 rows, and a packed copy of every weight would double the model's memory). fp32 math is pinned:
   ``torch.backends.mkldnn.matmul.fp32_precision`` is set to ``"ieee"`` (never bf16/tf32 rounding).
+- ``"stream"``: products of at most ``STREAM_MAX_ROWS`` rows (a decode step, a verify pass, a draft step) run
+  this project's weight-streaming kernel (``small_linear.cpp``, next to this file), larger ones oneDNN. Why:
+  on the AMD EPYC oneDNN's few-row kernels read the weights at about half of what a plain sum reads; the
+  kernel reads each weight row once per call whatever the row count, 16 floats at a time against every
+  input row, with a summation order that does not depend on the row count (a row's output is the same
+  whichever rows share the call). It is compiled once per machine with the C++ compiler PyTorch's
+  ``torch.utils.cpp_extension`` finds (``-O3 -march=native``, ~40 s, kept in PyTorch's extension cache under
+  a name that carries the CPU's feature flags, the torch version and the source's hash); where no compiler
+  or headers are present the path is simply not offered, and the reason is kept (``stream_problem``).
 
 The choice: ``choose_path`` runs the model's own forward (a 1-token and a 4-token pass after a short
-cached context, each path five times, alternating, best of five) and keeps the faster path; the result is remembered
-per machine (CPU model, torch version, threads, model shape) in the user cache, so the measurement costs
-~1 s once. Before a path is used, ``self_check`` compares it with ``F.linear`` on every distinct weight
+cached context, each path five times, alternating, best of five) and keeps the fastest path; the result is remembered
+per machine (CPU model, torch version, threads, model shape, the paths on offer) in the user cache, so the
+measurement costs ~1 s once. Before a path is used, ``self_check`` compares it with ``F.linear`` on every distinct weight
 shape for 1, 3 and 16 rows; a disagreement beyond fp32 tolerance, or oneDNN's ops missing from this
 PyTorch build (they are private and may move), falls back to ``"default"`` and says why.
 
-Override: the environment variable ``SPEEDUP_LAB_COMPUTE`` (``auto``, ``default`` or ``onednn``) or the
+Override: the environment variable ``SPEEDUP_LAB_COMPUTE`` (``auto``, ``default``, ``onednn`` or ``stream``) or the
 CLI's ``--compute``. Nothing outside this module knows about oneDNN: the rest of the engine loads models
 through ``engine.decoding.models.load_model`` (which calls ``use_path``) and calls ``linear`` for a bare
 weight tensor (a draft head's LM-head rows).
@@ -48,12 +57,16 @@ from torch import nn
 from engine.errors import InputError
 
 ENV_VAR = "SPEEDUP_LAB_COMPUTE"
-PATHS = ("default", "onednn")
+PATHS = ("default", "onednn", "stream")
+STREAM_MAX_ROWS = 16
+"""Products of at most this many rows take the streaming kernel on the "stream" path; larger ones oneDNN."""
+KERNEL_SOURCE = Path(__file__).with_name("small_linear.cpp")
 CHOICES = ("auto",) + PATHS
 TOLERANCE = 1e-4
 """Self-check tolerance: max |oneDNN − F.linear| ÷ max(1, max |F.linear|), fp32 (observed ≤ 2e-6 relative)."""
 
 _LOCK = threading.Lock()
+_KERNEL_LOCK = threading.Lock()
 _MEMO: dict[str, "ComputePath"] = {}
 _ACTIVE = {"path": "default"}
 
@@ -63,7 +76,8 @@ class ComputePath:
     """Which kernels a model's linear layers run, and why.
 
     Attributes:
-        path: "default" (PyTorch's ``F.linear``) or "onednn" (``torch.ops.mkldnn._linear_pointwise``).
+        path: "default" (PyTorch's ``F.linear``), "onednn" (``torch.ops.mkldnn._linear_pointwise``) or
+            "stream" (the streaming kernel for ≤ ``STREAM_MAX_ROWS`` rows, oneDNN above).
         reason: one sentence: measured (with the times), forced by an override, or a fallback and its cause.
         cpu: the CPU model this was chosen on (``cpu_model()``).
         threads: torch intra-op threads during the choice.
@@ -81,7 +95,8 @@ class ComputePath:
     @property
     def name(self) -> str:
         """The path's display name."""
-        return {"default": "PyTorch default (MKL/cuBLAS)", "onednn": "oneDNN"}.get(self.path, self.path)
+        return {"default": "PyTorch default (MKL/cuBLAS)", "onednn": "oneDNN",
+                "stream": f"streaming kernel (≤ {STREAM_MAX_ROWS} rows) + oneDNN"}.get(self.path, self.path)
 
     def label(self) -> str:
         """Short label for pages and result headers, e.g. ``"oneDNN (measured: 1.82× faster than default)"``:
@@ -104,7 +119,7 @@ def cpu_model() -> str:
 
 
 def parse_override(value: str | None) -> str:
-    """Validate a compute-path override ("auto", "default" or "onednn"; case-insensitive; empty = "auto").
+    """Validate a compute-path override ("auto", "default", "onednn" or "stream"; case-insensitive; empty = "auto").
 
     Raises:
         InputError: for any other value, naming the allowed ones.
@@ -138,6 +153,80 @@ def _pin_fp32() -> None:
         pass
 
 
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+_STREAM: dict = {"tried": False, "op": None, "problem": None}
+STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
+
+
+def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | None:
+    """The streaming kernel's op (``small_linear(x [M, K], w [N, K], b [N] | None) → [M, N]``), built on first
+    use (~40 s; ``progress`` is told before a build), or None where it cannot be built (``stream_problem``
+    says why). Built once per process at most; later processes load the compiled library from PyTorch's
+    extension cache (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)."""
+    with _KERNEL_LOCK:
+        if _STREAM["tried"]:
+            return _STREAM["op"]
+        _STREAM["tried"] = True
+        if platform.system() != "Linux":
+            _STREAM["problem"] = "the streaming kernel is built on Linux only"
+            return None
+        import hashlib
+
+        src = KERNEL_SOURCE.read_text()
+        key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
+                           .encode()).hexdigest()[:12]
+        name = f"speedup_lab_small_linear_{key}"
+        try:
+            from torch.utils import cpp_extension
+
+            if progress is not None:
+                progress("Building this CPU's streaming kernel (once per machine, about 40 s)…")
+            mod = cpp_extension.load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=STREAM_CFLAGS,
+                                     extra_ldflags=["-fopenmp"], verbose=False)
+            _STREAM["op"] = mod.small_linear
+        except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _STREAM["problem"] = f"the streaming kernel could not be built here ({first[:200]})"
+        return _STREAM["op"]
+
+
+def stream_problem() -> str | None:
+    """Why the streaming kernel is not available (None when it is, or was not tried yet)."""
+    return _STREAM["problem"]
+
+
+def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The streaming kernel's product for ≤ ``STREAM_MAX_ROWS`` rows, else None (the caller takes oneDNN)."""
+    op = _STREAM["op"]
+    k = x.shape[-1]
+    if op is None or k == 0 or not weight.is_contiguous():
+        return None
+    rows = x.numel() // k
+    if rows > STREAM_MAX_ROWS:
+        return None
+    return op(x.reshape(rows, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The active fast path's product (call only when ``_fast_ok``)."""
+    if _ACTIVE["path"] == "stream":
+        y = _stream(x, weight, bias)
+        if y is not None:
+            return y
+    if _ONEDNN_OP is not None and x.dim() >= 2:
+        return _ONEDNN_OP(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` through the process's active path (set by the last ``use_path``).
 
@@ -148,30 +237,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         [..., out]. Falls back to ``F.linear`` off the CPU, for non-fp32 tensors, and whenever autograd
         needs a gradient (training).
     """
-    if _ACTIVE["path"] == "onednn" and _onednn_ok(x, weight):
-        return _ONEDNN_OP(x, weight, bias, "none", [], "")
+    if _ACTIVE["path"] != "default" and _fast_ok(x, weight):
+        return _fast(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 _ONEDNN_OP = _onednn_op()
 
 
-def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (_ONEDNN_OP is not None and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.dim() >= 2 and x.shape[-1] > 0
+def _fast_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return ((_ONEDNN_OP is not None or _STREAM["op"] is not None) and x.device.type == "cpu"
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.dim() >= 1 and x.shape[-1] > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
 class OneDNNLinear(nn.Linear):
-    """An ``nn.Linear`` whose inference forward runs oneDNN (same parameters, same state dict).
+    """An ``nn.Linear`` whose inference forward runs the fast path (oneDNN; on the "stream" path the streaming
+    kernel for few rows) with the same parameters and state dict.
 
     ``use_path`` switches a module's class to this one and back; training (autograd on) and non-CPU or
     non-fp32 inputs take ``F.linear``.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - nn.Linear's
-        if _onednn_ok(x, self.weight):
-            return _ONEDNN_OP(x, self.weight, self.bias, "none", [], "")
+        if _fast_ok(x, self.weight):
+            return _fast(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -186,9 +276,9 @@ class FusedLeadLinear(OneDNNLinear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        if not _onednn_ok(x, self.weight):
+        if not _fast_ok(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        out = _ONEDNN_OP(x, self._fused_weight, self._fused_bias, "none", [], "")
+        out = _fast(x, self._fused_weight, self._fused_bias)
         parts = out.split(self._fused_sizes, dim=-1)
         for follower, part in zip(self._followers, parts[1:]):
             follower._pending = (x, part)  # one attribute store: a reader sees both or neither
@@ -260,19 +350,32 @@ def _linears(modules) -> list[nn.Linear]:
     return out
 
 
-def self_check(modules, rows: tuple[int, ...] = (1, 3, 16)) -> str | None:
-    """Compare oneDNN with ``F.linear`` on each distinct fp32 weight shape of ``modules``.
+def self_check(modules, rows: tuple[int, ...] = (1, 3, 16), kernel: str = "onednn") -> str | None:
+    """Compare a fast kernel with ``F.linear`` on each distinct fp32 weight shape of ``modules``.
 
     Args:
         modules: an ``nn.Module`` or a list of them; every ``nn.Linear`` inside is checked (one per shape).
         rows: row counts to try (inputs [1, rows, in], fixed seed).
+        kernel: "onednn" or "stream" (the streaming kernel, which must have been built: ``stream_kernel``).
 
     Returns:
         None when every product agrees within ``TOLERANCE`` (relative to the largest output), else a
         sentence saying what failed (used as the fallback reason).
     """
-    if _ONEDNN_OP is None:
-        return "oneDNN's linear op is not in this PyTorch build"
+    if kernel == "stream":
+        if _STREAM["op"] is None:
+            return _STREAM["problem"] or "the streaming kernel was not built"
+        name = "the streaming kernel"
+
+        def op(x, w, b):
+            return _STREAM["op"](x.reshape(-1, x.shape[-1]), w.contiguous(), b).view(*x.shape[:-1], w.shape[0])
+    else:
+        if _ONEDNN_OP is None:
+            return "oneDNN's linear op is not in this PyTorch build"
+        name = "oneDNN"
+
+        def op(x, w, b):
+            return _ONEDNN_OP(x, w, b, "none", [], "")
     _pin_fp32()
     gen = torch.Generator().manual_seed(0)
     shapes = {}
@@ -284,34 +387,37 @@ def self_check(modules, rows: tuple[int, ...] = (1, 3, 16)) -> str | None:
             for r in rows:
                 x = torch.randn(1, r, shape[1], generator=gen)
                 try:
-                    got = _ONEDNN_OP(x, m.weight, m.bias, "none", [], "")
+                    got = op(x, m.weight, m.bias)
                 except RuntimeError as e:
-                    return f"oneDNN failed on a {shape[0]}×{shape[1]} product: {str(e).splitlines()[0]}"
+                    return f"{name} failed on a {shape[0]}×{shape[1]} product: {str(e).splitlines()[0]}"
                 ref = F.linear(x, m.weight, m.bias)
                 err = float((got - ref).abs().max()) / max(1.0, float(ref.abs().max()))
                 if not err <= TOLERANCE:
-                    return (f"oneDNN disagreed with F.linear by {err:.1e} (relative) on a {shape[0]}×{shape[1]} "
+                    return (f"{name} disagreed with F.linear by {err:.1e} (relative) on a {shape[0]}×{shape[1]} "
                             f"product with {r} rows")
     return None
 
 
 def apply_path(modules, path: str) -> None:
-    """Route every ``nn.Linear`` inside ``modules`` through ``path`` ("default" or "onednn"), in place,
-    and make ``path`` the process's active path for ``linear``.
+    """Route every ``nn.Linear`` inside ``modules`` through ``path`` ("default", "onednn" or "stream"), in
+    place, and make ``path`` the process's active path for ``linear`` and every fast layer (one path per
+    process: the last one applied; "stream" builds the kernel if needed and takes oneDNN where it cannot).
 
     Raises:
         InputError: for an unknown path.
     """
     if path not in PATHS:
         raise InputError(f"Unknown compute path {path!r}; use one of {', '.join(PATHS)}.")
-    cls = OneDNNLinear if path == "onednn" else nn.Linear
-    if path == "onednn":
+    if path == "stream":
+        stream_kernel()
+    cls = nn.Linear if path == "default" else OneDNNLinear
+    if path != "default":
         _pin_fp32()
     for m in _linears(modules):
         if type(m) in _OURS:  # leave subclasses with their own forward alone
             m.__class__ = cls
             m.__dict__.pop("_pending", None)
-    if path == "onednn":
+    if path != "default":
         _fuse_siblings(modules)
     _ACTIVE["path"] = path
 
@@ -320,8 +426,11 @@ _OURS = (nn.Linear, OneDNNLinear, FusedLeadLinear, FusedFollowerLinear)
 
 
 def path_of(module: nn.Module) -> str:
-    """The path ``module``'s linear layers run ("onednn" if any was switched, else "default")."""
-    return "onednn" if any(isinstance(m, OneDNNLinear) for m in _linears(module)) else "default"
+    """The path ``module``'s linear layers run: "default" unless some were switched to the fast layers, then the
+    process's active fast path ("stream" or "onednn")."""
+    if not any(isinstance(m, OneDNNLinear) for m in _linears(module)):
+        return "default"
+    return "stream" if _ACTIVE["path"] == "stream" else "onednn"
 
 
 def _fingerprint(model: nn.Module) -> str:
@@ -360,18 +469,23 @@ def _write_store(f: Path | None, key: str, choice: ComputePath) -> None:
 
 
 def measure_paths(model: nn.Module, tokens: tuple[int, ...] = (1, 4), reps: int = 5,
-                  context: int = 16) -> dict[str, dict[int, float]]:
+                  context: int = 16, paths: tuple[str, ...] | None = None) -> dict[str, dict[int, float]]:
     """Fastest time (ms, best of ``reps``) of the model's forward over ``tokens`` new tokens after
     ``context`` cached ones, for each path, alternating paths rep by rep (the model is left on "default").
     The best of several reps, not the median: another process's load only ever adds time, so the
     minimum is the steadiest estimate of what the kernels cost.
 
+    Args:
+        paths: the paths to time (default: "default", and "onednn" where this build has it).
+
     Returns:
-        {path: {tokens: best ms}} for the paths usable here.
+        {path: {tokens: best ms}} for the paths timed.
     """
     from transformers import DynamicCache
 
-    paths = [p for p in PATHS if p == "default" or _ONEDNN_OP is not None]
+    if paths is None:
+        paths = tuple(p for p in ("default", "onednn") if p == "default" or _ONEDNN_OP is not None)
+    paths = list(paths)
     dev = next(model.parameters()).device
     vocab = int(getattr(model.config, "vocab_size", 100) or 100)
     gen = torch.Generator().manual_seed(0)
@@ -393,15 +507,17 @@ def measure_paths(model: nn.Module, tokens: tuple[int, ...] = (1, 4), reps: int 
     return {p: {n: min(v) for n, v in d.items()} for p, d in out.items()}
 
 
-def choose_path(model: nn.Module, override: str | None = None, store: Path | None = None) -> ComputePath:
+def choose_path(model: nn.Module, override: str | None = None, store: Path | None = None,
+                progress: Callable[[str], None] | None = None) -> ComputePath:
     """Pick the compute path for ``model`` on this machine (see the module docstring).
 
     Args:
         model: a transformers causal LM (or any module with ``nn.Linear`` layers; then only an override
             or a remembered choice applies, no measurement).
-        override: "auto" (measure), "default" or "onednn"; None reads ``$SPEEDUP_LAB_COMPUTE``.
+        override: "auto" (measure), "default", "onednn" or "stream"; None reads ``$SPEEDUP_LAB_COMPUTE``.
         store: a JSON file remembering measured choices across processes (``load_model`` passes
             ``<user cache>/compute_paths.json``); measured choices are always remembered in memory.
+        progress: told (one message) before the streaming kernel is built, the first time on a machine.
 
     Returns:
         the choice, not yet applied (``use_path`` applies it).
@@ -421,11 +537,18 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
     if want == "default":
         return ComputePath("default", f"forced by override ({ENV_VAR} or --compute)", cpu, threads)
     problem = self_check(model)
-    if problem:
-        return ComputePath("default", f"fallback: {problem}", cpu, threads)
-    if want == "onednn":
+    if want == "onednn" or (problem and want == "auto"):
+        if problem:
+            return ComputePath("default", f"fallback: {problem}", cpu, threads)
         return ComputePath("onednn", f"forced by override ({ENV_VAR} or --compute)", cpu, threads)
-    key = _memo_key(model)
+    stream_kernel(progress)
+    stream_bad = self_check(model, kernel="stream")
+    if want == "stream":
+        if not stream_bad:
+            return ComputePath("stream", f"forced by override ({ENV_VAR} or --compute)", cpu, threads)
+        return ComputePath("default" if problem else "onednn", f"fallback: {stream_bad}", cpu, threads)
+    offered = ("default", "onednn") + (() if stream_bad else ("stream",))
+    key = _memo_key(model) + "|paths=" + ",".join(offered)
     with _LOCK:
         if key in _MEMO:
             return _MEMO[key]
@@ -440,13 +563,13 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
                 pass
         if not hasattr(model, "config"):
             return ComputePath("onednn", "self-check passed (no model to time)", cpu, threads)
-        ms = measure_paths(model)
+        ms = measure_paths(model, paths=offered)
         total = {path: sum(d.values()) for path, d in ms.items()}
         best = min(total, key=total.get)
-        other = max(total, key=total.get)
-        ratio = total[other] / total[best] if total[best] > 0 else 1.0
+        runner_up = min((p for p in total if p != best), key=total.get)
+        ratio = total[runner_up] / total[best] if total[best] > 0 else 1.0
         detail = ", ".join(f"{path} {d[1]:.1f}/{d[4]:.1f} ms" for path, d in ms.items())
-        choice = ComputePath(best, f"measured: {ratio:.2f}× faster than {other} (1-/4-token pass: {detail})",
+        choice = ComputePath(best, f"measured: {ratio:.2f}× faster than {runner_up} (1-/4-token pass: {detail})",
                              cpu, threads, {k: {str(n): round(v, 2) for n, v in d.items()} for k, d in ms.items()})
         _MEMO[key] = choice
         _write_store(store, key, choice)

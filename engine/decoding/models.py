@@ -336,7 +336,7 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
         dtype: defaults to fp32 on every device (see ``resolve_dtype``).
         progress: called with (message, fraction) during a first-time conversion.
         compute: the compute path: "auto" (measured once per machine, ``engine.decoding.compute``),
-            "default" or "onednn"; None reads ``$SPEEDUP_LAB_COMPUTE`` (default "auto").
+            "default", "onednn" or "stream"; None reads ``$SPEEDUP_LAB_COMPUTE`` (default "auto").
 
     Raises:
         ModelLoadError: the spec cannot be loaded offline, or is not a causal LM.
@@ -352,7 +352,8 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
     model = _from_pretrained(AutoModelForCausalLM, source, dtype=dt)
     model.to(dev).eval()
     progress("Choosing this machine's compute path…", 0.95)
-    path = use_path(model, choose_path(model, compute, store=cache_root() / "compute_paths.json"))
+    path = use_path(model, choose_path(model, compute, store=cache_root() / "compute_paths.json",
+                                       progress=lambda msg: progress(msg, 0.95)))
     if dt != torch.float32:  # e.g. the embedded model's name says "dequantized to fp32"
         name = f"{name}, run in {str(dt).removeprefix('torch.')}"
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:

@@ -1,0 +1,113 @@
+// The "stream" compute path's kernel (engine/decoding/compute.py builds and loads it; nothing else does).
+//
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for x [M, K] with few rows (a decode step, a verify pass)
+// and w [N, K] row-major fp32, the layout of nn.Linear's weight.
+//
+// Why: a pass over a few tokens should cost what reading the weights costs. Measured on an AMD EPYC
+// (2 threads), PyTorch's MKL sgemm and oneDNN read the weights at roughly half of what a plain sum reads
+// (benchmarks/bench_compute.py). This kernel streams each weight row from memory exactly once per call,
+// whatever M is: 4 adjacent weight rows (one contiguous stretch of memory) are loaded into registers
+// 16 floats at a time and multiplied with every input row (blocks of 4 rows, 16 accumulators), so the
+// input rows stay in L1 and the weights are the only traffic to memory.
+//
+// Summation order is fixed and independent of M and of how the rows are split across threads: for each
+// (m, n) the 16-lane partial sums run over k in order, the lanes are added as a fixed pairwise tree, then
+// the K % 16 tail, then the bias. So a row's result does not depend on which other rows share the call (batch-invariant).
+//
+// Threads: at::parallel_for over blocks of 4 weight rows (PyTorch's intra-op pool, torch.set_num_threads).
+// Vectors: GCC vector extensions (16 floats); compiled with -march=native for the machine it runs on, so
+// AVX-512 CPUs get one register per vector and AVX2 CPUs two.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+typedef float v16 __attribute__((vector_size(64)));
+
+// The 16 lanes added as a fixed pairwise tree (short dependency chains; the same order for every output).
+static inline float lanes_sum(v16 v) {
+  float a0 = v[0] + v[8], a1 = v[1] + v[9], a2 = v[2] + v[10], a3 = v[3] + v[11];
+  float a4 = v[4] + v[12], a5 = v[5] + v[13], a6 = v[6] + v[14], a7 = v[7] + v[15];
+  float b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
+  return (b0 + b2) + (b1 + b3);
+}
+
+// Weight rows are prefetched this many blocks ahead (measured on the AMD EPYC: 2 blocks beat 0 and 4 for
+// 1-16 rows; a prefetch past the end of the weight is harmless, prefetches never fault).
+constexpr int kPrefetchBlocks = 2;
+
+// One block: RR adjacent weight rows (from n0) against MM input rows (from m0), both compile-time, so the
+// RR·MM accumulators live in registers. Every instantiation adds in the same order (see the file's header).
+template <int MM, int RR>
+static inline void block(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t N,
+                         int64_t m0, int64_t n0) {
+  const int64_t K16 = K / 16 * 16;
+  v16 acc[MM][RR];
+  for (int i = 0; i < MM; ++i)
+    for (int r = 0; r < RR; ++r) acc[i][r] = (v16){0};
+  for (int64_t k = 0; k < K16; k += 16) {
+    v16 wv[RR];
+    for (int r = 0; r < RR; ++r) __builtin_memcpy(&wv[r], W + (n0 + r) * K + k, sizeof(v16));
+    for (int r = 0; r < RR; ++r) __builtin_prefetch(W + (n0 + r + kPrefetchBlocks * RR) * K + k, 0, 0);
+    for (int i = 0; i < MM; ++i) {
+      v16 xv;
+      __builtin_memcpy(&xv, X + (m0 + i) * K + k, sizeof(v16));
+      for (int r = 0; r < RR; ++r) acc[i][r] += xv * wv[r];
+    }
+  }
+  for (int i = 0; i < MM; ++i) {
+    for (int r = 0; r < RR; ++r) {
+      float s = lanes_sum(acc[i][r]);
+      for (int64_t k = K16; k < K; ++k) s += X[(m0 + i) * K + k] * W[(n0 + r) * K + k];
+      if (B) s += B[n0 + r];
+      Y[(m0 + i) * N + n0 + r] = s;
+    }
+  }
+}
+
+template <int RR>
+static inline void rows(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t M, int64_t N,
+                        int64_t n0) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) block<4, RR>(X, W, B, Y, K, N, m0, n0);
+  switch (M - m0) {
+    case 3: block<3, RR>(X, W, B, Y, K, N, m0, n0); break;
+    case 2: block<2, RR>(X, W, B, Y, K, N, m0, n0); break;
+    case 1: block<1, RR>(X, W, B, Y, K, N, m0, n0); break;
+    default: break;
+  }
+}
+
+// x: [M, K] fp32 CPU; w: [N, K] fp32 CPU contiguous; b: [N] or undefined. Returns [M, N].
+torch::Tensor small_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+              "small_linear: x [M, K] and w [N, K] expected");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat,
+              "small_linear: fp32 only");
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
+  TORCH_CHECK(w.is_contiguous(), "small_linear: w must be contiguous");
+  x = x.contiguous();
+  torch::Tensor bias;
+  if (b.has_value() && b->defined()) {
+    bias = b->contiguous();
+    TORCH_CHECK(bias.scalar_type() == torch::kFloat && bias.numel() == w.size(0), "small_linear: bias [N] fp32");
+  }
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const float* X = x.data_ptr<float>();
+  const float* W = w.data_ptr<float>();
+  const float* B = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* Y = y.data_ptr<float>();
+  const int64_t full = N / 4;
+  at::parallel_for(0, full, 16, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) rows<4>(X, W, B, Y, K, M, N, blk * 4);
+  });
+  for (int64_t n0 = full * 4; n0 < N; ++n0) rows<1>(X, W, B, Y, K, M, N, n0);
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (fp32, CPU)");
+}
