@@ -80,9 +80,11 @@ def _start_server(env_extra: dict) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("Streamlit did not start")
 
 
-def _room_run(browser, url: str, readers, timeout_s: float) -> dict:
+def _room_run(browser, url: str, readers, timeout_s: float, after_open=None) -> dict:
     try:
         open_readers(browser, url, readers)
+        if after_open is not None:  # the pages are loaded and prefilled: the run starts now
+            after_open()
         t_first = run_all(readers, timeout_s=timeout_s)
         done = [r for r in readers if r.t_done is not None and r.error is None]
         t_last = max((r.t_done for r in done), default=time.perf_counter())
@@ -175,8 +177,10 @@ def main() -> None:
             for k in args.readers:
                 alone_a = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
                 readers = readers_for(k, args.max_new)
-                n_before = len(_passes(pass_log))
-                room = _room_run(browser, url, readers, args.timeout)
+                n_before = []  # the pass log's length once every page is prefilled (the prefills are not the run)
+                room = _room_run(browser, url, readers, args.timeout,
+                                 after_open=lambda: n_before.append(len(_passes(pass_log))))
+                n_before = n_before[0] if n_before else 0
                 server = _passes(pass_log)[n_before:]
                 alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
                 want = alone_texts(readers)
