@@ -71,8 +71,8 @@ DRAFT_KINDS = {
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
-ROOM_REDRAW_S = 0.5  # with other readers in the room, Run to the end updates its progress bar at most every 0.5 s per
-# other reader and draws the round, the text and the room panel only when the run ends (issue 31: 16 pages redrawing
+ROOM_REDRAW_S = 0.5  # with other readers in the room, Run to the end updates its progress bar and room panel at most
+# every 0.5 s per other reader and draws the round and the text only when the run ends (issue 31: 16 pages redrawing
 # every 3 s kept a 16-row pass at 3.9 s median, 1.3 s with no redraws; the target's forward was 0.8 s)
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
@@ -544,10 +544,10 @@ if (run_all or run_base) and not dec.finished:
         others = room.readers() - 1
         every = max(INSTANT_REDRAW_S if frame_s == 0 else 0.0, ROOM_REDRAW_S * others)
         if time.perf_counter() - last_draw >= every:
-            if not others or round_pause:  # alone or paced: the round, text and room as they come; else the bar
+            if not others or round_pause:  # alone or paced: the round and the text as they come; else bar and room
                 _draw_round(rnd, frame_s)
                 _draw_text(dec)
-                _draw_room()
+            _draw_room()
             done = len(dec.new_ids) / dec.max_new_tokens
             shared = (f"; {others} other reader{'s' if others > 1 else ''} in the room, so the round and the text "
                       "are drawn when the run ends" if others and not round_pause else "")

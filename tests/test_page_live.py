@@ -410,9 +410,9 @@ def test_room_panel_counts_the_pass_that_served_this_reader(tiny):
 
 
 def test_run_to_end_among_other_readers_ends_with_the_view_alone(tiny, monkeypatch):
-    """With other readers in the room, Run to the end draws only its progress bar while it runs (issue 31: every
-    page's redraws took the CPU from the room's passes); what the reader sees at the end is what a run alone
-    shows: the same text, round, status and statistics."""
+    """With other readers in the room, Run to the end draws only its progress bar and room panel while it runs
+    (issue 31: every page's redraws took the CPU from the room's passes); what the reader sees at the end is what
+    a run alone shows: the same text, round, status and statistics."""
     alone = _click(_app(tiny), "lv_run")
     from engine.decoding.scheduler import Room
 

@@ -42,9 +42,9 @@ def head(tiny):
 
 def _decoder(tiny, head, i, n_new=N_NEW):
     temp, seed, gamma, gate = SETTINGS[i % len(SETTINGS)]
-    return SpeculativeDecoder(tiny, FeatureHeadProposer(head, tiny, confidence_threshold=gate), PROMPTS[i % len(PROMPTS)],
-                              gamma=gamma, sampling=SamplingConfig(temperature=temp), seed=seed,
-                              max_new_tokens=n_new, stop_on_eos=False)
+    return SpeculativeDecoder(tiny, FeatureHeadProposer(head, tiny, confidence_threshold=gate),
+                              PROMPTS[i % len(PROMPTS)], gamma=gamma, sampling=SamplingConfig(temperature=temp),
+                              seed=seed, max_new_tokens=n_new, stop_on_eos=False)
 
 
 def _advance(dec, prop):
