@@ -80,9 +80,11 @@ def _start_server(env_extra: dict) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("Streamlit did not start")
 
 
-def _room_run(browser, url: str, readers, timeout_s: float) -> dict:
+def _room_run(browser, url: str, readers, timeout_s: float, after_open=None) -> dict:
     try:
         open_readers(browser, url, readers)
+        if after_open is not None:  # the pages are loaded and prefilled: the run starts now
+            after_open()
         t_first = run_all(readers, timeout_s=timeout_s)
         done = [r for r in readers if r.t_done is not None and r.error is None]
         t_last = max((r.t_done for r in done), default=time.perf_counter())
@@ -135,6 +137,14 @@ def engine_room(k: int, max_new: int) -> dict:
         room.close()
 
 
+def _head_gamma() -> int:
+    """The head's γ the page picks on this machine (``default_gamma_here``)."""
+    from engine.decoding.models import EMBEDDED_HEAD
+    from engine.explain.analytic import default_gamma_here
+
+    return default_gamma_here(EMBEDDED_HEAD)[0]
+
+
 def _passes(path: Path) -> list[dict]:
     try:
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -167,8 +177,10 @@ def main() -> None:
             for k in args.readers:
                 alone_a = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
                 readers = readers_for(k, args.max_new)
-                n_before = len(_passes(pass_log))
-                room = _room_run(browser, url, readers, args.timeout)
+                n_before = []  # the pass log's length once every page is prefilled (the prefills are not the run)
+                room = _room_run(browser, url, readers, args.timeout,
+                                 after_open=lambda: n_before.append(len(_passes(pass_log))))
+                n_before = n_before[0] if n_before else 0
                 server = _passes(pass_log)[n_before:]
                 alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
                 want = alone_texts(readers)
@@ -192,6 +204,7 @@ def main() -> None:
                     "rows_max": max((p["rows"] for p in server), default=None),
                     "pass_ms_median": med([p["ms"] for p in server]),
                     "target_ms_median": med([p["target_ms"] for p in server]),
+                    "draft_ms_median": med([p.get("draft_ms", 0.0) for p in server]),
                     "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
                 rows[-1]["engine_room"] = engine_room(k, args.max_new)
                 print(json.dumps(rows[-1]), flush=True)
@@ -205,8 +218,8 @@ def main() -> None:
               "no_draft_above": args.no_draft_above or None,
               "command": "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py "
                          + " ".join(sys.argv[1:]),
-              "settings": "default draft (trained EAGLE-style head, γ 2), chat preset, temperatures 0 and 0.8 "
-                          "alternating (reader i seed i), instant autoplay, one server, one Chromium"}
+              "settings": f"default draft (trained EAGLE-style head, γ {_head_gamma()}), chat preset, temperatures 0 "
+                          "and 0.8 alternating (reader i seed i), instant autoplay, one server, one Chromium"}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2))
     lines = [f"# Room benchmark: K readers press Run to the end at once ({args.max_new} new tokens each)", "",
@@ -222,12 +235,14 @@ def main() -> None:
                      f"{r['server_peak_rss_mb']:.0f} |")
     lines += ["", "The server's room during each run (its pass log): passes, rows per pass (median, max), pass and "
               "target-forward ms (medians), and the share of the run's time the worker was busy:", "",
-              "| readers | passes | rows median | rows max | pass ms | target ms | worker busy |", "|---|---|---|---|---|---|---|"]
+              "| readers | passes | rows median | rows max | pass ms | target ms | batched draft ms | worker busy |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sp = r["server_passes"]
         f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
         lines.append(f"| {r['readers']} | {sp['passes']} | {f(sp['rows_median'])} | {sp['rows_max']} | "
-                     f"{f(sp['pass_ms_median'])} | {f(sp['target_ms_median'])} | {f(sp['busy_share'], '.0%')} |")
+                     f"{f(sp['pass_ms_median'])} | {f(sp['target_ms_median'])} | {f(sp.get('draft_ms_median'))} | "
+                     f"{f(sp['busy_share'], '.0%')} |")
     lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
               "together; medians over the passes that served every reader):", "",
               "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share |",

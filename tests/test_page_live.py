@@ -407,3 +407,25 @@ def test_room_panel_counts_the_pass_that_served_this_reader(tiny):
     assert "The last target pass served 1 reader." in captions
     assert _metric(at, "Readers now") == "0"  # the round is done: nobody waits
     assert float(_metric(at, "Room tokens/s")) > 0
+
+
+def test_run_to_end_among_other_readers_ends_with_the_view_alone(tiny, monkeypatch):
+    """With other readers in the room, Run to the end draws only its progress bar and room panel while it runs
+    (issue 31: every page's redraws took the CPU from the room's passes); what the reader sees at the end is what
+    a run alone shows: the same text, round, status and statistics."""
+    alone = _click(_app(tiny), "lv_run")
+    from engine.decoding.scheduler import Room
+
+    monkeypatch.setattr(Room, "readers", lambda self: 5)  # four others share the room
+    shared = _click(_app(tiny), "lv_run")
+    assert shared.session_state["lv_dec"].new_ids == alone.session_state["lv_dec"].new_ids
+    assert shared.success[0].value == alone.success[0].value and "Finished" in alone.success[0].value
+    # the generated text (coloured by origin) and the last round's verdict; the round's title carries its timings
+    text = (lambda at: [m.value for m in at.markdown if "-background[" in m.value])
+    assert text(shared) == text(alone) and text(alone)
+    rnd = alone.session_state["lv_dec"].rounds[-1]
+    from app.live_view import verdict_frame
+
+    assert sum(m.value == verdict_frame(rnd) for m in shared.markdown) == sum(
+        m.value == verdict_frame(rnd) for m in alone.markdown) > 0
+    assert [m.label for m in shared.metric] == [m.label for m in alone.metric]

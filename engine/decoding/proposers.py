@@ -212,6 +212,12 @@ class Proposer:
                 generator: torch.Generator) -> Proposal:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def batch_key(self):
+        """Proposers with the same non-None key can draft several sequences in one call of their class's
+        ``propose_many(jobs)`` (a scheduler's pass, ``engine.decoding.scheduler``); None (the default): per
+        sequence only."""
+        return None
+
 
 class _ModelProposer(Proposer):
     """Shared code of proposers that run a (partial) model autoregressively with a KV cache."""
@@ -389,23 +395,32 @@ class FeatureHeadProposer(Proposer):
                                  position_ids=torch.tensor([[n_pairs + t]], device=dev), cache=self.cache)
         return Proposal(tokens, torch.stack(rows) if rows else torch.zeros(0, self.target_vocab))
 
-    def _sync(self, seq: list[int]):
-        """The head's KV rollback and catch-up: crop what it drafted last round, feed the pairs the target has
-        verified since; (ĥ of the newest position [1, 1, H], number of true pairs), or None when there are
-        no target features yet."""
+    def _rollback(self, seq: list[int]) -> int | None:
+        """The head's KV rollback: crop what it drafted last round (keep only pairs built from true features).
+        Returns the number of true pairs the sequence has now (n_pairs; the pairs n_true..n_pairs − 1 are still
+        to feed), or None when there are no target features yet."""
         if self.target_lm is None:
             raise ValueError("FeatureHeadProposer.attach(target_lm) was not called")
         hidden = self.target_lm.hidden
         n_pairs = min(len(seq) - 1, 0 if hidden is None else hidden.shape[0])
         if n_pairs <= 0:
             return None
-        # the head's KV rollback: keep only pairs built from true features
         held = self.cache.get_seq_length()
         if self.n_true > n_pairs:  # the target's cache was reset/cropped below what we hold
             self.reset()
             held = 0
         if held > self.n_true:
             self.cache.crop(self.n_true - held)
+        return n_pairs
+
+    def _sync(self, seq: list[int]):
+        """The head's KV rollback and catch-up: crop what it drafted last round, feed the pairs the target has
+        verified since; (ĥ of the newest position [1, 1, H], number of true pairs), or None when there are
+        no target features yet."""
+        n_pairs = self._rollback(seq)
+        if n_pairs is None:
+            return None
+        hidden = self.target_lm.hidden
         dev = hidden.device
         start = self.n_true
         if start < n_pairs:
@@ -416,6 +431,169 @@ class FeatureHeadProposer(Proposer):
             self.n_true = n_pairs
             self.last_true = out[:, -1:]
         return self.last_true, n_pairs  # ĥ of the newest position, from true features only
+
+    def batch_key(self):
+        """Rows drafting with the same head object share its calls (``propose_many``)."""
+        return ("feature-head", id(self.head))
+
+    @staticmethod
+    @torch.inference_mode()
+    def propose_many(jobs: list[tuple["FeatureHeadProposer", list[int], int, SamplingConfig, torch.Generator]]
+                     ) -> list[Proposal]:
+        """``propose(seq, k, cfg, generator)`` of several sequences whose proposers share one head, with the
+        head's calls batched across them: per pass one head call for every row's catch-up pairs (ragged,
+        right-padded) and one per draft step, and one LM-head product per step, instead of a call per row
+        each (the scheduler's rows, issue 31).
+
+        Each row's head KV cache is stacked into one batch cache for these calls (left-padded, padding and the
+        other rows' entries masked out, per-row position ids: ``engine.decoding.attention``, as the target's
+        pass in ``scheduler.Room._stacked``); afterwards each row's new entries go back to its own cache, so
+        its state is what ``propose`` alone leaves. Each row draws from its own generator in the same order as
+        ``propose`` (one draw per draft token under sampling), with its own k, settings and confidence gate.
+        What a batch can change is floating-point rounding in ĥ and the head's logits (padding and a mask
+        change the order of sums), so q agrees with ``propose``'s to rounding and a token differs only at a
+        near tie (tests/test_proposers_batched.py). One job runs ``propose`` itself (bit-identical).
+
+        Args:
+            jobs: (proposer, seq, k, cfg, generator) per row; every proposer's ``head`` is the same object.
+
+        Returns:
+            one Proposal per job, in order.
+
+        Raises:
+            ValueError: proposers with different heads, or one not attached to its target.
+        """
+        if len(jobs) <= 1:
+            return [p.propose(seq, k, cfg, g) for p, seq, k, cfg, g in jobs]
+        head = jobs[0][0].head
+        if any(p.head is not head for p, *_ in jobs):
+            raise ValueError("propose_many needs proposers that share one head")
+        from transformers import DynamicCache
+
+        from engine.decoding.attention import fed_visibility, model_mask
+
+        out: list[Proposal | None] = [None] * len(jobs)
+        rows = []  # (job index, n_pairs) of the rows that draft
+        for i, (p, seq, k, cfg, g) in enumerate(jobs):
+            n_pairs = p._rollback(seq) if k > 0 else None
+            if n_pairs is None:
+                out[i] = Proposal([], torch.zeros(0, p.target_vocab))
+            else:
+                rows.append((i, n_pairs))
+        if len(rows) == 1:
+            i, _ = rows[0]
+            p, seq, k, cfg, g = jobs[i]
+            out[i] = p.propose(seq, k, cfg, g)
+        if len(rows) <= 1:
+            return out
+        props = [jobs[i][0] for i, _ in rows]
+        dev = props[0].target_lm.hidden.device
+        b = len(rows)
+        # the rows' caches, stacked (left-padded to the longest)
+        lens = [p.cache.get_seq_length() for p in props]
+        c_max = max(lens)
+        stacked = DynamicCache()
+        if c_max > 0:
+            ref = next(p.cache for p, n in zip(props, lens) if n > 0)
+            for li, layer in enumerate(ref.layers):
+                ks, vs = [], []
+                for p, n in zip(props, lens):
+                    if n > 0:
+                        kk, vv = p.cache.layers[li].keys, p.cache.layers[li].values
+                    else:
+                        kk = vv = layer.keys.new_zeros((1, layer.keys.shape[1], 0, layer.keys.shape[3]))
+                    if n < c_max:
+                        pad = kk.new_zeros((1, kk.shape[1], c_max - n, kk.shape[3]))
+                        kk, vv = torch.cat([pad, kk], dim=2), torch.cat([pad, vv], dim=2)
+                    ks.append(kk)
+                    vs.append(vv)
+                stacked.update(torch.cat(ks), torch.cat(vs), li)
+        col = torch.arange(c_max)
+        valid = torch.stack([col >= c_max - n for n in lens])  # [b, columns]: which entries each row sees
+
+        def call(tokens: list[list[int]], feats: torch.Tensor, pos: list[list[int]], real: torch.Tensor):
+            nonlocal valid
+            w = real.shape[1]
+            causal = torch.ones(w, w, dtype=torch.bool).tril()
+            new_vis = (causal[None] & real[:, None, :]) | torch.eye(w, dtype=torch.bool)[None]
+            mask = model_mask(fed_visibility(new_vis, valid), head.body).to(dev)
+            h = head(torch.tensor(tokens, dtype=torch.long, device=dev), feats, attention_mask=mask,
+                     position_ids=torch.tensor(pos, dtype=torch.long, device=dev), cache=stacked)
+            valid = torch.cat([valid, real], dim=1)
+            return h
+
+        # catch-up: the pairs each row's target verified since its last round, one call for all rows
+        hidden_size = props[0].target_lm.hidden.shape[-1]
+        starts = [p.n_true for p in props]
+        widths = [n - s for (_, n), s in zip(rows, starts)]
+        last = torch.empty(b, hidden_size, dtype=props[0].target_lm.hidden.dtype, device=dev)
+        new_true: list[torch.Tensor | None] = [None] * b
+        width = max(widths)
+        if width > 0:
+            toks, pos = [], []
+            feats = torch.zeros(b, width, hidden_size, dtype=last.dtype, device=dev)
+            for r, ((i, n), s, w) in enumerate(zip(rows, starts, widths)):
+                seq = jobs[i][1]
+                toks.append(seq[s + 1:n + 1] + [0] * (width - w))
+                pos.append(list(range(s, s + width)))
+                if w:
+                    feats[r, :w] = props[r].target_lm.hidden[s:n]
+            real = torch.stack([torch.arange(width) < w for w in widths])
+            h = call(toks, feats, pos, real)
+            for r, w in enumerate(widths):
+                if w:
+                    new_true[r] = h[r:r + 1, w - 1:w]
+        for r, p in enumerate(props):
+            last[r] = (new_true[r] if new_true[r] is not None else p.last_true)[0, 0]
+        # the draft steps: one LM-head product and (while any row goes on) one head call per step
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        qrows: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        going = [True] * b
+        for t in range(max(jobs[i][2] for i, _ in rows)):
+            logits_all = head.logits(last).float().cpu()
+            nxt = []
+            for r, (i, n) in enumerate(rows):
+                p, _, k, cfg, g = jobs[i]
+                if not going[r] or t >= k:
+                    going[r] = False
+                    continue
+                logits = logits_all[r]
+                if p.confidence_threshold > 0 and float(torch.softmax(logits, -1).max()) < p.confidence_threshold:
+                    going[r] = False
+                    continue
+                q_red = warp_probs(logits, cfg)
+                j = int(torch.argmax(logits)) if cfg.greedy else sample(q_red, g)
+                x = int(p.vocab_ids[j])
+                q = torch.zeros(p.target_vocab)
+                q[p.vocab_ids] = q_red
+                tokens[r].append(x)
+                qrows[r].append(q)
+                if t < k - 1:
+                    nxt.append(r)
+                else:
+                    going[r] = False
+            if not nxt:
+                break
+            real = torch.zeros(b, 1, dtype=torch.bool)
+            real[nxt] = True
+            h = call([[tokens[r][-1] if real[r, 0] else 0] for r in range(b)], last[:, None],
+                     [[rows[r][1] + t] for r in range(b)], real)
+            for r in nxt:
+                last[r] = h[r, 0]
+        # each row's new entries (its catch-up pairs, then its drafted pairs) back to its own cache
+        new_cols = valid[:, c_max:]
+        for r, p in enumerate(props):
+            idx = new_cols[r].nonzero().squeeze(1) + c_max
+            if idx.numel():
+                idx = idx.to(dev)
+                for li, layer in enumerate(stacked.layers):
+                    p.cache.update(layer.keys[r:r + 1, :, idx], layer.values[r:r + 1, :, idx], li)
+            if new_true[r] is not None:
+                p.n_true = rows[r][1]
+                p.last_true = new_true[r].clone()
+            i = rows[r][0]
+            out[i] = Proposal(tokens[r], torch.stack(qrows[r]) if qrows[r] else torch.zeros(0, p.target_vocab))
+        return out
 
     branching = 4
     """Tree drafts: top-k children per expanded node, and nodes expanded per depth (``set_branching``)."""

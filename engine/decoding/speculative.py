@@ -317,7 +317,21 @@ class SpeculativeDecoder:
         """Chain rounds can share a target pass with other sequences; token-tree rounds run their own pass."""
         return not self.tree
 
-    def begin_pass(self, allow_draft: bool = True, prefill: bool = False) -> PendingPass | None:
+    def draft_size(self, allow_draft: bool = True, prefill: bool = False) -> int:
+        """How many tokens ``begin_pass`` with the same arguments would ask the proposer for now (0: it calls no
+        ``propose``: a prefill, a token-tree round, no proposer, nothing left to draft, a finished run, or a
+        prefill fused into the round). A scheduler drafts such rounds of several decoders together and hands
+        each its proposal (``begin_pass(proposal=...)``)."""
+        if self.finished or self.proposer is None or not allow_draft:
+            return 0
+        fuse_prefill = not self._prefilled and not self.target_lm.keep_hidden
+        if not self._prefilled or fuse_prefill or prefill:
+            return 0
+        k_max = min(self.gamma, self.max_new_tokens - len(self.new_ids) - 1)
+        return 0 if self.tree or k_max <= 0 else k_max
+
+    def begin_pass(self, allow_draft: bool = True, prefill: bool = False, proposal=None,
+                   draft_ms: float = 0.0) -> PendingPass | None:
         """First half of ``step()``: the prefill (when ``step()`` would prefill first) or the round's draft,
         and what its target pass must feed. The caller holds ``self.lock`` and then calls ``finish_pass``
         with the logits of that feed. Consumes the random generator exactly as ``step()`` does, so a round
@@ -326,6 +340,10 @@ class SpeculativeDecoder:
         Args:
             allow_draft: False drafts nothing this round (a plain decoding step: an operator's load limit).
             prefill: the prompt's own pass, as ``prefill()`` runs it (never fused with a round).
+            proposal: this round's draft, already made (a ``Proposal`` of the proposer for ``self.seq`` and
+                ``draft_size(allow_draft)`` tokens, drawn from this decoder's generator: the proposer's
+                ``propose_many``); None: ``begin_pass`` drafts itself.
+            draft_ms: the time that draft took (with ``proposal``).
 
         Returns:
             None for a round that needs its own pass (a token tree: call ``step()``).
@@ -350,12 +368,17 @@ class SpeculativeDecoder:
             self._prefilled = True
         t_round = time.perf_counter()
         t0 = time.perf_counter()
-        if self.proposer is not None and k_max > 0:
+        if proposal is not None and k_max > 0:
+            prop = proposal
+        elif self.proposer is not None and k_max > 0:
             prop = self.proposer.propose(self.seq, k_max, self.sampling, self.generator)
+        else:
+            prop = None
+        if prop is not None:
             draft, q, point_mass = prop.tokens[:k_max], prop.q[:k_max], prop.point_mass
         else:
             draft, q, point_mass = [], torch.zeros(0), False
-        draft_ms = (time.perf_counter() - t0) * 1000
+        draft_ms = draft_ms if proposal is not None else (time.perf_counter() - t0) * 1000
         before = self.target_lm.cached_len
         feed, n, reused = self.target_lm.plan(self.seq + draft, len(draft) + 1)
         return PendingPass(feed, n, reused, draft=draft, q=q, point_mass=point_mass, draft_ms=draft_ms,
