@@ -383,3 +383,18 @@ def test_prefill_of_ragged_prompts_is_packed_and_stacked_left_padded(tiny, monke
         res = dec.run()
         for r, p in zip(res.results, prompts):
             assert r.token_ids == generate(tiny, None, p, max_new_tokens=4, stop_on_eos=False).token_ids
+
+
+def test_head_rows_draft_together_and_keep_each_prompts_greedy_output(tiny, monkeypatch):
+    """Rows whose draft heads share one head draft in one batched call per step (``propose_many``); each row's
+    greedy output is still the prompt's plain greedy output alone."""
+    calls = []
+    real = FeatureHeadProposer.propose_many
+    monkeypatch.setattr(FeatureHeadProposer, "propose_many",
+                        staticmethod(lambda jobs: calls.append(len(jobs)) or real(jobs)))
+    head = _head_proposer(tiny)
+    props = [FeatureHeadProposer(head.head, tiny) for _ in range(3)]
+    res = generate_batch(tiny, props, PROMPTS[:3], gamma=2, max_new_tokens=10, stop_on_eos=False)
+    assert calls and max(calls) == 3
+    for r, p in zip(res.results, PROMPTS[:3]):
+        assert r.token_ids == generate(tiny, None, p, max_new_tokens=10, stop_on_eos=False).token_ids

@@ -42,7 +42,7 @@ import torch
 
 from engine.decoding.attention import fed_visibility, model_mask
 from engine.decoding.models import LoadedModel
-from engine.decoding.proposers import Proposer
+from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
 from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, verify_greedy, verify_sampling, warp_probs
 from engine.decoding.speculative import MAX_NEW_TOKENS, GenerationResult, _TokenText, chain_positions, encode_prompt
 from engine.decoding.trace import Round, run_stats
@@ -514,17 +514,26 @@ class BatchDecoder:
         slots = list(range(len(self.active)))
         rows = [self.rows[i] for i in self.active]
         drafts, qs, masses, draft_ms, fed = [], [], [], [], []
-        # 1. draft, row by row
-        for r in rows:
-            remaining = self.max_new_tokens - len(r.new_ids)
-            k_max = min(self.gamma, remaining - 1)
+        # 1. draft: rows whose proposers share one EAGLE-style head in one batched call per draft step
+        # (``FeatureHeadProposer.propose_many``, as the room does), any other row by itself
+        ks = [min(self.gamma, self.max_new_tokens - len(r.new_ids) - 1) for r in rows]
+        together = [s for s, r in enumerate(rows) if ks[s] > 0 and isinstance(r.proposer, FeatureHeadProposer)]
+        shared: dict[int, Proposal] = {}
+        if len(together) > 1 and len({id(rows[s].proposer.head) for s in together}) == 1:
+            t0 = time.perf_counter()
+            props = FeatureHeadProposer.propose_many([(rows[s].proposer, rows[s].seq, ks[s], cfg, rows[s].generator)
+                                                      for s in together])
+            each_ms = (time.perf_counter() - t0) * 1000 / len(together)
+            shared = dict(zip(together, props))
+        for s, r in enumerate(rows):
+            k_max = ks[s]
             t0 = time.perf_counter()
             if r.proposer is not None and k_max > 0:
-                prop = r.proposer.propose(r.seq, k_max, cfg, r.generator)
+                prop = shared[s] if s in shared else r.proposer.propose(r.seq, k_max, cfg, r.generator)
                 d, q, pm = prop.tokens[:k_max], prop.q[:k_max], prop.point_mass
             else:
                 d, q, pm = [], torch.zeros(0), False
-            draft_ms.append((time.perf_counter() - t0) * 1000)
+            draft_ms.append(each_ms if s in shared else (time.perf_counter() - t0) * 1000)
             drafts.append(d)
             qs.append(q)
             masses.append(pm)
