@@ -119,3 +119,41 @@ def model_mask(visible: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype
         dtype = next(model.parameters()).dtype
     out = torch.zeros(vis.shape, dtype=dtype)
     return out.masked_fill(~vis, torch.finfo(dtype).min)
+
+
+def stack_left_padded(rows_kv: Sequence, lens: Sequence[int]):
+    """Stack single-row KV caches into one batch cache, each row left-padded with zeros to the longest.
+
+    Used wherever separately cached rows meet in one pass: the room's target pass (``scheduler``), the heads'
+    batched drafts (``proposers.FeatureHeadProposer.propose_many``) and the batch decoder's packed prefill
+    (``batch``). The padding must be masked out: ``valid`` says which entries each row may see (pass it to
+    ``fed_visibility``).
+
+    Args:
+        rows_kv: per row, a list of (keys, values) per layer, each [1, heads, n, head_dim] (anything for a row
+            holding nothing, e.g. None).
+        lens: n, the entries each row holds.
+
+    Returns:
+        (a transformers ``DynamicCache`` whose layers hold [B, heads, max(lens), head_dim], ``valid`` [B, max(lens)]
+        bool: False on each row's left padding).
+    """
+    from transformers import DynamicCache
+
+    c_max = max(lens, default=0)
+    cache = DynamicCache()
+    if c_max > 0:
+        ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
+        for li, (k0, _) in enumerate(ref):
+            ks, vs = [], []
+            for kv, n in zip(rows_kv, lens):
+                k, v = kv[li] if n > 0 else (k0[:, :, :0], k0[:, :, :0])
+                if n < c_max:
+                    pad = k0.new_zeros((1, k0.shape[1], c_max - n, k0.shape[3]))
+                    k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
+                ks.append(k)
+                vs.append(v)
+            cache.update(torch.cat(ks), torch.cat(vs), li)
+    col = torch.arange(c_max)
+    valid = torch.stack([col >= c_max - n for n in lens]) if lens else torch.zeros(0, 0, dtype=torch.bool)
+    return cache, valid

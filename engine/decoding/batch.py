@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from engine.decoding.attention import fed_visibility, model_mask
+from engine.decoding.attention import fed_visibility, model_mask, stack_left_padded
 from engine.decoding.models import LoadedModel
 from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
 from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, verify_greedy, verify_sampling, warp_probs
@@ -451,7 +451,7 @@ class BatchDecoder:
             if groups[-1] and sum(lens[i] for i in groups[-1]) + n > PACK_TOKENS:
                 groups.append([])
             groups[-1].append(b)
-        per_row: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in lens]
+        per_row: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in lens]
         for group in groups:
             ids = [t for b in group for t in self.rows[b].prompt_ids]
             total = len(ids)
@@ -484,18 +484,8 @@ class BatchDecoder:
                 r.last_logits = logits[i]
                 if self.keep_hidden and h is not None:
                     r.hidden = h[0, lo:hi]
-                per_row[b] = ([layer.keys[:, :, lo:hi] for layer in cache.layers],
-                              [layer.values[:, :, lo:hi] for layer in cache.layers])
-        for li in range(len(per_row[0][0])):
-            ks, vs = [], []
-            for (keys, values), n in zip(per_row, lens):
-                k, v = keys[li], values[li]
-                if n < width:
-                    pad = k.new_zeros((1, k.shape[1], width - n, k.shape[3]))
-                    k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
-                ks.append(k)
-                vs.append(v)
-            self.cache.update(torch.cat(ks), torch.cat(vs), li)
+                per_row[b] = [(layer.keys[:, :, lo:hi], layer.values[:, :, lo:hi]) for layer in cache.layers]
+        self.cache, _ = stack_left_padded(per_row, lens)
 
     # ---------------------------------------------------------------- one round
     def step(self) -> list[Round]:

@@ -468,9 +468,7 @@ class FeatureHeadProposer(Proposer):
         head = jobs[0][0].head
         if any(p.head is not head for p, *_ in jobs):
             raise ValueError("propose_many needs proposers that share one head")
-        from transformers import DynamicCache
-
-        from engine.decoding.attention import fed_visibility, model_mask
+        from engine.decoding.attention import fed_visibility, model_mask, stack_left_padded
 
         out: list[Proposal | None] = [None] * len(jobs)
         rows = []  # (job index, n_pairs) of the rows that draft
@@ -492,24 +490,9 @@ class FeatureHeadProposer(Proposer):
         # the rows' caches, stacked (left-padded to the longest)
         lens = [p.cache.get_seq_length() for p in props]
         c_max = max(lens)
-        stacked = DynamicCache()
-        if c_max > 0:
-            ref = next(p.cache for p, n in zip(props, lens) if n > 0)
-            for li, layer in enumerate(ref.layers):
-                ks, vs = [], []
-                for p, n in zip(props, lens):
-                    if n > 0:
-                        kk, vv = p.cache.layers[li].keys, p.cache.layers[li].values
-                    else:
-                        kk = vv = layer.keys.new_zeros((1, layer.keys.shape[1], 0, layer.keys.shape[3]))
-                    if n < c_max:
-                        pad = kk.new_zeros((1, kk.shape[1], c_max - n, kk.shape[3]))
-                        kk, vv = torch.cat([pad, kk], dim=2), torch.cat([pad, vv], dim=2)
-                    ks.append(kk)
-                    vs.append(vv)
-                stacked.update(torch.cat(ks), torch.cat(vs), li)
-        col = torch.arange(c_max)
-        valid = torch.stack([col >= c_max - n for n in lens])  # [b, columns]: which entries each row sees
+        # valid [b, columns]: which entries each row sees
+        stacked, valid = stack_left_padded([[(layer.keys, layer.values) for layer in p.cache.layers] for p in props],
+                                           lens)
 
         def call(tokens: list[list[int]], feats: torch.Tensor, pos: list[list[int]], real: torch.Tensor):
             nonlocal valid

@@ -62,7 +62,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from engine.decoding.attention import fed_visibility, model_mask
+from engine.decoding.attention import fed_visibility, model_mask, stack_left_padded
 from engine.decoding.models import LoadedModel
 from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
 from engine.decoding.trace import Round
@@ -559,8 +559,6 @@ class Room:
                  rec: PassRecord) -> dict[int, torch.Tensor | None]:
         """Stack the rows' caches (left-padded), feed every row's tokens (right-padded) in one pass, give each
         row its new KV entries, hidden states and logits back."""
-        from transformers import DynamicCache
-
         model = self.target.model
         dev = self.target.device
         t0 = time.perf_counter()
@@ -568,25 +566,9 @@ class Room:
         lens = [lm.cached_len for lm in lms]
         widths = [len(p.feed) for _, _, p in fed]
         c_max, width, b = max(lens), max(widths), len(fed)
-        cache = DynamicCache()
-        if c_max > 0:
-            ref = next(lm.cache for lm in lms if lm.cached_len > 0)
-            for li, layer in enumerate(ref.layers):
-                ks, vs = [], []
-                for lm, n in zip(lms, lens):
-                    if n > 0:
-                        k, v = lm.cache.layers[li].keys, lm.cache.layers[li].values
-                    else:
-                        shape = (1, layer.keys.shape[1], 0, layer.keys.shape[3])
-                        k = v = layer.keys.new_zeros(shape)
-                    if n < c_max:
-                        pad = k.new_zeros((1, k.shape[1], c_max - n, k.shape[3]))
-                        k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
-                    ks.append(k)
-                    vs.append(v)
-                cache.update(torch.cat(ks), torch.cat(vs), li)
-        col = torch.arange(c_max)
-        cached_valid = torch.stack([col >= c_max - n for n in lens]) if c_max else torch.zeros(b, 0, dtype=torch.bool)
+        cache, cached_valid = stack_left_padded(
+            [[(layer.keys, layer.values) for layer in lm.cache.layers] if n > 0 else None for lm, n in zip(lms, lens)],
+            lens)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         real = torch.stack([torch.arange(width) < w for w in widths])
         new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
