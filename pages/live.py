@@ -86,7 +86,11 @@ st.title("🔴 Live speculative decoding")
 # A fixed style rule: hide Streamlit's own Stop in the running indicator. It halts the script wherever it
 # is, mid-draw, and left the page stale (the progress bar, no statistics, a round count one behind);
 # the page's Stop button ends a run between rounds and redraws everything.
-st.html("<style>[data-testid='stStatusWidget'] button { display: none; }</style>")
+# And its running man: it redraws 5 times a second while a script runs, and a page waiting on the room's worker
+# runs all the while (16 waiting pages cost about 0.45 of 2 cores in headless Chromium, measured by
+# benchmarks/bench_room.py); the page's own progress bar says it is running.
+st.html("<style>[data-testid='stStatusWidget'] button, [data-testid='stStatusWidgetRunningIcon'] "
+        "{ display: none; }</style>")
 intro(
     "A small **draft** proposes γ tokens; the **target** checks all of them in **one** forward pass and "
     "keeps the longest agreed prefix, plus one token of its own (a **correction** at the first rejected "
@@ -687,6 +691,20 @@ else:
                    "speedup's help): the machine was busy, so the speedup is unsure. Run the baseline again "
                    "with nothing else running.")
 
+# with other readers decoding on this server, the charts and the round inspector wait for a click: building them
+# costs the server's Python (the worker's pass waits on it) and drawing them costs the browser more than a whole
+# run's decoding (issue 31: 16 pages drawing them at the end of their runs took most of a 2-core server)
+others_busy = room.readers() if dec.rounds else 0  # other readers' runs in flight (this page's run has ended)
+if others_busy:
+    st.caption(f"{others_busy} other reader{'s are' if others_busy > 1 else ' is'} decoding on this server: the "
+               "charts and the round inspector wait until the room is quiet (any click then draws them), so the "
+               "server's cores decode for everyone. Or draw them now:")
+draw_charts = bool(dec.rounds) and (not others_busy or st.toggle(
+    "Draw the charts now", key="lv_charts_busy",
+    help="Building the charts costs the server's Python while the room's worker decodes, and drawing them "
+         "costs the browser (16 pages drawing them at once took most of a 2-core server that also ran the "
+         "browsers: benchmarks/bench_room.py)."))
+if draw_charts:
     if any(r.tree is not None for r in dec.rounds):
         st.caption("Token tree run: α̂, tokens per pass and the per-position chart read each round's accepted "
                    "path and its first rejected node; the chain formula E does not model a tree (a tree can keep a "
@@ -714,7 +732,7 @@ else:
     show_chart(ft, key="lv_fig_time", where=c2)
 
 # ------------------------------------------------------------------------------------------ round inspector
-if dec.rounds:
+if draw_charts:
     st.subheader("Open a round")
     n = len(dec.rounds)
     if n > 1:

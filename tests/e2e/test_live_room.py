@@ -31,3 +31,31 @@ def test_three_readers_get_their_alone_texts(browser, app_url):
         for r in readers:
             if r.page is not None:
                 r.page.context.close()
+
+
+def test_charts_wait_while_others_decode(browser, app_url):
+    """A reader who steps a round while another reader's run is in flight gets the statistics but not the charts
+    (the deferral caption and a toggle instead); the toggle draws them at once."""
+    readers = readers_for(2, max_new=160)
+    readers[1].max_new = 16
+    try:
+        open_readers(browser, app_url, readers)
+        long_run, stepper = readers
+        long_run.page.evaluate("document.querySelector('.st-key-lv_run button').click()")
+        # the long run is in the room once its page says so (its progress bar)
+        long_run.page.get_by_text(re.compile(r"tokens, \d+ rounds?")).first.wait_for(timeout=60_000)
+        stepper.page.locator(".st-key-lv_step button").first.click()
+        caption = stepper.page.get_by_text(re.compile(r"1 other reader is decoding on this server"))
+        caption.wait_for(timeout=60_000)
+        assert stepper.page.get_by_role("heading", name="Live statistics").count() == 1
+        assert stepper.page.get_by_role("heading", name="Open a round").count() == 0
+        assert stepper.page.locator('[data-testid="stPlotlyChart"]').count() == 0
+        caption.scroll_into_view_if_needed()
+        screenshot(stepper.page, "live_room_charts_wait")
+        stepper.page.get_by_text("Draw the charts now").click()
+        stepper.page.get_by_role("heading", name="Open a round").wait_for(timeout=60_000)
+        stepper.page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=60_000)  # ≥ 2 charts
+    finally:
+        for r in readers:
+            if r.page is not None:
+                r.page.context.close()
