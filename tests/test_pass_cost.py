@@ -60,6 +60,16 @@ def test_measure_times_every_size_and_cache_restores_it(tiny):
     assert not pass_cost.current_pass_cost("never-measured").measured_here
 
 
+def test_a_changed_kernel_is_measured_again(tiny, monkeypatch):
+    """The curve is keyed by the streaming kernel's build: after the kernel's source changes, the curve measured
+    with the old kernel is not this machine's curve any more."""
+    got = measure_pass_cost(tiny, sizes=(1, 2), reps=1, context=4)
+    monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: got)
+    assert machine_pass_cost(tiny) == got and cached_pass_cost(tiny.spec) == got
+    monkeypatch.setattr(pass_cost, "kernel_name", lambda: "speedup_lab_small_linear_changed")
+    assert cached_pass_cost(tiny.spec) is None
+
+
 def test_measure_needs_one_token_and_a_rep(tiny):
     with pytest.raises(ValueError):
         measure_pass_cost(tiny, sizes=(2, 3))

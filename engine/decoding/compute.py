@@ -167,6 +167,19 @@ _STREAM: dict = {"tried": False, "op": None, "problem": None, "name": ""}
 STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 
 
+def kernel_name() -> str:
+    """The streaming kernel's build name on this machine: ``speedup_lab_small_linear_<hash>`` of its source, its
+    compiler flags, this CPU's flags and the torch version (cheap: nothing is built). Measurements that depend
+    on the kernel (the path choice, ``engine.decoding.pass_cost``) are keyed by it, so a changed kernel is
+    measured again."""
+    import hashlib
+
+    src = KERNEL_SOURCE.read_text() if KERNEL_SOURCE.exists() else ""
+    key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
+                       .encode()).hexdigest()[:12]
+    return f"speedup_lab_small_linear_{key}"
+
+
 def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | None:
     """The streaming kernel's op (``small_linear(x [M, K], w [N, K], b [N] | None) → [M, N]``), built on first
     use (~40 s; ``progress`` is told before a build), or None where it cannot be built (``stream_problem``
@@ -181,12 +194,7 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
         if platform.system() != "Linux":
             _STREAM["problem"] = "the streaming kernel is built on Linux only"
             return None
-        import hashlib
-
-        src = KERNEL_SOURCE.read_text()
-        key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
-                           .encode()).hexdigest()[:12]
-        name = f"speedup_lab_small_linear_{key}"
+        name = kernel_name()
         _STREAM["name"] = name
         try:
             from torch.utils import cpp_extension
