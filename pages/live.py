@@ -375,10 +375,11 @@ if dec is not None:
         pass
 ready = dec is not None
 b1, b2, b3, b4, b5 = st.columns(5)
-step = b1.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
-                 shortcut="N", help="Keyboard: N (next round)")
-run_all = b2.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
-                    help="Keyboard: G (go)")
+step_slot, run_slot = b1.empty(), b2.empty()  # redrawn disabled when a run ends among other readers (below)
+step = step_slot.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
+                        shortcut="N", help="Keyboard: N (next round)")
+run_all = run_slot.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
+                          help="Keyboard: G (go)")
 stopped = b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round. "
                     "Keyboard: Esc", shortcut="Esc")
 b4.button("Reset", key="lv_reset", on_click=_request_rebuild,
@@ -584,7 +585,11 @@ if run_base and dec.finished:
 
 _draw_room()
 if dec.finished and not was_finished:
-    st.rerun()  # redraw the buttons (Step / Run to the end are now disabled)
+    if room.readers():  # others are decoding: only the two buttons change, not a whole page drawn again
+        step_slot.button("Step one round", key="lv_step_done", type="primary", disabled=True)
+        run_slot.button("Run to the end", key="lv_run_done", disabled=True)
+    else:
+        st.rerun()  # redraw the buttons (Step / Run to the end are now disabled)
 
 # ------------------------------------------------------------------------------------------ current state
 if dec.rounds:

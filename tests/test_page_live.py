@@ -428,6 +428,9 @@ def test_run_to_end_among_other_readers_ends_with_the_view_alone(tiny, monkeypat
 
     n_frames = (lambda at: sum(m.value == verdict_frame(rnd) for m in at.markdown))
     assert [m.label for m in shared.metric] == [m.label for m in alone.metric]
+    # the run ended among other readers: no rerun of the whole page, the two buttons are redrawn disabled
+    assert shared.button(key="lv_run_done").disabled and shared.button(key="lv_step_done").disabled
+    assert alone.button(key="lv_run").disabled and not [b for b in alone.button if b.key == "lv_run_done"]
     # while the others decode, the charts and the round inspector wait (a caption and a toggle say so) ...
     assert not shared.get("plotly_chart") and alone.get("plotly_chart")
     assert any("5 other readers are decoding on this server" in c.value for c in shared.caption)
