@@ -41,6 +41,7 @@ weight tensor (a draft head's LM-head rows).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -107,15 +108,20 @@ class ComputePath:
         return asdict(self)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``'s "model name", else ``platform.processor()``)."""
+def _cpuinfo(field_name: str) -> str | None:
+    """The first ``/proc/cpuinfo`` line's value for ``field_name`` ("model name", "flags"), or None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
+            if line.lower().startswith(field_name):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s "model name", else ``platform.processor()``)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def parse_override(value: str | None) -> str:
@@ -154,19 +160,14 @@ def _pin_fp32() -> None:
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("flags"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    return _cpuinfo("flags") or platform.machine()
 
 
 _STREAM: dict = {"tried": False, "op": None, "problem": None, "name": ""}
 STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 
 
+@functools.lru_cache(maxsize=1)
 def kernel_name() -> str:
     """The streaming kernel's build name on this machine: ``speedup_lab_small_linear_<hash>`` of its source, its
     compiler flags, this CPU's flags and the torch version (cheap: nothing is built). Measurements that depend
