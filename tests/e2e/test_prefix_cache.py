@@ -10,7 +10,16 @@ pytestmark = pytest.mark.e2e
 
 
 def _wait_text(page, text: str, timeout_ms: int = 30_000) -> None:
-    page.get_by_text(text, exact=True).first.wait_for(timeout=timeout_ms)
+    try:
+        page.get_by_text(text, exact=True).first.wait_for(timeout=timeout_ms)
+    except Exception as e:  # say what the page showed instead (this test failed in fresh-clone CI only)
+        import re
+
+        body = page.inner_text("body")
+        shown = sorted(set(re.findall(r"\d[\d,]* of \d[\d,]*", body)))[:12]
+        raise AssertionError(f"{text!r} not shown within {timeout_ms} ms; page URL {page.url}; "
+                             f"'N of M' texts on the page: {shown}; errors: "
+                             f"{[ln for ln in body.splitlines() if 'pool holds only' in ln][:2]}") from e
 
 
 def test_prefix_cache_page_renders(page, app_url):
