@@ -112,28 +112,43 @@ def pass_ms(target, sizes=(1, 2, 3, 4, 9, 16), reps: int = 7, context: int = 100
 
 
 def decode_tps(target, prompt: str, n: int, reps: int) -> dict:
+    """Plain greedy decoding on each path, alternating, by this engine and by transformers' ``generate``; on
+    the fast paths also this engine with transformers' own decoder layers instead of the lean ones
+    (``compute._lean_layers``: what the lean layers buy). Tokens/s counts the whole run (prefill included)
+    and, for this engine, the decode steps alone: (n − 1) tokens ÷ (total − prefill) time, each step reading
+    every weight once."""
     ids = encode_prompt(target.tokenizer, prompt)
-    out = {f"{p} {kind}": [] for p in PATHS for kind in ("engine", "transformers")}
+    kinds = [(p, "engine") for p in PATHS] + [(p, "engine, transformers' layers") for p in PATHS if p != "default"]
+    kinds += [(p, "transformers") for p in PATHS]
+    out = {f"{p} {kind}": [] for p, kind in kinds}
+    steps = {f"{p} {kind}": [] for p, kind in kinds if kind != "transformers"}
     texts = {}
     for rep in range(reps + 1):
-        for p in (PATHS if rep % 2 else PATHS[::-1]):
+        for p, kind in (kinds if rep % 2 else kinds[::-1]):
+            key = f"{p} {kind}"
             compute.apply_path(target.model, p)
+            if kind == "transformers":
+                with torch.inference_mode():
+                    x = torch.tensor([ids])
+                    t0 = time.perf_counter()
+                    o = target.model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                              pad_token_id=target.tokenizer.pad_token_id)
+                    dt = time.perf_counter() - t0
+                if rep:
+                    out[key].append(n / dt)
+                texts[key] = o[0, len(ids):].tolist()
+                continue
+            if kind != "engine":
+                compute._lean_layers(target.model, on=False)
             res = generate(target, None, ids, max_new_tokens=n, stop_on_eos=False)
             if rep:
-                out[f"{p} engine"].append(res.stats.tokens_per_s)
-            texts[f"{p} engine"] = res.token_ids
-            with torch.inference_mode():
-                x = torch.tensor([ids])
-                t0 = time.perf_counter()
-                o = target.model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                          pad_token_id=target.tokenizer.pad_token_id)
-                dt = time.perf_counter() - t0
-            if rep:
-                out[f"{p} transformers"].append(n / dt)
-            texts[f"{p} transformers"] = o[0, len(ids):].tolist()
+                out[key].append(res.stats.tokens_per_s)
+                steps[key].append((n - 1) / ((res.stats.total_ms - res.stats.prefill_ms) / 1000))
+            texts[key] = res.token_ids
     ref = texts["default engine"]
-    return {k: {"tokens_per_s": round(statistics.median(v), 2), "identical_to_default_engine": texts[k] == ref}
-            for k, v in out.items()}
+    return {k: {"tokens_per_s": round(statistics.median(v), 2),
+                "decode_steps_tokens_per_s": round(statistics.median(steps[k]), 2) if k in steps else None,
+                "identical_to_default_engine": texts[k] == ref} for k, v in out.items()}
 
 
 def main() -> int:
@@ -160,6 +175,8 @@ def main() -> int:
     compute.apply_path(target.model, chosen)
     for k, d in res["decode"].items():
         d["share_of_read_bandwidth"] = round(params * d["tokens_per_s"] / (bw * 1e9), 3)
+        if d["decode_steps_tokens_per_s"] is not None:
+            d["decode_steps_share_of_read_bandwidth"] = round(params * d["decode_steps_tokens_per_s"] / (bw * 1e9), 3)
     meta["load_avg_1min_end"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
@@ -179,8 +196,18 @@ def main() -> int:
         lines.append(f"| {label} | " + " | ".join(f"{pm[p][k]:.1f} ({pm[p][k] / pm[p]['1']:.2f}×)" for p in PATHS)
                      + " |")
     lines += ["", f"## Plain greedy decoding, {args.max_new_tokens} new tokens", "",
-              "| path, decoder | tokens/s | share of read bandwidth | same tokens as default engine |", "|---|---|---|---|"]
-    lines += [f"| {k} | {d['tokens_per_s']:.1f} | {d['share_of_read_bandwidth']:.0%} | "
+              "Whole run: new tokens ÷ wall time, prefill included. Decode steps: (n − 1) ÷ (wall − prefill), "
+              "each step reading every weight once. \"transformers' layers\": this engine with transformers' own "
+              "decoder-layer forward instead of the lean one (`compute._lean_forward`).", "",
+              "| path, decoder | tokens/s | share of read bandwidth | decode steps: tokens/s | share | "
+              "same tokens as default engine |", "|---|---|---|---|---|---|"]
+
+    def _steps(d):
+        if d["decode_steps_tokens_per_s"] is None:
+            return "– | –"
+        return f"{d['decode_steps_tokens_per_s']:.1f} | {d['decode_steps_share_of_read_bandwidth']:.0%}"
+
+    lines += [f"| {k} | {d['tokens_per_s']:.1f} | {d['share_of_read_bandwidth']:.0%} | {_steps(d)} | "
               f"{'yes' if d['identical_to_default_engine'] else 'no'} |" for k, d in res["decode"].items()]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -318,3 +318,57 @@ def test_built_kernel_is_imported_directly_and_a_stale_build_lock_is_removed(mon
     monkeypatch.setattr(compute, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
     assert compute.stream_kernel(msgs.append) is F.linear
     assert seen == [False] and len(msgs) == 1 and msgs[0].startswith("Building")
+
+
+def _passes(model):
+    """Logits of the passes the engine runs: a prefill, cached 1- and 3-token passes, a token tree under a
+    custom 4D mask, and a padded batch of two rows."""
+    from transformers import DynamicCache
+
+    from engine.decoding.attention import fed_visibility, model_mask, tree_visibility
+
+    out = []
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out.append(model(torch.tensor([[3, 4, 5, 6, 7, 8]]), cache=cache, use_cache=True).logits)
+        out.append(model(torch.tensor([[9]]), cache=cache, use_cache=True).logits)
+        out.append(model(torch.tensor([[10, 11, 12]]), cache=cache, use_cache=True).logits)
+        cached = cache.get_seq_length()
+        vis = fed_visibility(tree_visibility([-1, 0, 0, 1]), torch.ones(1, cached, dtype=torch.bool))
+        pos = torch.tensor([[cached, cached + 1, cached + 1, cached + 2]])
+        out.append(model(torch.tensor([[5, 6, 7, 8]]), cache=cache, use_cache=True, position_ids=pos,
+                         attention_mask=model_mask(vis, model)).logits)
+        mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+        out.append(model(torch.tensor([[0, 3, 4, 5], [6, 7, 8, 9]]), attention_mask=mask).logits)
+    return out
+
+
+@pytest.mark.parametrize("path,attn", [("onednn", "sdpa"), ("onednn", "eager"), ("stream", "sdpa")])
+def test_lean_decoder_layers_give_the_same_bits_as_transformers_layers(tmp_path, path, attn):
+    """On the fast paths Llama decoder layers run ``_lean_forward``: the same operations as transformers'
+    layer in one function. Every pass the engine runs (prefill, cached chain, tree mask, padded batch) must
+    give exactly the logits of transformers' own layers on the same fused products; the default path, and
+    training on a fast path, keep transformers' forward."""
+    from transformers import AutoModelForCausalLM
+
+    if path == "stream" and compute.stream_kernel() is None:
+        pytest.skip(f"no streaming kernel here: {compute.stream_problem()}")
+    model = AutoModelForCausalLM.from_pretrained(str(save_tiny_llama(tmp_path / "tiny", layers=3)),
+                                                 attn_implementation=attn).eval()
+    apply_path(model, path)
+    layer = model.model.layers[0]
+    assert type(layer).__name__ == "LeanLlamaDecoderLayer" and type(layer).forward.__name__ == "_lean_forward"
+    lean = _passes(model)
+    assert compute._lean_layers(model, on=False) == 3  # transformers' layers, same fused products
+    assert type(layer).__name__ == "LlamaDecoderLayer"
+    ref = _passes(model)
+    for got, want in zip(lean, ref):
+        assert torch.equal(got, want)
+    compute._lean_layers(model, on=True)
+    # training on a fast path: transformers' forward, gradients reach the weights
+    model.train()
+    model(torch.tensor([[3, 4, 5]])).logits.sum().backward()
+    assert layer.self_attn.k_proj.weight.grad is not None and layer.mlp.up_proj.weight.grad is not None
+    model.eval()
+    apply_path(model, "default")
+    assert type(layer).__name__ == "LlamaDecoderLayer" and path_of(model) == "default"

@@ -379,6 +379,100 @@ def _fuse_siblings(modules) -> int:
     return n
 
 
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What a fast linear layer's forward computes for this weight (``OneDNNLinear.forward``)."""
+    if _fast_ok(x, weight):
+        return _fast(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+_LEAN_CLASSES: dict[type, type] = {}
+"""Original decoder-layer class → its lean subclass (``_lean_class``)."""
+
+
+def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, cache=None,
+                  use_cache=False, position_embeddings=None, **kwargs) -> torch.Tensor:
+    """transformers' ``LlamaDecoderLayer.forward`` (5.x) with the same tensor operations in the same order, so
+    its output is bit for bit the same, but called as one Python function: the fused q/k/v and gate/up products
+    (``_fuse_siblings``) are computed here, and the norms' forwards are called directly, instead of through
+    nine submodule calls per layer with their hooks, keyword plumbing and deprecation wrappers.
+
+    Why: on the AMD EPYC (2 threads, the embedded target, a 1-token pass after ~50 cached tokens with every
+    matrix product replaced by a stub returning zeros), the passes cost 16–17 ms of Python and small operators
+    with transformers' layers and 7.7–8.8 ms with these; whole decoding is compared in
+    ``benchmarks/bench_compute.py`` (rows "engine, transformers' layers"). Falls back to the original forward
+    whenever autograd is on (training), in training mode, when attention weights are asked for, or when a
+    layer is not fused.
+
+    Args and returns: those of ``LlamaDecoderLayer.forward``: hidden_states [B, Q, H] → [B, Q, H].
+    """
+    original = _LEAN_CLASSES_INV[type(self)]
+    attn, mlp = self.self_attn, self.mlp
+    if (self.training or torch.is_grad_enabled() or position_embeddings is None or kwargs.get("output_attentions")
+            or type(attn.q_proj) is not FusedLeadLinear or type(mlp.gate_proj) is not FusedLeadLinear):
+        return original.forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    from transformers.models.llama import modeling_llama as ml
+
+    residual = hidden_states
+    x = self.input_layernorm.forward(hidden_states)
+    input_shape = x.shape[:-1]
+    hidden_shape = (*input_shape, -1, attn.head_dim)
+    lead = attn.q_proj
+    q, k, v = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
+    q = q.view(hidden_shape).transpose(1, 2)
+    k = k.view(hidden_shape).transpose(1, 2)
+    v = v.view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = ml.apply_rotary_pos_emb(q, k, cos, sin)
+    kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what the attention module gets
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+    attention = ml.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation,
+                                                         ml.eager_attention_forward)
+    out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    out = out.reshape(*input_shape, -1).contiguous()
+    o = attn.o_proj
+    hidden_states = residual + _product(out, o.weight, o.bias)
+    residual = hidden_states
+    x = self.post_attention_layernorm.forward(hidden_states)
+    lead = mlp.gate_proj
+    gate, up = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
+    down = mlp.down_proj
+    return residual + _product(mlp.act_fn(gate) * up, down.weight, down.bias)
+
+
+def _lean_class(cls: type) -> type:
+    if cls not in _LEAN_CLASSES:
+        lean = type("Lean" + cls.__name__, (cls,), {"forward": _lean_forward, "__doc__": _lean_forward.__doc__})
+        _LEAN_CLASSES[cls] = lean
+        _LEAN_CLASSES_INV[lean] = cls
+    return _LEAN_CLASSES[cls]
+
+
+_LEAN_CLASSES_INV: dict[type, type] = {}
+
+
+def _lean_layers(modules, on: bool) -> int:
+    """Switch every transformers ``LlamaDecoderLayer`` inside ``modules`` to its lean subclass (``on``) or back.
+    Other architectures keep transformers' forward. Returns the number of layers switched."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    except ImportError:  # pragma: no cover - transformers without Llama
+        return 0
+    roots = [modules] if isinstance(modules, nn.Module) else list(modules)
+    n = 0
+    for root in roots:
+        for m in root.modules():
+            if on and type(m) is LlamaDecoderLayer:
+                m.__class__ = _lean_class(LlamaDecoderLayer)
+                n += 1
+            elif not on and type(m) in _LEAN_CLASSES_INV:
+                m.__class__ = _LEAN_CLASSES_INV[type(m)]
+                n += 1
+    return n
+
+
 def _linears(modules) -> list[nn.Linear]:
     if isinstance(modules, nn.Module):
         modules = [modules]
@@ -460,6 +554,7 @@ def apply_path(modules, path: str) -> None:
             m.__dict__.pop("_pending", None)
     if path != "default":
         _fuse_siblings(modules)
+    _lean_layers(modules, on=path != "default")
     _ACTIVE["path"] = path
 
 

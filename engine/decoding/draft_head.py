@@ -138,7 +138,9 @@ class FeatureHead(nn.Module):
         head = FeatureHead(target_model.config, self.n_layers, vocab_ids)
         head.load_state_dict({k: v for k, v in self.state_dict().items() if k != "vocab_ids"}, strict=False)
         p = self.fc.weight
-        return head.to(device=p.device, dtype=p.dtype).bind(target_model)
+        head = head.to(device=p.device, dtype=p.dtype).train(self.training)
+        apply_path(head, path_of(self))  # this head's compute path (engine/decoding/compute.py), as load_head
+        return head.bind(target_model)
 
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
