@@ -26,6 +26,10 @@ Paths:
   a name that carries the CPU's feature flags, the torch version and the source's hash); where no compiler
   or headers are present the path is simply not offered, and the reason is kept (``stream_problem``).
 
+On both fast paths the siblings q/k/v and gate/up run as one product each (``_fuse_siblings``) and transformers'
+Llama decoder layers run one lean forward (``_lean_forward``: the same operations, bit-identical logits, without
+the per-submodule Python of transformers' layers).
+
 The choice: ``choose_path`` runs the model's own forward (a 1-token and a 4-token pass after a short
 cached context, each path five times, alternating, best of five) and keeps the fastest path; the result is remembered
 per machine (CPU model, torch version, threads, model shape, the paths on offer) in the user cache, so the
