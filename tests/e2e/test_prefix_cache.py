@@ -17,9 +17,13 @@ def _wait_text(page, text: str, timeout_ms: int = 30_000) -> None:
 
         body = page.inner_text("body")
         shown = sorted(set(re.findall(r"\d[\d,]* of \d[\d,]*", body)))[:12]
+        main = page.locator('[data-testid="stMain"]')
+        main_text = main.inner_text() if main.count() else body
+        screenshot(page, "prefix_cache_timeout")
         raise AssertionError(f"{text!r} not shown within {timeout_ms} ms; page URL {page.url}; "
                              f"'N of M' texts on the page: {shown}; errors: "
-                             f"{[ln for ln in body.splitlines() if 'pool holds only' in ln][:2]}") from e
+                             f"{[ln for ln in body.splitlines() if 'pool holds only' in ln][:2]}; "
+                             f"the page's main area: {main_text[:1500]!r}") from e
 
 
 def test_prefix_cache_page_renders(page, app_url):
