@@ -372,3 +372,37 @@ def test_lean_decoder_layers_give_the_same_bits_as_transformers_layers(tmp_path,
     model.eval()
     apply_path(model, "default")
     assert type(layer).__name__ == "LlamaDecoderLayer" and path_of(model) == "default"
+
+
+@needs_stream
+def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
+    """The kernel's other blocking (4 × 4, for CPUs without AVX-512, e.g. AVX2-only Intel and AMD machines) cannot run
+    on CI's AVX-512 machine as built for it: build it for Haswell (AVX2 + FMA, no AVX-512) and check it as the native
+    build is checked: within fp32 tolerance of ``F.linear`` for row tails of both blockings, and a row's bits do not
+    depend on which rows share the call. (Its bits may differ from the AVX-512 build's: each machine uses one build.)"""
+    import hashlib
+    import platform
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    flags = (compute._cpu_flags() or "").split()
+    if platform.machine() not in ("x86_64", "AMD64") or "avx2" not in flags or "fma" not in flags:
+        pytest.skip("not an x86 CPU with AVX2 and FMA")
+    name = "speedup_lab_small_linear_avx2_" + hashlib.sha256(
+        compute.KERNEL_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    folder = Path(cpp_extension.get_default_build_root()) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    mod = cpp_extension.load(name=name, sources=[str(compute.KERNEL_SOURCE)], build_directory=str(folder),
+                             extra_cflags=["-O3", "-march=haswell", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    gen = torch.Generator().manual_seed(0)
+    for n, k in [(7, 5), (13, 576), (15, 577), (960, 576), (576, 1536)]:
+        w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        for m in (1, 3, 5, 9, 16):
+            x = torch.randn(m, k, generator=gen)
+            for bias in (None, b):
+                y = mod.small_linear(x, w, bias)
+                ref = F.linear(x, w, bias)
+                assert float((y - ref).abs().max()) / max(1.0, float(ref.abs().max())) <= compute.TOLERANCE
+                for i in range(m):
+                    assert torch.equal(mod.small_linear(x[i:i + 1], w, bias)[0], y[i])
