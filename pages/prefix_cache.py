@@ -95,6 +95,11 @@ with left:
     st.number_input("Prefill cost (ms per token, for the TTFT estimate)", min_value=0.01, max_value=100.0,
                     step=0.05, key="pc_ms", disabled=use_measured,
                     help="Measure it on the embedded model at the bottom of the page.")
+# Re-assert the page's text before its box is drawn, so every run sends the box its value. In full browser-test
+# runs on a loaded machine the box came back empty after a run that stopped on an error (pool too small): the
+# browser then sent "" on the next slider change and the page lost the requests (fresh-clone CI, 3 runs in a row;
+# app.state.keep_page_state does the same for the pages' other keys).
+st.session_state["pc_text"] = st.session_state["pc_text"]
 with right:
     st.text_area("Requests, in arrival order (separate them with a line containing only ---)",
                  key="pc_text", height=300)
