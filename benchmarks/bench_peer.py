@@ -147,7 +147,7 @@ def main() -> int:
     meta = {"cpu": cpu_model(), "threads": args.threads, "reps": args.reps, "max_new_tokens": n,
             "load_avg_1min_start": load_start[0], "load_avg_1min_end": load_end[0],
             "llama_cpp": f"llama-server built from llama-cpp-python=={lc.LLAMA_CPP_PYTHON_VERSION} (vendored "
-                         f"llama.cpp, MIT), CPU, {' '.join(lc.CMAKE_OPTIONS)}",
+                         f"llama.cpp, MIT), CPU, {' '.join(lc.cmake_options())}",
             "llama_model": "embedded GGUF (Q4_1, 92 MiB)", "ours_model": "same weights dequantized to fp32",
             "ours_compute_path": getattr(target.compute, "path", None),
             "ours_compute_reason": getattr(target.compute, "reason", None),

@@ -83,6 +83,20 @@ def test_find_needs_a_finished_build_with_the_same_options(cache):
     assert L.find_llama_server() is None  # built with other options
 
 
+def test_x86_builds_leave_out_ggml_amx_kernels(monkeypatch):
+    """ggml's AMX kernels crashed llama-server on AMX Xeons (ggml-org/llama.cpp#20824): x86 builds pass -mno-amx-*
+    for C and C++ (and so a build made without them is rebuilt: the stamp holds the options); others do not."""
+    monkeypatch.setattr(L.platform, "machine", lambda: "x86_64")
+    opts = L.cmake_options()
+    assert opts[:len(L.CMAKE_OPTIONS)] == L.CMAKE_OPTIONS
+    for lang in ("C", "CXX"):
+        flag = next(o for o in opts if o.startswith(f"-DCMAKE_{lang}_FLAGS="))
+        assert all(f"-mno-amx-{x}" in flag for x in ("tile", "int8", "bf16"))
+    assert L._build_stamp()["cmake_options"] == list(opts)
+    monkeypatch.setattr(L.platform, "machine", lambda: "aarch64")
+    assert L.cmake_options() == L.CMAKE_OPTIONS
+
+
 def test_server_env_overrides(cache, monkeypatch, tmp_path):
     monkeypatch.setenv(L.SERVER_ENV, str(tmp_path / "missing"))
     with pytest.raises(L.LlamaCppError, match="not an executable file"):

@@ -37,6 +37,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import socket
@@ -78,6 +79,22 @@ CMAKE_OPTIONS = (
 the web UI from Hugging Face (``scripts/ui-assets.cmake``); ``LLAMA_CURL`` is deprecated and ignored in this
 version, so it is not passed; ``GGML_NATIVE=ON`` compiles for this CPU (the build lives in this user's cache)."""
 
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+"""Compiler flags that keep ggml's AMX kernels out of an x86 build. ``-march=native`` on a CPU with AMX (Intel
+Xeon since Sapphire Rapids) compiles them in, and on the 2-core Intel Xeon VMs of December 2026 llama-server then
+died with SIGSEGV in ``ggml_backend_amx_mul_mat`` during its warm-up on the embedded Q4_1 model (gdb backtrace;
+the same crash as ggml-org/llama.cpp#20824, open upstream; dspy's CI dropped the AMX build for it). An explicit
+``-mno-…`` wins over ``-march=native``'s implied flags whatever their order (GCC, Clang), so the rest of the native
+build (AVX-512, VNNI) stays; AMD CPUs have no AMX, so their build is the same code."""
+
+
+def cmake_options() -> tuple[str, ...]:
+    """``CMAKE_OPTIONS`` plus, on x86, ``NO_AMX_FLAGS`` for C and C++ (part of the build stamp: a build made
+    without them is rebuilt)."""
+    if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
+        return CMAKE_OPTIONS + (f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}")
+    return CMAKE_OPTIONS
+
 Progress = Callable[[str], None]
 
 
@@ -105,7 +122,7 @@ def built_binary() -> Path:
 
 def _build_stamp() -> dict:
     return {"llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "sdist_sha256": SDIST_SHA256,
-            "cmake_options": list(CMAKE_OPTIONS), "target": "llama-server"}
+            "cmake_options": list(cmake_options()), "target": "llama-server"}
 
 
 def find_llama_server() -> Path | None:
@@ -272,7 +289,7 @@ def build_llama_server(progress: Progress = print, jobs: int | None = None) -> P
         progress(f"building llama-server (cmake, Release, CPU only, {n} jobs; several minutes on 2 cores); "
                  f"log: {log_path}")
         with open(log_path, "w", encoding="utf-8") as log:
-            rc = _run_logged([tools["cmake"], "-S", str(src), "-B", str(build), *gen, *CMAKE_OPTIONS], log,
+            rc = _run_logged([tools["cmake"], "-S", str(src), "-B", str(build), *gen, *cmake_options()], log,
                              progress, "configure")
             if rc == 0:
                 rc = _run_logged([tools["cmake"], "--build", str(build), "--target", "llama-server", "-j", str(n)],
