@@ -84,10 +84,14 @@ def test_propose_many_equals_propose_row_by_row(tiny, head):
             assert torch.equal(batched[j].generator.get_state(), a.generator.get_state())
             pa, pb = a.proposer, batched[j].proposer
             assert (pa.n_true, pa.cache.get_seq_length()) == (pb.n_true, pb.cache.get_seq_length())
-            for la, lb in zip(pa.cache.layers, pb.cache.layers):  # the same entries, to rounding (of the scale)
+            # the same entries, to rounding (of the scale): where this machine's compute path for the tiny target is
+            # PyTorch's default (MKL sgemm, measured fastest for it on an Intel Xeon), a product's rounding depends
+            # on how many rows share it, and the head's own features feed back round after round: there the
+            # entries drifted by 1.6e-4 of the scale after 20 rounds (a padding or mask error would be O(1))
+            for la, lb in zip(pa.cache.layers, pb.cache.layers):
                 for x, y in ((la.keys, lb.keys), (la.values, lb.values)):
                     assert x.shape == y.shape
-                    assert float((x - y).abs().max()) <= 1e-4 * float(x.abs().max()), float(x.abs().max())
+                    assert float((x - y).abs().max()) <= 1e-3 * float(x.abs().max()), float(x.abs().max())
             _advance(a, want)
             _advance(batched[j], prop)
             assert a.seq == batched[j].seq
