@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.decoding import compute
-from engine.decoding.compute import ComputePath, OneDNNLinear, apply_path, choose_path, parse_override, path_of
+from engine.decoding.compute import (ComputePath, OneDNNLinear, apply_path, choose_path, parse_override, path_of,
+                                     use_path)
 from engine.errors import InputError
 from tests.conftest import ROOT
 from tests.tiny_models import save_tiny_llama
@@ -138,7 +139,12 @@ def test_auto_measures_both_paths_once_and_remembers_the_choice(tmp_path, monkey
     # a new process (empty memo) reads the stored choice instead of measuring again
     monkeypatch.setattr(compute, "_MEMO", {})
     again = choose_path(model, "auto", store=store)
-    assert again.path == choice.path and "earlier" in again.reason and len(calls) == 1
+    # the streaming kernel's row limit is timed once more when the kernel won, else not at all
+    assert again.path == choice.path and "earlier" in again.reason and len(calls) == 1 + (choice.path == "stream")
+    assert again.stream_rows == choice.stream_rows
+    if choice.path == "stream":
+        assert set(choice.rows_ms) == {"stream", "onednn"} and "rows:" in choice.reason
+        assert choice.stream_rows in (4,) + compute.STREAM_ROW_CANDIDATES
 
 
 def test_non_fp32_and_weightless_models_keep_the_default():
@@ -267,6 +273,7 @@ def test_stream_path_routes_few_rows_to_the_kernel_and_more_to_onednn(monkeypatc
         assert type(lin) is OneDNNLinear and path_of(lin) == "stream"
         calls = []
         real = compute._STREAM["op"]
+        monkeypatch.setitem(compute._STREAM, "max_rows", 16)  # an earlier load may have left its measured limit
         monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
         with torch.inference_mode():
             for rows in (1, 16, 17, 40):
@@ -278,6 +285,55 @@ def test_stream_path_routes_few_rows_to_the_kernel_and_more_to_onednn(monkeypatc
         monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: real(x, w, b) + 1e-2)
         msg = compute.self_check(lin, kernel="stream")
         assert msg and "streaming kernel disagreed" in msg
+    finally:
+        apply_path(lin, "default")
+
+
+def test_stream_row_limit_is_the_largest_prefix_where_the_kernel_is_not_slower(monkeypatch):
+    """``measure_stream_rows``'s rule on given timings (ms by tokens in the pass), and the limit it measures under
+    (every candidate on the kernel) put back afterwards."""
+    seen = []
+
+    def timings(stream, onednn):
+        def fake(model, tokens, reps, paths):
+            seen.append(compute._STREAM["max_rows"])
+            return {"stream": dict(zip(tokens, stream)), "onednn": dict(zip(tokens, onednn))}
+        return fake
+
+    monkeypatch.setitem(compute._STREAM, "max_rows", 16)
+    cases = [  # (stream ms at 8, 12, 16, 24 tokens; oneDNN ms) → limit
+        ((40.0, 52.6, 58.9, 80.5), (51.1, 54.2, 58.3, 63.9), 12),  # the Intel Xeon's (compute_xeon.md)
+        ((30.0, 35.0, 40.0, 50.0), (31.0, 36.0, 41.0, 51.0), 24),  # never slower: the most tried
+        ((30.0, 35.0, 40.0, 50.0), (29.0, 36.0, 41.0, 51.0), 4),   # slower from the first: 4 rows (the 4-token pass)
+        ((30.0, 37.0, 40.0, 50.0), (31.0, 36.0, 41.0, 51.0), 8),   # a prefix: 16 does not count after 12 lost
+        ((30.0, 36.0, 40.0, 50.0), (31.0, 36.0, 39.0, 51.0), 12),  # a tie keeps the kernel
+    ]
+    for stream, onednn, want in cases:
+        monkeypatch.setattr(compute, "measure_paths", timings(stream, onednn))
+        rows, ms = compute.measure_stream_rows(nn.Linear(2, 2))
+        assert rows == want, (stream, onednn)
+        assert ms["stream"][24] == stream[3]
+    assert seen == [24] * len(cases) and compute._STREAM["max_rows"] == 16
+
+
+@needs_stream
+def test_use_path_applies_the_measured_row_limit(monkeypatch):
+    """A "stream" choice with a row limit of 3 sends 3-row products to the kernel and 4-row ones to oneDNN; the
+    label names the limit."""
+    lin = _lin(9, 20)
+    monkeypatch.setitem(compute._STREAM, "max_rows", 16)
+    choice = ComputePath("stream", "measured: test", "cpu", 2, stream_rows=3)
+    assert "≤ 3 rows" in choice.label()
+    use_path(lin, choice)
+    try:
+        calls = []
+        real = compute._STREAM["op"]
+        monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+        with torch.inference_mode():
+            for rows in (1, 3, 4, 16):
+                x = torch.randn(rows, 20)
+                torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        assert calls == [1, 3] and compute._STREAM["max_rows"] == 3
     finally:
         apply_path(lin, "default")
 

@@ -70,6 +70,22 @@ def test_a_changed_kernel_is_measured_again(tiny, monkeypatch):
     assert cached_pass_cost(tiny.spec) is None
 
 
+def test_a_curve_measured_under_another_stream_row_limit_is_measured_again(tiny, monkeypatch):
+    """On the "stream" path the curve remembers the kernel's row limit it ran under: after the machine's limit is
+    measured anew (``compute.measure_stream_rows``), passes of more rows than the old limit cost something else."""
+    import dataclasses
+
+    target = dataclasses.replace(tiny, compute=dataclasses.replace(tiny.compute, path="stream", stream_rows=16))
+    calls = []
+    monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: calls.append(1) or PassCost(
+        ms={1: 10.0, 2: 11.0}, cpu="x", compute="stream", threads=2, date="d",
+        extra={"stream_rows": t.compute.stream_rows}))
+    first = machine_pass_cost(target)
+    assert first.extra == {"stream_rows": 16} and machine_pass_cost(target) == first and calls == [1]
+    target12 = dataclasses.replace(target, compute=dataclasses.replace(target.compute, stream_rows=12))
+    assert machine_pass_cost(target12).extra == {"stream_rows": 12} and calls == [1, 1]
+
+
 def test_measure_needs_one_token_and_a_rep(tiny):
     with pytest.raises(ValueError):
         measure_pass_cost(tiny, sizes=(2, 3))

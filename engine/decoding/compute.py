@@ -16,8 +16,9 @@ Paths:
   weight (no copy: measured on the AMD EPYC, a weight packed with ``_reorder_linear_weight`` was no faster
   for 1–3 rows, and a packed copy of every weight would double the model's memory). fp32 math is pinned:
   ``torch.backends.mkldnn.matmul.fp32_precision`` is set to ``"ieee"`` (never bf16/tf32 rounding).
-- ``"stream"``: products of at most ``STREAM_MAX_ROWS`` rows (a decode step, a verify pass, a draft step) run
-  this project's weight-streaming kernel (``small_linear.cpp``, next to this file), larger ones oneDNN. Why:
+- ``"stream"``: products of at most this machine's row limit (``ComputePath.stream_rows``, measured by
+  ``measure_stream_rows``; ``STREAM_MAX_ROWS`` = 16 when not measured) rows (a decode step, a verify pass, a draft
+  step) run this project's weight-streaming kernel (``small_linear.cpp``, next to this file), larger ones oneDNN. Why:
   on the AMD EPYC oneDNN's few-row kernels read the weights at about half of what a plain sum reads; the
   kernel reads each weight row once per call whatever the row count, 16 floats at a time against every
   input row, with a summation order that does not depend on the row count (a row's output is the same
@@ -31,7 +32,9 @@ Llama decoder layers run one lean forward (``_lean_forward``: the same operation
 the per-submodule Python of transformers' layers).
 
 The choice: ``choose_path`` runs the model's own forward (a 1-token and a 4-token pass after a short
-cached context, each path five times, alternating, best of five) and keeps the fastest path; the result is remembered
+cached context, each path five times, alternating, best of five) and keeps the fastest path; when that is "stream",
+it also times 8-, 12-, 16- and 24-token passes on the kernel and on oneDNN to find the row count where oneDNN's
+blocked kernels take over (an AMD EPYC: 24, the most tried; an Intel Xeon: about 12). The result is remembered
 per machine (CPU model, torch version, threads, model shape, the paths on offer) in the user cache, so the
 measurement costs ~1 s once. Before a path is used, ``self_check`` compares it with ``F.linear`` on every distinct weight
 shape for 1, 3 and 16 rows; a disagreement beyond fp32 tolerance, or oneDNN's ops missing from this
@@ -64,7 +67,12 @@ from engine.errors import InputError
 ENV_VAR = "SPEEDUP_LAB_COMPUTE"
 PATHS = ("default", "onednn", "stream")
 STREAM_MAX_ROWS = 16
-"""Products of at most this many rows take the streaming kernel on the "stream" path; larger ones oneDNN."""
+"""Products of at most this many rows take the streaming kernel on the "stream" path, larger ones oneDNN, unless
+``choose_path`` measured this machine's own limit (``ComputePath.stream_rows``; ``measure_stream_rows``)."""
+STREAM_ROW_CANDIDATES = (8, 12, 16, 24)
+"""Row counts ``measure_stream_rows`` times: the limit is the largest of them up to which the streaming kernel's
+passes are not slower than oneDNN's (4 when even 8 rows are: the 4-token pass of the path choice already
+showed the kernel ahead there)."""
 KERNEL_SOURCE = Path(__file__).with_name("small_linear.cpp")
 CHOICES = ("auto",) + PATHS
 TOLERANCE = 1e-4
@@ -88,6 +96,9 @@ class ComputePath:
         threads: torch intra-op threads during the choice.
         pass_ms: {path: {tokens in the pass: median ms}} when measured; empty otherwise.
         extra_bytes: memory the path costs beyond the model's weights (0: oneDNN reads the dense weights).
+        stream_rows: on "stream", the most rows a product may have to take the streaming kernel (measured per
+            machine: ``measure_stream_rows``); ``STREAM_MAX_ROWS`` when not measured.
+        rows_ms: {"stream"/"onednn": {tokens in the pass: best ms}} behind ``stream_rows``; empty when not measured.
     """
 
     path: str
@@ -96,12 +107,14 @@ class ComputePath:
     threads: int = 0
     pass_ms: dict = field(default_factory=dict)
     extra_bytes: int = 0
+    stream_rows: int = STREAM_MAX_ROWS
+    rows_ms: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         """The path's display name."""
         return {"default": "PyTorch default (MKL/cuBLAS)", "onednn": "oneDNN",
-                "stream": f"streaming kernel (≤ {STREAM_MAX_ROWS} rows) + oneDNN"}.get(self.path, self.path)
+                "stream": f"streaming kernel (≤ {self.stream_rows} rows) + oneDNN"}.get(self.path, self.path)
 
     def label(self) -> str:
         """Short label for pages and result headers, e.g. ``"oneDNN (measured: 1.82× faster than default)"``:
@@ -167,7 +180,7 @@ def _cpu_flags() -> str:
     return _cpuinfo("flags") or platform.machine()
 
 
-_STREAM: dict = {"tried": False, "op": None, "problem": None, "name": ""}
+_STREAM: dict = {"tried": False, "op": None, "problem": None, "name": "", "max_rows": STREAM_MAX_ROWS}
 STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 
 
@@ -250,13 +263,14 @@ def stream_problem() -> str | None:
 
 
 def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """The streaming kernel's product for ≤ ``STREAM_MAX_ROWS`` rows, else None (the caller takes oneDNN)."""
+    """The streaming kernel's product for at most the active row limit (``use_path``: the machine's measured
+    ``ComputePath.stream_rows``, else ``STREAM_MAX_ROWS``), else None (the caller takes oneDNN)."""
     op = _STREAM["op"]
     k = x.shape[-1]
     if op is None or k == 0 or not weight.is_contiguous():
         return None
     rows = x.numel() // k
-    if rows > STREAM_MAX_ROWS:
+    if rows > _STREAM.get("max_rows", STREAM_MAX_ROWS):
         return None
     return op(x.reshape(rows, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
@@ -647,6 +661,33 @@ def measure_paths(model: nn.Module, tokens: tuple[int, ...] = (1, 4), reps: int 
     return {p: {n: min(v) for n, v in d.items()} for p, d in out.items()}
 
 
+def measure_stream_rows(model: nn.Module, candidates: tuple[int, ...] = STREAM_ROW_CANDIDATES,
+                        reps: int = 5) -> tuple[int, dict[str, dict[int, float]]]:
+    """This machine's row limit for the streaming kernel: the model's forward over each candidate number of
+    tokens, on oneDNN and on the kernel without a limit (alternating, best of ``reps``, as ``measure_paths``).
+    The kernel streams each weight row once against every input row, so it wins while a product is bound by
+    reading the weights and loses once it is bound by arithmetic, where oneDNN's blocked kernels are better; that
+    crossover depends on the CPU (measured: at 32 rows on the AMD EPYC, about 12 on the Intel Xeon of
+    ``benchmarks/results/compute_xeon.md``).
+
+    Returns:
+        (the largest candidate up to which every candidate's stream pass was no slower than oneDNN's, or 4 when
+        even the smallest was slower; {path: {tokens: best ms}}).
+    """
+    old = _STREAM["max_rows"]
+    _STREAM["max_rows"] = max(candidates)
+    try:
+        ms = measure_paths(model, tokens=tuple(candidates), reps=reps, paths=("onednn", "stream"))
+    finally:
+        _STREAM["max_rows"] = old
+    rows = 4
+    for n in sorted(candidates):
+        if ms["stream"][n] > ms["onednn"][n]:
+            break
+        rows = n
+    return rows, ms
+
+
 def choose_path(model: nn.Module, override: str | None = None, store: Path | None = None,
                 progress: Callable[[str], None] | None = None) -> ComputePath:
     """Pick the compute path for ``model`` on this machine (see the module docstring).
@@ -688,7 +729,8 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
             return ComputePath("stream", f"forced by override ({ENV_VAR} or --compute)", cpu, threads)
         return ComputePath("default" if problem else "onednn", f"fallback: {stream_bad}", cpu, threads)
     offered = ("default", "onednn") + (() if stream_bad else ("stream",))
-    key = _memo_key(model) + "|paths=" + ",".join(offered) + ("" if stream_bad else f"|kernel={_STREAM.get('name', '')}")
+    key = _memo_key(model) + "|paths=" + ",".join(offered) + ("" if stream_bad else f"|kernel={_STREAM.get('name', '')}"
+                                                               "|rows=measured")
     with _LOCK:
         if key in _MEMO:
             return _MEMO[key]
@@ -709,14 +751,25 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
         runner_up = min((p for p in total if p != best), key=total.get)
         ratio = total[runner_up] / total[best] if total[best] > 0 else 1.0
         detail = ", ".join(f"{path} {d[1]:.1f}/{d[4]:.1f} ms" for path, d in ms.items())
-        choice = ComputePath(best, f"measured: {ratio:.2f}× faster than {runner_up} (1-/4-token pass: {detail})",
-                             cpu, threads, {k: {str(n): round(v, 2) for n, v in d.items()} for k, d in ms.items()})
+        pass_ms = {k: {str(n): round(v, 2) for n, v in d.items()} for k, d in ms.items()}
+        rows, rows_note, rows_ms = STREAM_MAX_ROWS, "", {}
+        if best == "stream" and "onednn" in offered:
+            rows, wide = measure_stream_rows(model)
+            rows_ms = {k: {str(n): round(v, 2) for n, v in d.items()} for k, d in wide.items()}
+            rows_note = ("; kernel up to " + str(rows) + " rows: "
+                         + ", ".join(f"{n} tokens {wide['stream'][n]:.1f} vs oneDNN {wide['onednn'][n]:.1f} ms"
+                                     for n in sorted(wide["stream"])))
+        choice = ComputePath(best, f"measured: {ratio:.2f}× faster than {runner_up} (1-/4-token pass: {detail}"
+                             f"{rows_note})", cpu, threads, pass_ms, stream_rows=rows, rows_ms=rows_ms)
         _MEMO[key] = choice
         _write_store(store, key, choice)
         return choice
 
 
 def use_path(modules, choice: ComputePath) -> ComputePath:
-    """Apply ``choice`` to ``modules`` (a model, a draft head, Medusa heads) and return it."""
+    """Apply ``choice`` to ``modules`` (a model, a draft head, Medusa heads) and return it; on "stream" its
+    measured row limit becomes the process's (one limit per process, as one path: the last one applied)."""
     apply_path(modules, choice.path)
+    if choice.path == "stream":
+        _STREAM["max_rows"] = int(choice.stream_rows)
     return choice

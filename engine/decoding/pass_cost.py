@@ -47,6 +47,8 @@ class PassCost:
         date: when measured ("YYYY-MM-DD HH:MM"). context: cached tokens before the pass. reps: reps per size.
         measured_here: True when measured on this machine (CPU model and compute path as now).
         source: one line saying where the curve comes from, for captions.
+        extra: {"stream_rows": the streaming kernel's row limit during the measurement, None off that path}
+            (``machine_pass_cost`` measures again under another limit).
     """
 
     ms: dict[int, float]
@@ -159,6 +161,7 @@ def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: 
     return PassCost(ms={n: round(statistics.median(v), 3) for n, v in times.items()}, cpu=cpu_model(),
                     compute=target.compute.path if target.compute else "default", threads=torch.get_num_threads(),
                     date=time.strftime("%Y-%m-%d %H:%M"), context=context, reps=done, measured_here=True,
+                    extra={"stream_rows": _stream_rows(target)},
                     source=f"measured on this machine ({cpu_model()}, {target.compute.name if target.compute else 'default'}"
                            f" kernels, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
 
@@ -198,13 +201,20 @@ def shipped_pass_cost() -> PassCost:
                            f"{meta.get('date', '?')}; benchmarks/results/verify_cost.json)")
 
 
+def _stream_rows(target: LoadedModel) -> int | None:
+    """The streaming kernel's row limit the target's passes run with (None off the "stream" path): a curve
+    measured under another limit is measured again (``engine.decoding.compute.measure_stream_rows``)."""
+    c = target.compute
+    return int(c.stream_rows) if c is not None and c.path == "stream" else None
+
+
 def machine_pass_cost(target: LoadedModel, measure: bool = True,
                       progress: Callable[[str, float], None] | None = None) -> PassCost:
     """This machine's curve for ``target``: cached, else measured now and cached (``measure``), else the
     shipped fallback (labelled)."""
     path = target.compute.path if target.compute else "default"
     got = cached_pass_cost(target.spec, path, str(target.device.type))
-    if got is not None:
+    if got is not None and got.extra.get("stream_rows") == _stream_rows(target):
         return got
     if not measure:
         return shipped_pass_cost()
