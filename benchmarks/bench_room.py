@@ -13,6 +13,8 @@ draft (the trained EAGLE-style head), the chat preset, temperatures alternating 
 - exceptions or errors on any page; each reader's text against the same settings decoded alone by the engine
   (``tests/e2e/room.py``: whitespace-free comparison of the token texts);
 - the server's peak RSS (VmHWM of the Streamlit process), the load average, the CPU model;
+- where the two cores went during the run (``CpuSampler``): CPU seconds of the server and of all Chromium processes,
+  second by second, from the first click to the last reader's Finished;
 - the same K readers in this process without a browser (``engine_room``): pass time, the target's forward, and
   the time spent stacking the readers' caches into one batch cache and back (the most a shared cache could save).
 
@@ -80,18 +82,95 @@ def _start_server(env_extra: dict) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("Streamlit did not start")
 
 
-def _room_run(browser, url: str, readers, timeout_s: float, after_open=None) -> dict:
+class CpuSampler:
+    """CPU seconds of the Streamlit server and of every Chromium process, read from ``/proc/<pid>/stat`` every
+    ``every_s`` while a room runs (Linux; elsewhere it records nothing). Where the two cores went during a run:
+    the server's worker and pages, or the readers' browsers on the same machine. Between two samples only the
+    processes seen in both count (a renderer that starts or exits in between adds nothing for that interval)."""
+
+    def __init__(self, server_pid: int, every_s: float = 0.25):
+        import threading
+
+        self.server_pid, self.every_s = server_pid, every_s
+        self.samples: list[tuple[float, dict]] = []  # (perf_counter s, {pid: (kind, CPU s)})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def _read(self) -> dict:
+        out = {}
+        for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+            if not pid.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            kind = "server" if int(pid) == self.server_pid else "chromium" if "chrom" in comm.lower() else None
+            if kind:
+                out[pid] = (kind, (int(rest[11]) + int(rest[12])) / self._hz)  # utime + stime
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), self._read()))
+            self._stop.wait(self.every_s)
+
+    def start(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    @staticmethod
+    def _used(a: dict, b: dict) -> dict[str, float]:
+        used = {"chromium": 0.0, "server": 0.0}
+        for pid, (kind, cpu_s) in b.items():
+            if pid in a:
+                used[kind] += max(cpu_s - a[pid][1], 0.0)
+        return used
+
+    def stop(self, until: float | None = None) -> dict:
+        """{"window_s", "chromium_cpu_s", "server_cpu_s", "per_second": [[s, Chromium, server], ...]} from the start
+        to ``until`` (a ``time.perf_counter()``: the last reader's Finished; default now), the CPU seconds used in
+        each whole second of the run."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.samples.append((time.perf_counter(), self._read()))
+        if until is not None:
+            after = [x for x in self.samples if x[0] >= until]
+            self.samples = [x for x in self.samples if x[0] < until] + after[:1]
+        if len(self.samples) < 2:
+            return {}
+        total = {"chromium": 0.0, "server": 0.0}
+        t0 = self.samples[0][0]
+        per_second: dict[int, dict[str, float]] = {}
+        for (ta, a), (tb, b) in zip(self.samples, self.samples[1:]):
+            used = self._used(a, b)
+            sec = per_second.setdefault(int(tb - t0), {"chromium": 0.0, "server": 0.0})
+            for k, v in used.items():
+                total[k] += v
+                sec[k] += v
+        return {"window_s": round(self.samples[-1][0] - t0, 2), "chromium_cpu_s": round(total["chromium"], 2),
+                "server_cpu_s": round(total["server"], 2),
+                "per_second": [[k, round(v["chromium"], 2), round(v["server"], 2)] for k, v in sorted(per_second.items())]}
+
+
+def _room_run(browser, url: str, readers, timeout_s: float, after_open=None, server_pid: int | None = None) -> dict:
+    sampler = None
     try:
         open_readers(browser, url, readers)
         if after_open is not None:  # the pages are loaded and prefilled: the run starts now
             after_open()
+        if server_pid is not None:
+            sampler = CpuSampler(server_pid).start()
         t_first = run_all(readers, timeout_s=timeout_s)
         done = [r for r in readers if r.t_done is not None and r.error is None]
         t_last = max((r.t_done for r in done), default=time.perf_counter())
+        cpu = sampler.stop(until=t_last) if sampler is not None else {}
         tokens = sum(r.tokens for r in done)
         return {"readers": len(readers), "tokens": tokens, "elapsed_s": t_last - t_first,
                 "tokens_per_s": tokens / (t_last - t_first) if t_last > t_first else None,
-                "wall_s": [r.wall_s for r in readers], "errors": [r.error for r in readers if r.error]}
+                "wall_s": [r.wall_s for r in readers], "errors": [r.error for r in readers if r.error], "cpu": cpu}
     finally:
         for r in readers:
             if r.page is not None:
@@ -179,7 +258,7 @@ def main() -> None:
                 readers = readers_for(k, args.max_new)
                 n_before = []  # the pass log's length once every page is prefilled (the prefills are not the run)
                 room = _room_run(browser, url, readers, args.timeout,
-                                 after_open=lambda: n_before.append(len(_passes(pass_log))))
+                                 after_open=lambda: n_before.append(len(_passes(pass_log))), server_pid=proc.pid)
                 n_before = n_before[0] if n_before else 0
                 server = _passes(pass_log)[n_before:]
                 alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
@@ -197,7 +276,7 @@ def main() -> None:
                     "median_wall_s": statistics.median(walls) if walls else None,
                     "errors": room["errors"], "texts_identical": sum(same), "texts_checked": len(same),
                     "different": [r.index for r, s in zip(readers, same) if not s],
-                    "server_peak_rss_mb": _peak_rss_mb(proc.pid)})
+                    "server_peak_rss_mb": _peak_rss_mb(proc.pid), "cpu_during_run": room["cpu"]})
                 med = (lambda xs: statistics.median(xs) if xs else None)
                 rows[-1]["server_passes"] = {
                     "passes": len(server), "rows_median": med([p["rows"] for p in server]),
@@ -252,6 +331,16 @@ def main() -> None:
         f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
         lines.append(f"| {e['readers']} | {f(e['tokens_per_s'])} | {f(e['pass_ms'])} | {f(e['target_ms'])} | "
                      f"{f(e['stack_ms'])} | {f(e['stack_share'], '.1%')} |")
+    lines += ["", "Where the two cores went from the first click to the last reader's Finished (`CpuSampler`: CPU seconds "
+              "from /proc every 0.25 s, an interval counted in the second it ends in; the JSON has them second by second):", "",
+              "| readers | window s | Chromium CPU s | server CPU s | Chromium, server per second of the run |",
+              "|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("cpu_during_run") or {}
+        if c:
+            secs = " ".join(f"{ch:.1f}/{sv:.1f}" for _, ch, sv in c["per_second"])
+            lines.append(f"| {r['readers']} | {c['window_s']:.1f} | {c['chromium_cpu_s']:.1f} | {c['server_cpu_s']:.1f} "
+                         f"| {secs} |")
     lines += ["", f"Load average after the run: {', '.join(f'{x:.1f}' for x in result['load_avg_after'])} "
               "(the browser's pages run on the same cores as the server)."]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
