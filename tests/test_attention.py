@@ -99,3 +99,34 @@ def test_holes_in_the_cache_are_invisible(tiny):
                position_ids=torch.tensor([[3, 4]])).logits[0]
     ref = tiny(input_ids=torch.tensor([seq + [9, 2]])).logits[0, -2:]
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_stack_left_padded_right_aligns_each_row_and_zeroes_the_padding():
+    """Each row's entries end at the last column, zeros before them, in every layer, and ``valid`` marks exactly
+    the entries; a row holding nothing is all padding. Checked against slicing by hand, bit for bit."""
+    from engine.decoding.attention import stack_left_padded
+
+    gen = torch.Generator().manual_seed(0)
+    layers, heads, dim = 3, 2, 4
+    lens = [5, 0, 2, 5, 1]
+    rows = [[(torch.randn(1, heads, n, dim, generator=gen), torch.randn(1, heads, n, dim, generator=gen))
+             for _ in range(layers)] if n else None for n in lens]
+    cache, valid = stack_left_padded(rows, lens)
+    assert valid.tolist() == [[c >= 5 - n for c in range(5)] for n in lens]
+    assert len(cache.layers) == layers and cache.get_seq_length() == 5
+    for li, layer in enumerate(cache.layers):
+        assert layer.keys.shape == layer.values.shape == (len(lens), heads, 5, dim)
+        for r, n in enumerate(lens):
+            for got, which in ((layer.keys, 0), (layer.values, 1)):
+                assert torch.equal(got[r, :, :5 - n], torch.zeros(heads, 5 - n, dim))
+                if n:
+                    assert torch.equal(got[r, :, 5 - n:], rows[r][li][which][0])
+    # layers of different shapes (a model whose layers differ in KV heads): each layer stacked by itself
+    mixed = [[(torch.randn(1, 1 + li, n, dim, generator=gen), torch.randn(1, 1 + li, n, dim, generator=gen))
+              for li in range(layers)] if n else None for n in lens]
+    cache, _ = stack_left_padded(mixed, lens)
+    for li, layer in enumerate(cache.layers):
+        assert layer.keys.shape == (len(lens), 1 + li, 5, dim)
+        assert torch.equal(layer.values[2, :, 3:], mixed[2][li][1][0]) and not layer.values[2, :, :3].any()
+    empty, none_valid = stack_left_padded([None, None], [0, 0])
+    assert empty.get_seq_length() == 0 and none_valid.shape == (2, 0)
