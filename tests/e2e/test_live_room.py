@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import screenshot
+from tests.e2e.conftest import screenshot, wait_idle
 from tests.e2e.room import alone_texts, normalized, open_readers, readers_for, run_all
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +56,15 @@ def test_charts_wait_while_others_decode(browser, app_url):
         stepper.page.get_by_role("heading", name="Open a round").wait_for(timeout=60_000)
         stepper.page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=60_000)  # ≥ 2 charts
     finally:
+        # stop the long run before its tab closes, so no reader of this test can still be in the room when the next
+        # test's page decides whether to defer its charts (a closed tab's run stops at its page's next redraw,
+        # within a second here; this makes it certain)
+        if readers[0].page is not None:
+            try:
+                readers[0].page.locator(".st-key-lv_stop button").first.click(timeout=10_000)
+                wait_idle(readers[0].page, timeout_ms=60_000)
+            except Exception:  # noqa: BLE001 - cleanup: the contexts close below whatever happened
+                pass
         for r in readers:
             if r.page is not None:
                 r.page.context.close()

@@ -28,8 +28,16 @@ def _step_tree_round(page, url: str, width: int) -> None:
     wait_idle(page)
     page.set_viewport_size({"width": width, "height": 3200 if width < 600 else 2600})
     wait_idle(page)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                           ".some(t => t.textContent.startsWith('Tree attention mask'))", timeout=60_000)
+    try:
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                               ".some(t => t.textContent.startsWith('Tree attention mask'))", timeout=60_000)
+    except Exception as e:  # say what the page showed instead (a fresh-clone CI run timed out here once)
+        screenshot(page, "live_tree_timeout")
+        body = page.inner_text("body")
+        shown = [ln for ln in body.splitlines() if re.search(r"Round 1|decoding on this server|Draw the charts|"
+                                                               r"Token tree|Error|error", ln)]
+        raise AssertionError(f"no tree mask chart after the round; plot titles {_plot_titles(page)}; "
+                             f"the page said: {shown[:12]}") from e
 
 
 def test_live_tree_round_on_the_embedded_model(page, app_url):
