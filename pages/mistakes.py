@@ -61,13 +61,19 @@ def _shipped_sweep(path: str, mtime_ns: int):
 
 
 def _measured_batch():
-    """Mistake #1 measured: this session's sweep (What-if) if one was run, else the benchmark's shipped file."""
+    """Mistake #1 measured: this session's sweep (What-if) if one was run, else the last one measured on this
+    machine (``batch_view.machine_sweep``), else the benchmark's shipped file (labelled with its machine)."""
     from engine.explain import batch_view
     from engine.explain.teaching import measured_batch_mistake
 
     sweep = st.session_state.get("batch_sweep")
     if sweep is not None:
         return measured_batch_mistake(sweep, "this session's sweep (What-if → When it does not help)")
+    earlier = batch_view.machine_sweep("embedded")  # the last complete sweep measured on this machine, if any
+    if earlier is not None:
+        meta = earlier[1]
+        return measured_batch_mistake(earlier[0], f"this machine's last sweep ({meta['date']}, {meta['cpu']}, "
+                                                  f"{meta['compute']} kernels; What-if → When it does not help)")
     f = batch_view.SHIPPED_SWEEP
     if not f.is_file():
         return None
@@ -87,7 +93,8 @@ except SpeedupLabError as e:
     st.error(str(e))
 else:
     if mb is not None:
-        where = "on this machine" if "session" in mb.source else "by the shipped benchmark"
+        here = "session" in mb.source or "this machine" in mb.source
+        where = "on this machine" if here else "by the shipped benchmark"
         st.markdown(f"**Measured {where}** (the embedded SmolLM2-135M, {mb.label} against plain decoding of "
                     "the same batch, total tokens/s):")
         c1, c2, c3 = st.columns(3)
@@ -95,7 +102,7 @@ else:
         c2.metric(f"Speedup at batch {mb.large_batch}", f"{mb.speedup_large:.2f}×")
         c3.metric("Slower than plain decoding from batch (measured)",
                   f"{mb.crossover_batch}" if mb.crossover_batch is not None else f"none up to {mb.large_batch}")
-        shipped_note = ("" if "session" in mb.source else " That run timed each cell once (no spread measured), "
+        shipped_note = ("" if here else " That run timed each cell once (no spread measured), "
                         "12 tokens per row on the 32 built-in prompts: see benchmarks/results/batch.md.")
         st.caption(f"From {mb.source}; torch threads {mb.threads}.{shipped_note} Run your own on the What-if page's "
                    "“When it does not help” tab (Measured on this machine).")

@@ -402,7 +402,8 @@ def _section_batch_measured() -> None:
     from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, check_sweep_inputs, parse_batches
     from engine.decoding.models import resolve_device
     from engine.decoding.speculative import encode_prompt
-    from engine.explain.batch_view import measured_batch_view, method_label, room_batch, room_marker
+    from engine.explain.batch_view import (machine_sweep, measured_batch_view, method_label, room_batch, room_marker,
+                                           save_machine_sweep)
 
     S = st.session_state
     st.subheader("Measured on this machine")
@@ -478,10 +479,19 @@ def _section_batch_measured() -> None:
         S.pop("wi_bs_partial", None)
         if sweep.cells:
             S["batch_sweep"] = sweep
+            # this machine's sweep for later sessions and Common mistakes #1 (engine.explain.batch_view)
+            save_machine_sweep(sweep, "embedded", target.compute.name if target.compute else "default")
     sweep = S.get("batch_sweep")
     if sweep is None:
-        st.info("No measured sweep in this session yet: press **Run the measured sweep**.")
-        return
+        earlier = machine_sweep("embedded")
+        if earlier is None:
+            st.info("No measured sweep on this machine yet: press **Run the measured sweep**.")
+            return
+        sweep, meta = earlier
+        st.caption(f"Measured on this machine earlier ({meta['date']}, {meta['cpu']}, {meta['compute']} kernels; "
+                   f"batch sizes {', '.join(map(str, sweep.batches))}, {sweep.max_new_tokens} new tokens per sequence: "
+                   "the last complete sweep, kept in the user cache). **Run the measured sweep** measures it again "
+                   "with the settings above.")
     if sweep.stopped:
         st.warning(f"Stopped: showing the {len({c.batch for c in sweep.cells})} batch size(s) measured before Stop.")
     try:

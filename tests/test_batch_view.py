@@ -78,6 +78,31 @@ def test_shipped_sweep_file(tmp_path):
         shipped_sweep(f)
 
 
+def test_machine_sweep_is_remembered_per_machine_and_target(tmp_path, monkeypatch):
+    """A complete sweep is kept in the user cache under this machine's key and read back as it was; a stopped or
+    empty one is not kept; another CPU model or another target finds nothing; a broken file reads as nothing."""
+    import engine.decoding.compute as compute
+    from engine.explain import batch_view as bv
+
+    store = tmp_path / "cache" / bv.MACHINE_SWEEPS
+    assert bv.machine_sweep("embedded", store) is None
+    sw = _sweep()
+    assert bv.save_machine_sweep(sw, "embedded", "stream kernels", store)
+    got, meta = bv.machine_sweep("embedded", store)
+    assert got.to_dict() == sw.to_dict() and meta["compute"] == "stream kernels" and meta["cpu"] == compute.cpu_model()
+    assert bv.machine_sweep("another/model", store) is None
+    stopped = BatchSweep.from_dict(sw.to_dict())
+    stopped.stopped = True
+    assert not bv.save_machine_sweep(stopped, "other", "x", store) and bv.machine_sweep("other", store) is None
+    monkeypatch.setattr(compute, "cpu_model", lambda: "Another CPU")
+    assert bv.machine_sweep("embedded", store) is None
+    store.write_text("not json")
+    assert bv.machine_sweep("embedded", store) is None
+    other = tmp_path / "elsewhere.json"  # $SPEEDUP_LAB_SWEEPS moves the default file (the browser tests' server)
+    monkeypatch.setenv(bv.SWEEPS_ENV, str(other))
+    assert bv.save_machine_sweep(sw, "embedded", "x") and other.is_file() and bv.machine_sweep("embedded") is not None
+
+
 def test_room_marker_by_hand():
     from types import SimpleNamespace
 

@@ -26,7 +26,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture
-def patched(monkeypatch, tiny):
+def patched(monkeypatch, tiny, tmp_path):
+    monkeypatch.setenv("SPEEDUP_LAB_CACHE", str(tmp_path / "cache"))  # sweeps remembered per machine go here
     real = batch_mod.batch_sweep
     calls = []
 
@@ -68,6 +69,12 @@ def test_measured_sweep_runs_and_draws_model_and_measurement(patched):
     assert measured["x"] == [1, 2]
     assert measured["y"] == pytest.approx([sweep.cell("ngram", b).speedup for b in (1, 2)])
     assert any(k.startswith("Target pass time against tokens") for k in specs)
+    # a later session on this machine shows the remembered sweep (engine.explain.batch_view.machine_sweep)
+    again = _tab()
+    assert not again.exception and "batch_sweep" not in again.session_state
+    assert any("Measured on this machine earlier" in c.value for c in again.caption)
+    assert any(json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Speculative ÷ plain tokens/s")
+               for c in again.get("plotly_chart"))
     labels = [x.label for x in at.metric]
     assert "prompt lookup: slower than plain from (measured)" in labels
     assert at.query_params["wi_bs_batches"] in (["1, 2"], "1, 2")
@@ -123,6 +130,11 @@ def test_mistake_1_uses_the_session_sweep_else_the_shipped_file(patched, tmp_pat
                              "machine_meta": {"cpu": "Test CPU 9000", "compute": "onednn"}}))
     at.run()
     assert "measured on Test CPU 9000 with the onednn compute path" in " ".join(c.value for c in at.caption)
+    bv.save_machine_sweep(sweep, "embedded", "test kernels")  # a sweep measured here earlier beats the shipped one
+    at.run()
+    cap = " ".join(c.value for c in at.caption)
+    assert "this machine's last sweep" in cap and "test kernels" in cap and "shipped" not in cap
+    assert any("Measured on this machine" in md.value for md in at.markdown)
     at.session_state["batch_sweep"] = sweep
     at.run()
     assert "this session's sweep" in " ".join(c.value for c in at.caption)

@@ -11,12 +11,17 @@ bandwidth and FLOP/s (``engine.decoding.batch.measure_machine``) into what the p
   max(weight bytes / bandwidth, 2 · params · tokens / FLOP/s) (``analytic.roofline_step_s``).
 
 ``shipped_sweep()`` reads the benchmark's result file (benchmarks/results/batch.json), for pages that show a
-measured sweep before the reader has run one.
+measured sweep before the reader has run one. ``save_machine_sweep`` / ``machine_sweep`` remember the last complete
+sweep measured on this machine in the user cache (``<cache>/batch_sweeps.json``, keyed by the CPU model, torch
+threads and version, the streaming kernel's build and the target), so a later session shows this machine's
+measurement, not the shipped one from another machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +156,68 @@ def shipped_sweep(path: Path | None = None) -> tuple[BatchSweep, dict] | None:
         raise InputError(f"{path} is not a batch sweep result (no 'sweep' or 'machine').")
     # the machine the file was measured on (CPU model, compute path: benchmarks/machine.py), when recorded
     return BatchSweep.from_dict(data["sweep"]), {**data["machine"], **data.get("machine_meta", {})}
+
+
+MACHINE_SWEEPS = "batch_sweeps.json"
+"""The user-cache file (``engine.decoding.models.cache_root``) of sweeps measured on this machine."""
+SWEEPS_ENV = "SPEEDUP_LAB_SWEEPS"
+"""Environment variable: another file for the remembered sweeps (the browser tests' server uses a temporary one,
+so their tiny sweeps never stand for this machine's in the reader's app)."""
+
+
+def machine_sweep_key(spec: str = "embedded") -> str:
+    """This machine's key for a sweep of target ``spec``: CPU model, torch threads and version, the streaming
+    kernel's build name (``engine.decoding.compute``), the spec (what ``engine.decoding.pass_cost`` keys by)."""
+    import torch
+
+    from engine.decoding.compute import cpu_model, kernel_name
+
+    return "|".join([cpu_model(), f"threads={torch.get_num_threads()}", torch.__version__, kernel_name(), spec])
+
+
+def _machine_store(store: Path | None) -> Path:
+    from engine.decoding.models import cache_root
+
+    if store is not None:
+        return Path(store)
+    return Path(os.environ.get(SWEEPS_ENV) or cache_root() / MACHINE_SWEEPS)
+
+
+def save_machine_sweep(sweep: BatchSweep, spec: str, compute: str, store: Path | None = None) -> bool:
+    """Remember ``sweep`` as this machine's for target ``spec`` (``compute``: the compute path's name it ran on).
+    A stopped or empty sweep is not remembered. Returns whether it was written (a read-only cache only costs
+    the memory of it)."""
+    if sweep.stopped or not sweep.cells:
+        return False
+    f = _machine_store(store)
+    try:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            data = {}
+        from engine.decoding.compute import cpu_model
+
+        data[machine_sweep_key(spec)] = {"sweep": sweep.to_dict(), "compute": compute, "cpu": cpu_model(),
+                                         "date": time.strftime("%Y-%m-%d %H:%M")}
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, f)
+        return True
+    except OSError:
+        return False
+
+
+def machine_sweep(spec: str = "embedded", store: Path | None = None) -> tuple[BatchSweep, dict] | None:
+    """The last complete sweep of target ``spec`` measured on this machine (``save_machine_sweep``) and its
+    {"compute", "cpu", "date"}, or None (none measured here, or an unreadable entry)."""
+    try:
+        entry = json.loads(_machine_store(store).read_text()).get(machine_sweep_key(spec))
+        if not entry:
+            return None
+        return BatchSweep.from_dict(entry["sweep"]), {k: entry.get(k, "") for k in ("compute", "cpu", "date")}
+    except (OSError, ValueError, KeyError, TypeError, InputError):
+        return None
 
 
 @dataclass

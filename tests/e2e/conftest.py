@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -41,11 +42,15 @@ def run_app(env: dict | None = None, log_name: str = "streamlit.log", args: tupl
     stop it."""
     port = _free_port()
     log = open(ROOT / "tests" / "e2e" / log_name, "w")
+    # the sweeps the pages measure are remembered in a file of this run's own, not in the user cache (where a
+    # test's 3-token sweep would stand for this machine's in the reader's app: engine.explain.batch_view)
+    sweeps = Path(tempfile.mkdtemp(prefix="speedup-lab-e2e-")) / "batch_sweeps.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
          "--server.headless", "true", "--server.port", str(port),
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", *(["--", *args] if args else [])],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "SPEEDUP_LAB_SWEEPS": str(sweeps), **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while time.time() < deadline:
