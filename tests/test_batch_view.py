@@ -1,6 +1,7 @@
 """engine.explain.batch_view and the measured mistake #1: hand-built sweeps, hand-computed numbers."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +99,12 @@ def test_machine_sweep_is_remembered_per_machine_and_target(tmp_path, monkeypatc
     assert bv.machine_sweep("embedded", store) is None
     store.write_text("not json")
     assert bv.machine_sweep("embedded", store) is None
+    # a file that is not a store of sweeps is never overwritten; a path that names no file is refused, not raised
+    assert not bv.save_machine_sweep(sw, "embedded", "x", store) and store.read_text() == "not json"
+    store.write_text('{"other": 1}')
+    assert not bv.save_machine_sweep(sw, "embedded", "x", store) and store.read_text() == '{"other": 1}'
+    assert not bv.save_machine_sweep(sw, "embedded", "x", Path("/"))
+    store.unlink()
     other = tmp_path / "elsewhere.json"  # $SPEEDUP_LAB_SWEEPS moves the default file (the browser tests' server)
     monkeypatch.setenv(bv.SWEEPS_ENV, str(other))
     assert bv.save_machine_sweep(sw, "embedded", "x") and other.is_file() and bv.machine_sweep("embedded") is not None

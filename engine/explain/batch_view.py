@@ -185,16 +185,19 @@ def _machine_store(store: Path | None) -> Path:
 
 def save_machine_sweep(sweep: BatchSweep, spec: str, compute: str, store: Path | None = None) -> bool:
     """Remember ``sweep`` as this machine's for target ``spec`` (``compute``: the compute path's name it ran on).
-    A stopped or empty sweep is not remembered. Returns whether it was written (a read-only cache only costs
-    the memory of it)."""
+    A stopped or empty sweep is not remembered, and a file that exists but is not a store of sweeps (a mistyped
+    ``$SPEEDUP_LAB_SWEEPS``) is never overwritten. Returns whether it was written (a read-only cache, or a
+    refused file, only costs the memory of it)."""
     if sweep.stopped or not sweep.cells:
         return False
     f = _machine_store(store)
     try:
         try:
             data = json.loads(f.read_text())
-        except (OSError, ValueError):
+        except FileNotFoundError:
             data = {}
+        if not isinstance(data, dict) or any(not isinstance(v, dict) or "sweep" not in v for v in data.values()):
+            return False
         from engine.decoding.compute import cpu_model
 
         data[machine_sweep_key(spec)] = {"sweep": sweep.to_dict(), "compute": compute, "cpu": cpu_model(),
@@ -204,7 +207,7 @@ def save_machine_sweep(sweep: BatchSweep, spec: str, compute: str, store: Path |
         tmp.write_text(json.dumps(data) + "\n")
         os.replace(tmp, f)
         return True
-    except OSError:
+    except (OSError, ValueError):  # unreadable, not JSON, or not a file path at all ("/")
         return False
 
 
