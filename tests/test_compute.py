@@ -217,11 +217,27 @@ def test_sibling_fusion_keeps_outputs_weights_and_memory(tmp_path):
         y = torch.randn(1, 2, attn.q_proj.in_features)
         torch.testing.assert_close(attn.k_proj(y), F.linear(y, attn.k_proj.weight), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    stacked = attn.q_proj._fused_weight
     apply_path(model, "onednn")  # applying again is harmless
     apply_path(model, "default")
     assert path_of(model) == "default" and type(attn.q_proj) is nn.Linear
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    # switching back reuses the stacked weight (no new copy); a weight replaced meanwhile is stacked anew
+    apply_path(model, "onednn")
+    assert attn.q_proj._fused_weight is stacked
+    apply_path(model, "default")
+    with torch.no_grad():
+        attn.k_proj.weight.data = attn.k_proj.weight.detach().clone() * 2
+    apply_path(model, "onednn")
+    assert attn.q_proj._fused_weight is not stacked
+    q, k = attn.q_proj.out_features, attn.k_proj.out_features
+    assert torch.equal(attn.q_proj._fused_weight[q:q + k], stacked[q:q + k] * 2)
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj._fused_weight[q].data_ptr()
+    with torch.no_grad():
+        attn.k_proj.weight.data = stacked[q:q + k].clone()
+    apply_path(model, "default")
+    apply_path(model, "onednn")
     # training after a fused inference: autograd takes F.linear on the (viewed) weights
     apply_path(model, "onednn")
     model(ids).logits.sum().backward()

@@ -376,18 +376,11 @@ def _fuse_siblings(modules) -> int:
                                                                     m.weight.device != w0.device for m in mods)
                         or len({m.bias is None for m in mods}) != 1):
                     continue
-                with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable in training too
-                    fused = torch.cat([m.weight.detach() for m in mods])
-                    bias = None if mods[0].bias is None else torch.cat([m.bias.detach() for m in mods])
-                    sizes, start = [], 0
-                    for m in mods:  # the siblings' weights become views into the stacked weight
-                        rows = m.weight.shape[0]
-                        m.weight.data = fused[start:start + rows]
-                        if bias is not None:
-                            m.bias.data = bias[start:start + rows]
-                        sizes.append(rows)
-                        start += rows
                 lead = mods[0]
+                if _still_fused(lead, mods):  # fused before and switched back: the same stacked weight again
+                    fused, bias, sizes = lead._fused_weight, lead._fused_bias, lead._fused_sizes
+                else:
+                    fused, bias, sizes = _stack(mods)
                 lead.__class__ = FusedLeadLinear
                 lead._fused_weight, lead._fused_bias, lead._fused_sizes = fused, bias, sizes
                 lead._followers = mods[1:]
@@ -395,6 +388,41 @@ def _fuse_siblings(modules) -> int:
                     m.__class__ = FusedFollowerLinear
                 n += 1
     return n
+
+
+def _stack(mods) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """Stack sibling linears' weights (and biases) into one tensor; the siblings' parameters become views into it
+    (no extra memory; their parameters and state dict are unchanged). Returns (weight, bias, rows per sibling)."""
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable in training too
+        fused = torch.cat([m.weight.detach() for m in mods])
+        bias = None if mods[0].bias is None else torch.cat([m.bias.detach() for m in mods])
+        sizes, start = [], 0
+        for m in mods:  # the siblings' weights become views into the stacked weight
+            rows = m.weight.shape[0]
+            m.weight.data = fused[start:start + rows]
+            if bias is not None:
+                m.bias.data = bias[start:start + rows]
+            sizes.append(rows)
+            start += rows
+    return fused, bias, sizes
+
+
+def _still_fused(lead: nn.Module, mods) -> bool:
+    """Whether ``mods`` (a lead and its siblings, e.g. after ``apply_path(..., "default")``) are still the views
+    ``_stack`` made into the lead's stacked weight: then fusing again reuses it instead of stacking a new copy
+    (a new copy is new memory, whose first reads fault its pages in: measured on the AMD EPYC, the first
+    1-token pass after a switch took 37 instead of 22 ms)."""
+    fused, bias, sizes = (lead.__dict__.get(k) for k in ("_fused_weight", "_fused_bias", "_fused_sizes"))
+    if fused is None or sizes is None or len(sizes) != len(mods) or (bias is None) != (mods[0].bias is None):
+        return False
+    start = 0
+    for m, rows in zip(mods, sizes):
+        if (rows <= 0 or m.weight.shape != (rows, fused.shape[1]) or m.weight.data_ptr() != fused[start].data_ptr()
+                or m.weight.stride() != fused.stride()
+                or (bias is not None and (m.bias.shape != (rows,) or m.bias.data_ptr() != bias[start].data_ptr()))):
+            return False
+        start += rows
+    return start == fused.shape[0]
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -412,37 +440,48 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
                   use_cache=False, position_embeddings=None, **kwargs) -> torch.Tensor:
     """transformers' ``LlamaDecoderLayer.forward`` (5.x) with the same tensor operations in the same order, so
     its output is bit for bit the same, but called as one Python function: the fused q/k/v and gate/up products
-    (``_fuse_siblings``) are computed here, and the norms' forwards are called directly, instead of through
-    nine submodule calls per layer with their hooks, keyword plumbing and deprecation wrappers.
+    (``_fuse_siblings``) are computed here, the norms are computed inline (``_rms_norm``) and q and k get the
+    rotary embedding together (one set of element-wise operations on [B, Hq + Hk, Q, D] instead of two),
+    instead of through nine submodule calls per layer with their hooks, keyword plumbing and deprecation
+    wrappers.
 
     Why: on the AMD EPYC (2 threads, the embedded target, a 1-token pass after ~50 cached tokens with every
     matrix product replaced by a stub returning zeros), the passes cost 16–17 ms of Python and small operators
     with transformers' layers and 7.7–8.8 ms with these; whole decoding is compared in
-    ``benchmarks/bench_compute.py`` (rows "engine, transformers' layers"). Falls back to the original forward
-    whenever autograd is on (training), in training mode, when attention weights are asked for, or when a
-    layer is not fused.
+    ``benchmarks/bench_compute.py`` (rows "engine, transformers' layers"). The inline norms and the joint
+    rotary embedding took another 1.2 ms off that stubbed pass (5.9 → 4.8 ms) and 1.2–1.5 ms off a real 1- or
+    3-token pass (22.5 → 21.1 and 24.4 → 22.8 ms, best of 10, median of 12 alternating reps; AMD EPYC,
+    2026-12-02). Falls back to the original forward whenever autograd is on (training), in training mode, when
+    attention weights are asked for, when a layer is not fused, or when its norms are not transformers'
+    ``LlamaRMSNorm``.
 
     Args and returns: those of ``LlamaDecoderLayer.forward``: hidden_states [B, Q, H] → [B, Q, H].
     """
     original = _LEAN_CLASSES_INV[type(self)]
     attn, mlp = self.self_attn, self.mlp
     if (self.training or torch.is_grad_enabled() or position_embeddings is None or kwargs.get("output_attentions")
-            or type(attn.q_proj) is not FusedLeadLinear or type(mlp.gate_proj) is not FusedLeadLinear):
+            or type(attn.q_proj) is not FusedLeadLinear or type(mlp.gate_proj) is not FusedLeadLinear
+            or type(self.input_layernorm).forward is not _RMS_FORWARD()
+            or type(self.post_attention_layernorm).forward is not _RMS_FORWARD()
+            or any(size % attn.head_dim for size in attn.q_proj._fused_sizes)):
         return original.forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                 cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     from transformers.models.llama import modeling_llama as ml
 
     residual = hidden_states
-    x = self.input_layernorm.forward(hidden_states)
-    input_shape = x.shape[:-1]
-    hidden_shape = (*input_shape, -1, attn.head_dim)
+    x = _rms_norm(self.input_layernorm, hidden_states)
     lead = attn.q_proj
-    q, k, v = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
-    q = q.view(hidden_shape).transpose(1, 2)
-    k = k.view(hidden_shape).transpose(1, 2)
-    v = v.view(hidden_shape).transpose(1, 2)
+    head_dim = attn.head_dim
+    qkv = _product(x, lead._fused_weight, lead._fused_bias)
+    input_shape = qkv.shape[:-1]
+    heads = [size // head_dim for size in lead._fused_sizes]
+    # q and k side by side ([B, Hq + Hk, Q, D]) get the rotary embedding in one set of operations: the same
+    # element-wise operations as transformers' apply_rotary_pos_emb, so the same bits
+    qkv = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
+    qk, v = qkv[:, :heads[0] + heads[1]], qkv[:, heads[0] + heads[1]:]
     cos, sin = position_embeddings
-    q, k = ml.apply_rotary_pos_emb(q, k, cos, sin)
+    qk = (qk * cos.unsqueeze(1)) + (ml.rotate_half(qk) * sin.unsqueeze(1))
+    q, k = qk[:, :heads[0]], qk[:, heads[0]:]
     kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what the attention module gets
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
@@ -453,11 +492,29 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
     o = attn.o_proj
     hidden_states = residual + _product(out, o.weight, o.bias)
     residual = hidden_states
-    x = self.post_attention_layernorm.forward(hidden_states)
+    x = _rms_norm(self.post_attention_layernorm, hidden_states)
     lead = mlp.gate_proj
     gate, up = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
     down = mlp.down_proj
     return residual + _product(mlp.act_fn(gate) * up, down.weight, down.bias)
+
+
+@functools.lru_cache(maxsize=1)
+def _RMS_FORWARD():  # noqa: N802 - a constant looked up once
+    """transformers' ``LlamaRMSNorm.forward``: the norm ``_rms_norm`` computes inline."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return LlamaRMSNorm.forward
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm.forward`` (5.x): the same operations in the same order, so the same bits,
+    called without the module call (``norm`` is a ``LlamaRMSNorm``; x [..., H] → [..., H]). The casts are skipped
+    where they are no-ops (fp32 in and out)."""
+    dtype = x.dtype
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
 
 
 def _lean_class(cls: type) -> type:

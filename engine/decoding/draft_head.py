@@ -126,7 +126,9 @@ class FeatureHead(nn.Module):
                     layer.self_attn.o_proj.weight.zero_()
                     layer.mlp.down_proj.weight.zero_()
         p = self.fc.weight
-        return big.to(device=p.device, dtype=p.dtype).bind(target_model)
+        big = big.to(device=p.device, dtype=p.dtype)
+        apply_path(big, path_of(self))  # this head's compute path (engine/decoding/compute.py), as with_vocab
+        return big.bind(target_model)
 
     def with_vocab(self, vocab_ids: torch.Tensor, target_model: nn.Module) -> "FeatureHead":
         """The same head proposing from another draft vocabulary (its LM head rows are the target's, so
