@@ -144,6 +144,30 @@ def test_ragged_rows_leave_holes_and_finished_rows_leave_the_batch(tiny):
     assert res.results[1].token_ids == [] and len(res.results[0].token_ids) == 5
 
 
+def test_run_time_counts_the_prefill_once(tiny, monkeypatch):
+    """total_ms is the prefill plus the rounds, each timed once: never more than the wall time of the run,
+    also when the first round runs the prefill itself (it did once, counting the prefill twice and understating
+    every batch's tokens/s)."""
+    import time as _time
+
+    from engine.decoding import batch as batch_mod
+
+    real = batch_mod.BatchDecoder._forward
+
+    def slow(self, *args, **kwargs):  # a prefill that takes a visible time
+        if not self._prefilled:
+            _time.sleep(0.2)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(batch_mod.BatchDecoder, "_forward", slow)
+    t0 = _time.perf_counter()
+    res = generate_batch(tiny, None, [PROMPTS[0], PROMPTS[0]], max_new_tokens=4, stop_on_eos=False)  # one pass
+    wall = (_time.perf_counter() - t0) * 1000
+    assert res.prefill_ms >= 200
+    assert res.total_ms <= wall
+    assert res.total_ms >= res.prefill_ms + sum(p.ms for p in res.passes if not p.prefill)
+
+
 def test_eos_ends_a_row(tiny):
     singles = [generate(tiny, None, p, max_new_tokens=30).token_ids for p in PROMPTS]
     res = generate_batch(tiny, _proposers("ngram", tiny, 8), PROMPTS, gamma=3, max_new_tokens=30)

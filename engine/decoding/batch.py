@@ -498,8 +498,8 @@ class BatchDecoder:
         """
         if self.finished:
             raise InputError("This batch is finished; start a new one to generate again.")
+        self.prefill()  # timed on its own (``prefill_ms``, already in ``elapsed_ms``): not part of this round
         t_round = time.perf_counter()
-        self.prefill()
         cfg = self.sampling
         slots = list(range(len(self.active)))
         rows = [self.rows[i] for i in self.active]
