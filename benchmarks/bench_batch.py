@@ -87,7 +87,7 @@ def main() -> int:
         "## Target pass time against tokens in the pass (all methods)", "",
         "| tokens in the pass | median ms | passes |", "|---|---|---|",
         *[f"| {n} | {ms:.1f} | {k} |" for n, ms, k in sweep.pass_curve()], "",
-        "The draft head runs its own small pass per row (not batched), so its draft time grows with B too.",
+        "The draft head's steps run batched: one head call per draft step for all rows that share the head (`FeatureHeadProposer.propose_many`); that call still grows with B.",
     ]
     (res / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
