@@ -34,7 +34,7 @@ the per-submodule Python of transformers' layers).
 The choice: ``choose_path`` runs the model's own forward (a 1-token and a 4-token pass after a short
 cached context, each path five times, alternating, best of five) and keeps the fastest path; when that is "stream",
 it also times 8-, 12-, 16- and 24-token passes on the kernel and on oneDNN to find the row count where oneDNN's
-blocked kernels take over (an Intel Xeon: 12; an AMD EPYC: expected 24, the most tried). The result is remembered
+blocked kernels take over (an Intel Xeon: 12; an AMD EPYC: 16). The result is remembered
 per machine (CPU model, torch version, threads, model shape, the paths on offer) in the user cache, so the
 measurement costs ~1 s once. Before a path is used, ``self_check`` compares it with ``F.linear`` on every distinct weight
 shape for 1, 3 and 16 rows; a disagreement beyond fp32 tolerance, or oneDNN's ops missing from this
