@@ -90,6 +90,30 @@ def test_token_with_zero_target_prob_never_accepted():
         assert v.n_accepted == 0 and v.next_token == 1 and v.accept_probs == [0.0]
 
 
+def test_sample_draws_each_id_with_its_share_of_the_mass(monkeypatch):
+    """Inverse-CDF sampling: unnormalized mass is normalized, an id of zero mass is never drawn (also at the edges
+    of the CDF), and the counts follow the distribution (G-test on 20 000 draws, fixed seed)."""
+    from engine.decoding import sampling as sampling_mod
+
+    w = torch.tensor([0.0, 2.0, 0.0, 1.0, 5.0, 0.0, 2.0, 0.0], dtype=torch.float64)  # total 10
+    g = torch.Generator().manual_seed(7)
+    counts = torch.zeros(8, dtype=torch.float64)
+    for _ in range(20000):
+        counts[sample(w, g)] += 1
+    assert counts[w == 0].sum() == 0
+    assert g_test_pvalue(counts, w / w.sum()) > 1e-3
+    # the uniform draw at its ends: u = 0 gives the first id with mass; u just below 1 the last one with mass,
+    # also when u · total rounds up to the total
+    monkeypatch.setattr(sampling_mod, "uniform", lambda gen: 0.0)
+    assert sample(w, g) == 1
+    monkeypatch.setattr(sampling_mod, "uniform", lambda gen: 1.0 - 2 ** -53)
+    assert sample(w, g) == 6
+    monkeypatch.setattr(sampling_mod, "uniform", lambda gen: 1.0)  # cannot happen; still never an id of no mass
+    assert sample(w, g) == 6
+    # float32, a [1, V] row, and a one-hot vector
+    assert sample(torch.tensor([[0.0, 0.0, 3.0]]), g) == 2
+
+
 def test_residual_zero_mass_falls_back_to_p_without_nan():
     p = torch.tensor([0.3, 0.7], dtype=torch.float64)
     r = residual_distribution(p, p + torch.tensor([1e-15, -1e-15], dtype=torch.float64))

