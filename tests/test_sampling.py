@@ -112,6 +112,9 @@ def test_sample_draws_each_id_with_its_share_of_the_mass(monkeypatch):
     assert sample(w, g) == 6
     # float32, a [1, V] row, and a one-hot vector
     assert sample(torch.tensor([[0.0, 0.0, 3.0]]), g) == 2
+    for bad in ([0.5, -0.1, 0.6], [0.5, float("nan")], [0.5, float("inf")]):
+        with pytest.raises(ValueError):
+            sample(torch.tensor(bad), g)
 
 
 def test_residual_zero_mass_falls_back_to_p_without_nan():

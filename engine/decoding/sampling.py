@@ -18,6 +18,8 @@ Sources:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import torch
@@ -92,13 +94,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     the embedded model's vocabulary (2 threads, a busy machine), a few per speculative round.
 
     Raises:
-        ValueError: if the vector has no positive mass (a bug upstream; never silently token 0).
+        ValueError: if the vector has no positive mass, a negative entry, or a NaN or infinite entry (a bug upstream;
+            never silently token 0).
     """
     p = probs.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
     cdf = torch.cumsum(p, 0)
     total = float(cdf[-1]) if cdf.numel() else 0.0
     if not total > 0:
         raise ValueError("Cannot sample from a distribution with zero total mass.")
+    if not math.isfinite(total) or bool((p < 0).any()):
+        raise ValueError("Cannot sample from a distribution with negative, NaN or infinite entries.")
     u = torch.tensor(uniform(generator) * total, dtype=torch.float64)
     i = int(torch.searchsorted(cdf, u, right=True))
     if i >= p.numel():  # u · total rounded up to the total: the last id with mass
