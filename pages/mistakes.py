@@ -102,10 +102,9 @@ else:
         c2.metric(f"Speedup at batch {mb.large_batch}", f"{mb.speedup_large:.2f}×")
         c3.metric("Slower than plain decoding from batch (measured)",
                   f"{mb.crossover_batch}" if mb.crossover_batch is not None else f"none up to {mb.large_batch}")
-        shipped_note = ("" if here else " That run timed each cell once (no spread measured), "
-                        "12 tokens per row on the 32 built-in prompts: see benchmarks/results/batch.md.")
-        st.caption(f"From {mb.source}; torch threads {mb.threads}.{shipped_note} Run your own on the What-if page's "
-                   "“When it does not help” tab (Measured on this machine).")
+        shipped_note = "" if here else " See benchmarks/results/batch.md."
+        st.caption(f"From {mb.source}; torch threads {mb.threads}; {mb.run_note}.{shipped_note} Run your own on the "
+                   "What-if page's “When it does not help” tab (Measured on this machine).")
 
 # 2 ------------------------------------------------------------------------------------------------
 st.header("2 · A draft with a different tokenizer")

@@ -60,7 +60,13 @@ def test_measured_mistake_prefers_the_head_and_names_its_source():
     mb = measured_batch_mistake(_sweep(), "this session's sweep")
     assert (mb.method, mb.small_batch, mb.speedup_small, mb.large_batch, mb.speedup_large, mb.crossover_batch) == \
            ("embedded-head", 1, 1.3, 4, 1.1, None)
+    # how the sweep was run comes from the sweep itself (the page said "once, 12 tokens, 32 prompts" for any file)
+    assert (mb.reps, mb.max_new_tokens, mb.prompts) == (1, 16, 4)
+    assert mb.run_note == "each cell timed once (no spread measured), up to 16 new tokens per row, 4 prompts at " \
+                          "the largest batch"
     sw = _sweep()
+    sw.reps = 3
+    assert measured_batch_mistake(sw, "x").run_note.startswith("each cell timed 3 times (the median run)")
     sw.methods = ["plain", "ngram"]
     mb = measured_batch_mistake(sw, "x")
     assert mb.method == "ngram" and mb.crossover_batch == 4 and mb.source == "x"

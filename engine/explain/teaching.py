@@ -371,6 +371,8 @@ class MeasuredBatchMistake:
         crossover_batch: the smallest measured batch slower than plain decoding (None: none measured).
         source: where the numbers come from ("this session's sweep" or the shipped result file's path).
         threads: torch threads of the run.
+        reps: timed runs per cell (the cell's tokens/s is the median run's). max_new_tokens: new tokens per row
+            (rows may stop earlier at EOS). prompts: prompts of the largest batch (one per row).
     """
 
     method: str
@@ -382,6 +384,16 @@ class MeasuredBatchMistake:
     crossover_batch: int | None
     source: str
     threads: int
+    reps: int = 1
+    max_new_tokens: int = 0
+    prompts: int = 0
+
+    @property
+    def run_note(self) -> str:
+        """How the sweep was run, in words: runs per cell, tokens per row, prompts."""
+        runs = ("each cell timed once (no spread measured)" if self.reps <= 1
+                else f"each cell timed {self.reps} times (the median run)")
+        return f"{runs}, up to {self.max_new_tokens} new tokens per row, {self.prompts} prompts at the largest batch"
 
 
 def measured_batch_mistake(sweep, source: str) -> MeasuredBatchMistake | None:
@@ -397,7 +409,8 @@ def measured_batch_mistake(sweep, source: str) -> MeasuredBatchMistake | None:
     return MeasuredBatchMistake(method=m, label=method_label(m), small_batch=cells[0].batch,
                                 speedup_small=cells[0].speedup, large_batch=cells[-1].batch,
                                 speedup_large=cells[-1].speedup, crossover_batch=sweep.crossover.get(m),
-                                source=source, threads=sweep.threads)
+                                source=source, threads=sweep.threads, reps=sweep.reps,
+                                max_new_tokens=sweep.max_new_tokens, prompts=max(sweep.batches))
 
 
 @dataclass(frozen=True)
