@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
@@ -362,446 +363,463 @@ if target is None:
     stop_page()
 
 # ------------------------------------------------------------------------------------------ buttons
-dec: SpeculativeDecoder | None = S.get("lv_dec")
-# A click during Run to the end (Stop, or any widget) starts this run at once while the old one is still
-# inside a round (Streamlit's fast reruns): the generation counter tells the old loop to stop before its
-# next round, and waiting for the decoder's lock lets the round in flight finish before anything is
-# drawn. Without the wait the page showed one round fewer than the decoder held.
-S["lv_gen"] = S.get("lv_gen", 0) + 1
-GEN = S["lv_gen"]
-if dec is not None:
-    room.cancel(dec)  # the last run's request, if any, ends after the pass in flight
-    with dec.lock:
-        pass
-ready = dec is not None
-b1, b2, b3, b4, b5 = st.columns(5)
-step_slot, run_slot = b1.empty(), b2.empty()  # redrawn disabled when a run ends among other readers (below)
-step = step_slot.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
-                        shortcut="N", help="Keyboard: N (next round)")
-run_all = run_slot.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
-                          help="Keyboard: G (go)")
-stopped = b3.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round. "
-                    "Keyboard: Esc", shortcut="Esc")
-b4.button("Reset", key="lv_reset", on_click=_request_rebuild,
-          help="Start the run again from the prompt (same settings and seed).")
-run_base = b5.button("Run baseline", key="lv_baseline", disabled=not ready,
-                     help="Plain decoding of the same prompt with the same settings and seed (no draft). "
-                          "Finishes the speculative run first, then times "
-                          f"{AB_REPS} speculative and {AB_REPS} plain runs, alternating, with nothing drawn "
-                          "meanwhile: the speedup and tokens/s come from those runs.")
-
-if S.get("lv_error"):
-    st.error(S["lv_error"])
-    if S.get("lv_link_without_prompt") and not S["lv_prompt"].strip():
-        st.info(f"This link chose a custom prompt but carries none: a prompt over {PROMPT_URL_MAX} characters "
-                "does not fit in a link. Paste the prompt into the sidebar, or pick a preset.")
-    stop_page()
-
-progress = st.empty()
-room_box = st.empty()  # the room: readers now, rows per pass, the room's tokens/s (engine.decoding.scheduler)
+# Stop and Reset sit outside the run area below: a click on them reruns the whole page, which interrupts a run in
+# flight (Streamlit lets a click outside a fragment interrupt a fragment's run, never a click inside it).
+with st.container(horizontal=True):  # a row of buttons, packed to the left
+    st.button("Stop", key="lv_stop", help="Stops a running Run to the end after the current round. Keyboard: Esc",
+              shortcut="Esc")
+    st.button("Reset", key="lv_reset", on_click=_request_rebuild,
+              help="Start the run again from the prompt (same settings and seed).")
 
 
-def _draw_room() -> None:
-    with room_box.container(border=True):
-        lines = room_lines(room.stats())
-        c = st.columns(len(lines["metrics"]))
-        for col, (label, value, why) in zip(c, lines["metrics"]):
-            col.metric(label, value, help=why)
-        st.caption(lines["caption"])
+@st.fragment
+def _run_area() -> None:
+    """The buttons that decode, the round, the text, the statistics and charts: a fragment, so Step, Run to the end
+    and Run baseline rerun only this part of the page, not the sidebar's settings (issue 31: a room of 16 readers
+    in headless Chromium on the server's 2 cores; re-rendering the sidebar's widgets on every click was about a
+    quarter of the browsers' CPU time)."""
+    dec: SpeculativeDecoder | None = S.get("lv_dec")
+    # A click during Run to the end (Stop, or any widget) starts this run at once while the old one is still
+    # inside a round (Streamlit's fast reruns): the generation counter tells the old loop to stop before its
+    # next round, and waiting for the decoder's lock lets the round in flight finish before anything is
+    # drawn. Without the wait the page showed one round fewer than the decoder held.
+    S["lv_gen"] = S.get("lv_gen", 0) + 1
+    GEN = S["lv_gen"]
+    if dec is not None:
+        room.cancel(dec)  # the last run's request, if any, ends after the pass in flight
+        with dec.lock:
+            pass
+    ready = dec is not None
+    buttons = st.container(horizontal=True)
+    step_slot, run_slot = buttons.empty(), buttons.empty()  # redrawn disabled when a run ends among others (below)
+    step = step_slot.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
+                            shortcut="N", help="Keyboard: N (next round)")
+    run_all = run_slot.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
+                              help="Keyboard: G (go)")
+    stopped = bool(S.get("lv_stop"))  # the Stop button above the run area (a click there reruns the whole page)
+    run_base = buttons.button("Run baseline", key="lv_baseline", disabled=not ready,
+                              help="Plain decoding of the same prompt with the same settings and seed (no draft). "
+                                   "Finishes the speculative run first, then times "
+                                   f"{AB_REPS} speculative and {AB_REPS} plain runs, alternating, with nothing "
+                                   "drawn meanwhile: the speedup and tokens/s come from those runs.")
 
-
-_draw_room()
-round_box = st.container(border=True)
-with round_box:
-    round_title = st.empty()
-    round_md = st.empty()
-    tree_box = st.empty()  # a tree round's figure (chains draw nothing here)
-status = st.empty()  # under the round, so the round box stays on a projector's first screen
-text_box = st.container()
-with text_box:
-    st.subheader("Generated text")
-    with st.container(key="lv_generated"):  # a stable hook for browser tests (the room's texts)
-        text_md = st.empty()
-    st.markdown(legend_markdown())
-# the rule's fine print sits under the round and its text, so a round is on the first screen
-greedy = S["lv_temp"] == 0
-if greedy:
-    st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
-               "likely token (the table's \"argmax of p?\" column), and there is no uniform draw u. p and q "
-               "in the tables and charts are the softmax at temperature 1, for display only.")
-if dec.proposer is not None and S["lv_draft"] == "medusa":
-    st.caption(f"Medusa heads (Cai et al. 2024): {dec.proposer.heads.n_heads} small heads read the target's last "
-               "hidden state; head k guesses the token k + 1 positions ahead (the target's own LM head gives the "
-               f"next one). Their top candidates form a static tree of {dec.proposer.tree_size} nodes, depth capped "
-               "at γ, checked in one target pass (assets/smollm2-medusa/README.md).")
-if dec.proposer is not None and S["lv_draft"] == "block":
-    st.caption("Block drafter (DFlash-style, arXiv 2602.06036): each round the drafter gets the newest token and γ "
-               "MASK slots after it, reads the target's hidden states of the context, and fills every slot in ONE "
-               "pass, so a long block costs about what a short one does. The slots see each other but not each "
-               "other's picks, which is why later slots are right less often (assets/smollm2-block/README.md). "
-               "With a tree size, each slot's top candidates form a static tree.")
-if dec.proposer is not None and S["lv_draft"] == "ngram":
-    st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
-               "1 fewer after a rejection, so a broken copy stops paying for long target passes.")
-if dec.proposer is not None and S["lv_draft"] == "head" and S["lv_conf"] > 0:
-    st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
-               f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
-               "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
-if not greedy and dec.proposer is not None and getattr(dec, "accept", "exact") == "typical":
-    st.warning("Typical acceptance is lossy: it keeps tree nodes the exact rule could reject, so this run's output "
-               "no longer follows the target's distribution p (the speedup is not free). Pick Exact to compare.")
-if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
-    st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
-               "probability p(x) and a rejection resamples from p with x removed.")
-
-
-def _draw_text(d: SpeculativeDecoder) -> None:
-    md = generated_markdown(generated_pieces(d.rounds, d.token_text))
-    text_md.markdown(md or ":gray[(nothing generated yet)]")
-
-
-_tree_draws = itertools.count()  # each drawn tree figure needs its own key within a run
-
-
-def _draw_tree_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
-    """A tree round: the tree grows depth by depth, one verify pass, then the kept path (frames
-    ``frame_s`` apart, within ``budget_s`` if given; ``frame_s = 0``: the verdict at once)."""
-    lay = round_tree_layout(rnd)
-    frames = tree_frames(rnd.tree, lay)
-    shown = range(len(frames)) if frame_s > 0 else [len(frames) - 1]
-    delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
-    for i in shown:
-        round_md.markdown(tree_round_markdown(rnd, frames[i]))
-        show_chart(tree_figure(rnd, i, greedy=S["lv_temp"] == 0, layout=lay, frames=frames),
-                   key=f"lv_fig_tree_{next(_tree_draws)}", where=tree_box)
-        if i < len(frames) - 1:
-            time.sleep(delay)
-
-
-def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
-    """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
-    ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once."""
-    round_title.markdown(f"**{round_summary(rnd)}**")
-    if rnd.tree is not None:
-        _draw_tree_round(rnd, frame_s, budget_s)
-        return
-    tree_box.empty()
-    if S["lv_draft"] == "block" and rnd.drafted:  # the block, masks first, filled by one pass
-        all_frames = block_frames(rnd, dec.token_text(dec.seq[rnd.context_len - 1]))
-    else:
-        all_frames = round_frames(rnd)
-    if frame_s > 0:
-        frames = all_frames
-        delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
-        for f in frames[:-1]:
-            round_md.markdown(f)
-            time.sleep(delay)
-        round_md.markdown(frames[-1])
-    else:
-        round_md.markdown(all_frames[-1])
-
-
-def _safe_step(d: SpeculativeDecoder):
-    """One round through the room (None: stopped by a newer run of this page)."""
-    try:
-        return room.step(d, should_stop=lambda: S.get("lv_gen") != GEN)
-    except SpeedupLabError as e:
-        st.error(str(e))
+    if S.get("lv_error"):
+        st.error(S["lv_error"])
+        if S.get("lv_link_without_prompt") and not S["lv_prompt"].strip():
+            st.info(f"This link chose a custom prompt but carries none: a prompt over {PROMPT_URL_MAX} characters "
+                    "does not fit in a link. Paste the prompt into the sidebar, or pick a preset.")
         stop_page()
 
-
-def _room_rounds(d: SpeculativeDecoder):
-    """Run to the end through the room: yields the rounds as the worker runs them (all that arrived since
-    the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it."""
-    ticket = room.submit(d, None)
-    try:
-        yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN)
-    except SpeedupLabError as e:
-        st.error(str(e))
-        stop_page()
+    progress = st.empty()
+    room_box = st.empty()  # the room: readers now, rows per pass, the room's tokens/s (engine.decoding.scheduler)
 
 
-frame_s, round_pause = SPEEDS[S["lv_speed"]]
-was_finished = dec.finished
-if step and not dec.finished:
-    t0 = time.perf_counter()
-    rnd = _safe_step(dec)
-    if rnd is None:
-        stop_page()
+    def _draw_room() -> None:
+        with room_box.container(border=True):
+            lines = room_lines(room.stats())
+            c = st.columns(len(lines["metrics"]))
+            for col, (label, value, why) in zip(c, lines["metrics"]):
+                col.metric(label, value, help=why)
+            st.caption(lines["caption"])
+
+
     _draw_room()
-    if S["lv_speed"] == "presenter":
-        _draw_round(rnd, frame_s)
-    else:  # keep click → drawn round fast: the whole animation within ANIM_BUDGET_S
-        _draw_round(rnd, max(frame_s, 0.04), budget_s=ANIM_BUDGET_S)
-    S["lv_last_step_ms"] = (time.perf_counter() - t0) * 1000
+    round_box = st.container(border=True)
+    with round_box:
+        round_title = st.empty()
+        round_md = st.empty()
+        tree_box = st.empty()  # a tree round's figure (chains draw nothing here)
+    status = st.empty()  # under the round, so the round box stays on a projector's first screen
+    text_box = st.container()
+    with text_box:
+        st.subheader("Generated text")
+        with st.container(key="lv_generated"):  # a stable hook for browser tests (the room's texts)
+            text_md = st.empty()
+        st.markdown(legend_markdown())
+    # the rule's fine print sits under the round and its text, so a round is on the first screen
+    greedy = S["lv_temp"] == 0
+    if greedy:
+        st.caption("Greedy (temperature 0): a draft token is accepted exactly when it is the target's most "
+                   "likely token (the table's \"argmax of p?\" column), and there is no uniform draw u. p and q "
+                   "in the tables and charts are the softmax at temperature 1, for display only.")
+    if dec.proposer is not None and S["lv_draft"] == "medusa":
+        st.caption(f"Medusa heads (Cai et al. 2024): {dec.proposer.heads.n_heads} small heads read the target's last "
+                   "hidden state; head k guesses the token k + 1 positions ahead (the target's own LM head gives the "
+                   f"next one). Their top candidates form a static tree of {dec.proposer.tree_size} nodes, depth capped "
+                   "at γ, checked in one target pass (assets/smollm2-medusa/README.md).")
+    if dec.proposer is not None and S["lv_draft"] == "block":
+        st.caption("Block drafter (DFlash-style, arXiv 2602.06036): each round the drafter gets the newest token and γ "
+                   "MASK slots after it, reads the target's hidden states of the context, and fills every slot in ONE "
+                   "pass, so a long block costs about what a short one does. The slots see each other but not each "
+                   "other's picks, which is why later slots are right less often (assets/smollm2-block/README.md). "
+                   "With a tree size, each slot's top candidates form a static tree.")
+    if dec.proposer is not None and S["lv_draft"] == "ngram":
+        st.caption("Prompt lookup adapts its length: up to γ tokens, 2 more after a fully accepted proposal and "
+                   "1 fewer after a rejection, so a broken copy stops paying for long target passes.")
+    if dec.proposer is not None and S["lv_draft"] == "head" and S["lv_conf"] > 0:
+        st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
+                   f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
+                   "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
+    if not greedy and dec.proposer is not None and getattr(dec, "accept", "exact") == "typical":
+        st.warning("Typical acceptance is lossy: it keeps tree nodes the exact rule could reject, so this run's output "
+                   "no longer follows the target's distribution p (the speedup is not free). Pick Exact to compare.")
+    if not greedy and dec.proposer is not None and S["lv_draft"] == "ngram":
+        st.caption("Prompt lookup has no model: q is a point mass (q(x) = 1), so a token is accepted with "
+                   "probability p(x) and a rejection resamples from p with x removed.")
 
-if (run_all or run_base) and not dec.finished:
-    bar = progress.progress(0.0, text="Running…")
-    last_draw = 0.0
-    # presenter speed paces the run: one round at a time, each animated and paused; otherwise the run stays in
-    # the room until it ends (no pass missed while the page draws) and the page draws the latest round
-    rounds_in = (iter(lambda: _safe_step(dec) if not dec.finished else None, None) if round_pause
-                 else (batch[-1] for batch in _room_rounds(dec)))
-    for rnd in rounds_in:  # a newer run (a click) ends this loop
-        # "instant" redraws at most every INSTANT_REDRAW_S: each redraw costs the server and the browser CPU
-        # time while the next round computes, which slowed the measured run (Chromium shares the cores); in a
-        # room of readers every page redraws less often (ROOM_REDRAW_S per other reader)
-        others = room.readers() - 1
-        every = max(INSTANT_REDRAW_S if frame_s == 0 else 0.0, ROOM_REDRAW_S * others)
-        if time.perf_counter() - last_draw >= every:
-            if not others or round_pause:  # alone or paced: the round and the text as they come; else bar and room
-                _draw_round(rnd, frame_s)
-                _draw_text(dec)
-            _draw_room()
-            done = len(dec.new_ids) / dec.max_new_tokens
-            shared = (f"; {others} other reader{'s' if others > 1 else ''} in the room, so the round and the text "
-                      "are drawn when the run ends" if others and not round_pause else "")
-            bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
-                                              f"{_n_rounds(len(dec.rounds))}{shared} — press Stop to stop")
-            last_draw = time.perf_counter()
-        if round_pause:
-            time.sleep(round_pause)
-        if S.get("lv_gen") != GEN:
-            break
-    progress.empty()
 
-if run_base and dec.finished:
-    bar = progress.progress(0.0, text="Timing…")
-    n_new = max(len(dec.new_ids), 1)
+    def _draw_text(d: SpeculativeDecoder) -> None:
+        md = generated_markdown(generated_pieces(d.rounds, d.token_text))
+        text_md.markdown(md or ":gray[(nothing generated yet)]")
 
-    def _ab_progress(done: int, total: int, kind: str) -> None:
-        what = "speculative decoding" if kind == "spec" else "the baseline (plain decoding)"
-        bar.progress(done / total, text=f"Timing run {done + 1} of {total}: {what}. Nothing is drawn until "
-                                        "the runs end, so the page does not slow what it measures.")
 
-    try:
-        # both kinds run through the room too: with other readers in it, the timings are the room's
-        S["lv_base"] = measure_speedup_ab(lambda: room.bind(_decoder(S["lv_cfg"])),
-                                          lambda: room.bind(_decoder(S["lv_cfg"], baseline=True, max_new=n_new)),
-                                          reps=AB_REPS, on_progress=_ab_progress)
-    except SpeedupLabError as e:
-        st.error(str(e))
-    progress.empty()
+    _tree_draws = itertools.count()  # each drawn tree figure needs its own key within a run
 
-_draw_room()
-if dec.finished and not was_finished:
-    if room.readers():  # others are decoding: only the two buttons change, not a whole page drawn again
-        step_slot.button("Step one round", key="lv_step_done", type="primary", disabled=True)
-        run_slot.button("Run to the end", key="lv_run_done", disabled=True)
-    else:
-        st.rerun()  # redraw the buttons (Step / Run to the end are now disabled)
 
-# ------------------------------------------------------------------------------------------ current state
-if dec.rounds:
-    if not step:  # a stepped round was just animated into the box
-        _draw_round(dec.rounds[-1], 0)
-else:
-    round_title.markdown("**No round yet.**")
-    round_md.markdown("Press **Step one round** to draft γ tokens and verify them with one target pass.")
-_draw_text(dec)
+    def _draw_tree_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
+        """A tree round: the tree grows depth by depth, one verify pass, then the kept path (frames
+        ``frame_s`` apart, within ``budget_s`` if given; ``frame_s = 0``: the verdict at once)."""
+        lay = round_tree_layout(rnd)
+        frames = tree_frames(rnd.tree, lay)
+        shown = range(len(frames)) if frame_s > 0 else [len(frames) - 1]
+        delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
+        for i in shown:
+            round_md.markdown(tree_round_markdown(rnd, frames[i]))
+            show_chart(tree_figure(rnd, i, greedy=S["lv_temp"] == 0, layout=lay, frames=frames),
+                       key=f"lv_fig_tree_{next(_tree_draws)}", where=tree_box)
+            if i < len(frames) - 1:
+                time.sleep(delay)
 
-if dec.finished:
-    status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {_n_rounds(len(dec.rounds))}.")
-elif dec.rounds and stopped:
-    status.warning(f"Stopped after {_n_rounds(len(dec.rounds))}: {len(dec.new_ids)} of at most "
-                   f"{dec.max_new_tokens} tokens. **Step one round** or **Run to the end** goes on from here.")
-elif dec.rounds:
-    status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {_n_rounds(len(dec.rounds))}.")
 
-stats = dec.stats()
-ab = S.get("lv_base")  # SpeedupAB after Run baseline
-cmp = ab.comparison(dec.new_ids) if ab is not None else None
-# timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
-timing = ab.spec_stats if ab is not None else stats
-rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None, ab.base_stats if ab is not None else None,
-                   rounds=ab.spec_rounds if ab is not None else dec.rounds) if dec.proposer is not None else None
-if rec is not None:
-    S["measured_run"] = rec
-
-# ------------------------------------------------------------------------------------------ statistics
-st.subheader("Live statistics")
-if not dec.rounds:
-    st.caption("Statistics appear after the first round.")
-else:
-    alpha = stats.acceptance_rate
-    e_alpha = expected_tokens_per_pass(alpha, dec.gamma) if alpha is not None else None
-    m = st.columns(4)
-    # short labels: a 4-column row at 1280 px (a projector) cut the longer ones mid-word
-    m[0].metric("Measured α̂", "—" if alpha is None else f"{alpha:.3f}",
-                help=f"Accepted ÷ judged: {stats.accepted} accepted of {stats.judged} judged draft tokens "
-                     f"({stats.drafted} drafted; accepted ÷ drafted = "
-                     f"{'—' if stats.accepted_fraction is None else f'{stats.accepted_fraction:.3f}'}).")
-    e_rounds = expected_tokens_per_round(alpha, [r.n_drafted for r in dec.rounds]) if alpha is not None else None
-    m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
-                delta=None if e_rounds is None else f"formula at α̂: {e_rounds:.2f}",
-                delta_color="off", delta_arrow="off",
-                help=f"New tokens ÷ target passes ({stats.new_tokens} ÷ {stats.target_passes}): one pass per "
-                     "round, plus the prompt's prefill when it ran as a pass of its own (the draft head reads "
-                     "the prompt's features first; plain decoding's prefill gives its first token, so it "
-                     "scores exactly 1.00). "
-                     "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each "
-                     "round's own "
-                     "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "
-                     "without a match, the draft head's confidence gate, the end of the run) yield fewer. "
-                     + ("" if e_alpha is None else f"With γ = {dec.gamma} drafted every round it would be "
-                                                   f"{e_alpha:.2f}."))
-    m[2].metric("Measured c",
-                "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
-                help="Draft step ÷ target pass: draft time per draft token ÷ median target verify pass. The "
-                     "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
-                     "drawn round by round; many small draft operations slow down more than one big target "
-                     "pass while the browser redraws on the same CPU, so c can read high. After Run "
-                     "baseline: from the timed speculative run at the median, with nothing drawn. The What-if "
-                     "page's c is per one-token target step, which is shorter than a verify pass of γ + 1 tokens, "
-                     "so that c is larger: its 'My measured numbers' tab converts this run's timings.")
-    def _rate(x: float | None) -> str:
-        # 3 significant digits: "1.0 vs 0.7 tokens/s" beside a 1.55× speedup looked inconsistent
-        return "—" if x is None else f"{x:.2f}" if x < 10 else f"{x:.1f}"
-
-    spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
-    m[3].metric("Speculative tokens/s", _rate(spec_tps),
-                help="After Run baseline: the median of the timed speculative runs. Before: this run, "
-                     "drawn round by round.")
-    m2 = st.columns(4)
-    m2[0].metric("Baseline tokens/s",
-                 _rate(None if cmp is None else cmp.base_tokens_per_s),
-                 help="Press Run baseline: plain decoding of the same prompt, settings and seed; the median "
-                      f"of {AB_REPS} timed runs.")
-    m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",
-                 help="Median baseline time per token ÷ median speculative time per token, prefill "
-                      f"included, over {AB_REPS} runs of each, alternating (A B B A A B) with nothing drawn "
-                      "meanwhile. Measured in the app's process: it can still read a little lower than "
-                      "`python -m engine generate --baseline` when the browser shares a small machine's cores. "
-                      + ("" if ab is None else "Each run, ms per token: speculative "
-                         + ", ".join(f"{x:.1f}" for x in ab.spec_ms_per_token) + "; baseline "
-                         + ", ".join(f"{x:.1f}" for x in ab.base_ms_per_token) + "."))
-    if cmp is not None:
-        if greedy:
-            m2[2].metric("Greedy outputs identical?", "yes" if cmp.identical else "no",
-                         delta=None if cmp.identical else f"first difference at token {cmp.first_difference}",
-                         delta_color="off", delta_arrow="off",
-                         help="Under greedy decoding the verification rule reproduces plain decoding token for "
-                              "token. A difference can only come from arithmetic: a target pass over several "
-                              "tokens rounding differently from one-token steps, which happens in bf16/fp16 "
-                              "and, at an exact tie, in fp32 (the models run in fp32 here).")
-        else:
-            m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
-                         help="Under sampling the two runs draw different random numbers: the outputs "
-                              "differ, but both follow the target's distribution p.")
-    m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
-                 help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
-                      "after Run baseline the timed run at the median (its tokens/s is the one shown).")
-    if ab is not None and ab.noisy:
-        st.warning(f"The timed runs of one kind differed by up to {ab.spread:.1f}× (ms per token, in the "
-                   "speedup's help): the machine was busy, so the speedup is unsure. Run the baseline again "
-                   "with nothing else running.")
-
-# with other readers decoding on this server, the charts and the round inspector wait for a click: building them
-# costs the server's Python (the worker's pass waits on it) and drawing them costs the browser more than a whole
-# run's decoding (issue 31: 16 pages drawing them at the end of their runs took most of a 2-core server)
-others_busy = room.readers() if dec.rounds else 0  # other readers' runs in flight (this page's run has ended)
-if others_busy:
-    st.caption(f"{others_busy} other reader{'s are' if others_busy > 1 else ' is'} decoding on this server: the "
-               "charts and the round inspector wait until the room is quiet (any click then draws them), so the "
-               "server's cores decode for everyone. Or draw them now:")
-draw_charts = bool(dec.rounds) and (not others_busy or st.toggle(
-    "Draw the charts now", key="lv_charts_busy",
-    help="Building the charts costs the server's Python while the room's worker decodes, and drawing them "
-         "costs the browser (16 pages drawing them at once took most of a 2-core server that also ran the "
-         "browsers: benchmarks/bench_room.py)."))
-if draw_charts:
-    if any(r.tree is not None for r in dec.rounds):
-        st.caption("Token tree run: α̂, tokens per pass and the per-position chart read each round's accepted "
-                   "path and its first rejected node; the chain formula E does not model a tree (a tree can keep a "
-                   "branch a chain would not have drafted). The What-if page's Token trees tab models trees.")
-    c1, c2 = st.columns(2)
-    if stats.acceptance_by_position:
-        pos = list(range(1, len(stats.acceptance_by_position) + 1))
-        fa = go.Figure(go.Bar(x=pos, y=stats.acceptance_by_position, name="measured"))
-        if alpha is not None:
-            fa.add_hline(y=alpha, line_dash="dot", line_color=REFERENCE_LINE, annotation_text=f"α̂ = {alpha:.2f}")
-        fa.update_layout(title="Acceptance per draft position (given all before accepted)",
-                         xaxis_title="draft position", yaxis_title="accepted ÷ evaluated",
-                         yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 10})
-        fa.update_xaxes(tickmode="linear", dtick=1)
-        show_chart(fa, key="lv_fig_pos", where=c1)
-    else:
-        c1.caption("No draft token judged yet.")
-    timed_rounds = ab.spec_rounds if ab is not None else dec.rounds
-    rounds_x = [r.index + 1 for r in timed_rounds]
-    ft = go.Figure()
-    ft.add_bar(x=rounds_x, y=[r.draft_ms for r in timed_rounds], name="draft ms")
-    ft.add_bar(x=rounds_x, y=[r.verify_ms for r in timed_rounds], name="verify ms (target pass)")
-    ft.update_layout(title="Time per round" + (" (median timed run)" if ab is not None else ""), barmode="stack",
-                     xaxis_title="round", yaxis_title="ms", height=300, margin={"t": 40, "b": 10})
-    show_chart(ft, key="lv_fig_time", where=c2)
-
-# ------------------------------------------------------------------------------------------ round inspector
-if draw_charts:
-    st.subheader("Open a round")
-    n = len(dec.rounds)
-    if n > 1:
-        r_i = st.slider("Round", 1, n, n, key=f"lv_open_{n}") - 1
-    else:
-        r_i = 0
-    rnd = dec.rounds[r_i]
-    with st.expander(f"Round {r_i + 1} in detail", expanded=True):
-        st.markdown(verdict_frame(rnd))
-        st.caption(round_summary(rnd))
+    def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
+        """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
+        ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once."""
+        round_title.markdown(f"**{round_summary(rnd)}**")
         if rnd.tree is not None:
-            tc = tree_counts(rnd.tree)
-            rule = {"greedy": "greedy (argmax match)", "exact": "lossless tree sampling",
-                    "typical (lossy)": "typical acceptance (lossy)"}.get(getattr(rnd.tree, "rule", ""), "")
-            st.markdown(f"**Token tree:** {tc['nodes']} nodes, depth {tc['depth']}: {tc['accepted']} accepted "
-                        f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged"
-                        + (f"; judged by {rule}" if rule else "") + ". All of them went "
-                        "through the one target pass; only the path's KV entries stay in the cache.")
-            t1, t2 = st.columns([3, 2])
-            show_chart(tree_figure(rnd, greedy=dec.sampling.greedy), key=f"lv_fig_tree_open_{r_i}", where=t1)
-            show_chart(mask_figure(rnd.tree), key=f"lv_fig_mask_{r_i}", where=t2)
-            st.caption("The mask: row = a node's query, column = a key it may attend to. Each node sees the "
-                       "cached context, its ancestors and itself, so every branch is scored as if it were the "
-                       "only continuation; position ids are context length + depth (engine.decoding.attention)."
-                       " The p/q charts below follow the accepted path and its first rejected node.")
-            show_table(tree_rows(rnd.tree, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
-        elif rnd.drafted:
-            show_table(round_rows(rnd, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
-        if rnd.drafted:
-            labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
-            j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
-                             format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")
-            d = rnd.drafted[j]
-            top_p = [t for t in d.top_p if t.prob > 0]  # top-k/top-p and point masses leave zeros
-            top_q = [t for t in d.top_q if t.prob > 0]
-            fig = make_subplots(rows=1, cols=2, subplot_titles=(
-                f"target p (top 5); p(x) = {d.p:.4f}", f"draft q (top 5); q(x) = {d.q:.4f}"))
-            fig.add_bar(x=chart_labels(top_p), y=[t.prob for t in top_p], row=1, col=1, name="p")
-            fig.add_bar(x=chart_labels(top_q), y=[t.prob for t in top_q], row=1, col=2, name="q")
-            fig.update_layout(height=320, showlegend=False, margin={"t": 70, "b": 10},
-                              title=f"Position {j + 1}: verdict {d.verdict}")
-            fig.update_yaxes(range=[0, 1.05])
-            fig.update_xaxes(type="category")  # a token such as "2" is a label, not a number
-            show_chart(fig, key="lv_fig_pq")
-        if rnd.residual_top:
-            res = [t for t in rnd.residual_top if t.prob > 0]
-            fr = go.Figure(go.Bar(x=chart_labels(res), y=[t.prob for t in res]))
-            fr.update_layout(title="Residual norm(max(0, p − q)) the correction was drawn from (top 5)",
-                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
-            show_chart(fr, key="lv_fig_res")
-        elif rnd.next_kind == "correction" and greedy:
-            st.caption("Greedy: the correction is the target's argmax at the rejected position "
-                       "(no residual distribution).")
+            _draw_tree_round(rnd, frame_s, budget_s)
+            return
+        tree_box.empty()
+        if S["lv_draft"] == "block" and rnd.drafted:  # the block, masks first, filled by one pass
+            all_frames = block_frames(rnd, dec.token_text(dec.seq[rnd.context_len - 1]))
         else:
-            nxt = [t for t in rnd.next_top_p if t.prob > 0]
-            fn = go.Figure(go.Bar(x=chart_labels(nxt), y=[t.prob for t in nxt]))
-            fn.update_layout(title=f"Target p where its own ({rnd.next_kind}) token was drawn (top 5)",
-                             height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
-            show_chart(fn, key="lv_fig_next")
-    with st.expander("All rounds"):
-        st.dataframe(history_rows(dec.rounds), hide_index=True, width="stretch",
-                     column_config={"draft ms": st.column_config.NumberColumn(format="%.1f"),
-                                    "verify ms": st.column_config.NumberColumn(format="%.1f")})
+            all_frames = round_frames(rnd)
+        if frame_s > 0:
+            frames = all_frames
+            delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
+            for f in frames[:-1]:
+                round_md.markdown(f)
+                time.sleep(delay)
+            round_md.markdown(frames[-1])
+        else:
+            round_md.markdown(all_frames[-1])
 
-check_yourself("live", safe_questions(live_questions, int(S["lv_gamma"]),
-                                      dec.stats().acceptance_rate if dec.rounds else None,
-                                      [r.n_drafted for r in dec.rounds]))
+
+    def _safe_step(d: SpeculativeDecoder):
+        """One round through the room (None: stopped by a newer run of this page)."""
+        try:
+            return room.step(d, should_stop=lambda: S.get("lv_gen") != GEN)
+        except SpeedupLabError as e:
+            st.error(str(e))
+            stop_page()
+
+
+    def _room_rounds(d: SpeculativeDecoder):
+        """Run to the end through the room: yields the rounds as the worker runs them (all that arrived since
+        the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it."""
+        ticket = room.submit(d, None)
+        try:
+            yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN)
+        except SpeedupLabError as e:
+            st.error(str(e))
+            stop_page()
+
+
+    frame_s, round_pause = SPEEDS[S["lv_speed"]]
+    was_finished = dec.finished
+    if step and not dec.finished:
+        t0 = time.perf_counter()
+        rnd = _safe_step(dec)
+        if rnd is None:
+            stop_page()
+        _draw_room()
+        if S["lv_speed"] == "presenter":
+            _draw_round(rnd, frame_s)
+        else:  # keep click → drawn round fast: the whole animation within ANIM_BUDGET_S
+            _draw_round(rnd, max(frame_s, 0.04), budget_s=ANIM_BUDGET_S)
+        S["lv_last_step_ms"] = (time.perf_counter() - t0) * 1000
+
+    if (run_all or run_base) and not dec.finished:
+        bar = progress.progress(0.0, text="Running…")
+        last_draw = 0.0
+        # presenter speed paces the run: one round at a time, each animated and paused; otherwise the run stays in
+        # the room until it ends (no pass missed while the page draws) and the page draws the latest round
+        rounds_in = (iter(lambda: _safe_step(dec) if not dec.finished else None, None) if round_pause
+                     else (batch[-1] for batch in _room_rounds(dec)))
+        for rnd in rounds_in:  # a newer run (a click) ends this loop
+            # "instant" redraws at most every INSTANT_REDRAW_S: each redraw costs the server and the browser CPU
+            # time while the next round computes, which slowed the measured run (Chromium shares the cores); in a
+            # room of readers every page redraws less often (ROOM_REDRAW_S per other reader)
+            others = room.readers() - 1
+            every = max(INSTANT_REDRAW_S if frame_s == 0 else 0.0, ROOM_REDRAW_S * others)
+            if time.perf_counter() - last_draw >= every:
+                if not others or round_pause:  # alone or paced: the round and the text as they come; else bar and room
+                    _draw_round(rnd, frame_s)
+                    _draw_text(dec)
+                _draw_room()
+                done = len(dec.new_ids) / dec.max_new_tokens
+                shared = (f"; {others} other reader{'s' if others > 1 else ''} in the room, so the round and the text "
+                          "are drawn when the run ends" if others and not round_pause else "")
+                bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
+                                                  f"{_n_rounds(len(dec.rounds))}{shared} — press Stop to stop")
+                last_draw = time.perf_counter()
+            if round_pause:
+                time.sleep(round_pause)
+            if S.get("lv_gen") != GEN:
+                break
+        progress.empty()
+
+    if run_base and dec.finished:
+        bar = progress.progress(0.0, text="Timing…")
+        n_new = max(len(dec.new_ids), 1)
+
+        def _ab_progress(done: int, total: int, kind: str) -> None:
+            what = "speculative decoding" if kind == "spec" else "the baseline (plain decoding)"
+            bar.progress(done / total, text=f"Timing run {done + 1} of {total}: {what}. Nothing is drawn until "
+                                            "the runs end, so the page does not slow what it measures.")
+
+        try:
+            # both kinds run through the room too: with other readers in it, the timings are the room's
+            S["lv_base"] = measure_speedup_ab(lambda: room.bind(_decoder(S["lv_cfg"])),
+                                              lambda: room.bind(_decoder(S["lv_cfg"], baseline=True, max_new=n_new)),
+                                              reps=AB_REPS, on_progress=_ab_progress)
+        except SpeedupLabError as e:
+            st.error(str(e))
+        progress.empty()
+
+    _draw_room()
+    if dec.finished and not was_finished:
+        if room.readers():  # others are decoding: only the two buttons change, not a whole page drawn again
+            step_slot.button("Step one round", key="lv_step_done", type="primary", disabled=True)
+            run_slot.button("Run to the end", key="lv_run_done", disabled=True)
+        else:
+            # redraw the buttons (Step / Run to the end are now disabled): this part only, when the click reran only it
+            ctx = get_script_run_ctx()
+            st.rerun(scope="fragment" if ctx is not None and ctx.fragment_ids_this_run else "app")
+
+    # ------------------------------------------------------------------------------------------ current state
+    if dec.rounds:
+        if not step:  # a stepped round was just animated into the box
+            _draw_round(dec.rounds[-1], 0)
+    else:
+        round_title.markdown("**No round yet.**")
+        round_md.markdown("Press **Step one round** to draft γ tokens and verify them with one target pass.")
+    _draw_text(dec)
+
+    if dec.finished:
+        status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {_n_rounds(len(dec.rounds))}.")
+    elif dec.rounds and stopped:
+        status.warning(f"Stopped after {_n_rounds(len(dec.rounds))}: {len(dec.new_ids)} of at most "
+                       f"{dec.max_new_tokens} tokens. **Step one round** or **Run to the end** goes on from here.")
+    elif dec.rounds:
+        status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {_n_rounds(len(dec.rounds))}.")
+
+    stats = dec.stats()
+    ab = S.get("lv_base")  # SpeedupAB after Run baseline
+    cmp = ab.comparison(dec.new_ids) if ab is not None else None
+    # timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
+    timing = ab.spec_stats if ab is not None else stats
+    rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None, ab.base_stats if ab is not None else None,
+                       rounds=ab.spec_rounds if ab is not None else dec.rounds) if dec.proposer is not None else None
+    if rec is not None:
+        S["measured_run"] = rec
+
+    # ------------------------------------------------------------------------------------------ statistics
+    st.subheader("Live statistics")
+    if not dec.rounds:
+        st.caption("Statistics appear after the first round.")
+    else:
+        alpha = stats.acceptance_rate
+        e_alpha = expected_tokens_per_pass(alpha, dec.gamma) if alpha is not None else None
+        m = st.columns(4)
+        # short labels: a 4-column row at 1280 px (a projector) cut the longer ones mid-word
+        m[0].metric("Measured α̂", "—" if alpha is None else f"{alpha:.3f}",
+                    help=f"Accepted ÷ judged: {stats.accepted} accepted of {stats.judged} judged draft tokens "
+                         f"({stats.drafted} drafted; accepted ÷ drafted = "
+                         f"{'—' if stats.accepted_fraction is None else f'{stats.accepted_fraction:.3f}'}).")
+        e_rounds = expected_tokens_per_round(alpha, [r.n_drafted for r in dec.rounds]) if alpha is not None else None
+        m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
+                    delta=None if e_rounds is None else f"formula at α̂: {e_rounds:.2f}",
+                    delta_color="off", delta_arrow="off",
+                    help=f"New tokens ÷ target passes ({stats.new_tokens} ÷ {stats.target_passes}): one pass per "
+                         "round, plus the prompt's prefill when it ran as a pass of its own (the draft head reads "
+                         "the prompt's features first; plain decoding's prefill gives its first token, so it "
+                         "scores exactly 1.00). "
+                         "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each "
+                         "round's own "
+                         "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "
+                         "without a match, the draft head's confidence gate, the end of the run) yield fewer. "
+                         + ("" if e_alpha is None else f"With γ = {dec.gamma} drafted every round it would be "
+                                                       f"{e_alpha:.2f}."))
+        m[2].metric("Measured c",
+                    "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
+                    help="Draft step ÷ target pass: draft time per draft token ÷ median target verify pass. The "
+                         "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
+                         "drawn round by round; many small draft operations slow down more than one big target "
+                         "pass while the browser redraws on the same CPU, so c can read high. After Run "
+                         "baseline: from the timed speculative run at the median, with nothing drawn. The What-if "
+                         "page's c is per one-token target step, which is shorter than a verify pass of γ + 1 tokens, "
+                         "so that c is larger: its 'My measured numbers' tab converts this run's timings.")
+        def _rate(x: float | None) -> str:
+            # 3 significant digits: "1.0 vs 0.7 tokens/s" beside a 1.55× speedup looked inconsistent
+            return "—" if x is None else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+        spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
+        m[3].metric("Speculative tokens/s", _rate(spec_tps),
+                    help="After Run baseline: the median of the timed speculative runs. Before: this run, "
+                         "drawn round by round.")
+        m2 = st.columns(4)
+        m2[0].metric("Baseline tokens/s",
+                     _rate(None if cmp is None else cmp.base_tokens_per_s),
+                     help="Press Run baseline: plain decoding of the same prompt, settings and seed; the median "
+                          f"of {AB_REPS} timed runs.")
+        m2[1].metric("Measured speedup", "—" if cmp is None or cmp.speedup is None else f"{cmp.speedup:.2f}×",
+                     help="Median baseline time per token ÷ median speculative time per token, prefill "
+                          f"included, over {AB_REPS} runs of each, alternating (A B B A A B) with nothing drawn "
+                          "meanwhile. Measured in the app's process: it can still read a little lower than "
+                          "`python -m engine generate --baseline` when the browser shares a small machine's cores. "
+                          + ("" if ab is None else "Each run, ms per token: speculative "
+                             + ", ".join(f"{x:.1f}" for x in ab.spec_ms_per_token) + "; baseline "
+                             + ", ".join(f"{x:.1f}" for x in ab.base_ms_per_token) + "."))
+        if cmp is not None:
+            if greedy:
+                m2[2].metric("Greedy outputs identical?", "yes" if cmp.identical else "no",
+                             delta=None if cmp.identical else f"first difference at token {cmp.first_difference}",
+                             delta_color="off", delta_arrow="off",
+                             help="Under greedy decoding the verification rule reproduces plain decoding token for "
+                                  "token. A difference can only come from arithmetic: a target pass over several "
+                                  "tokens rounding differently from one-token steps, which happens in bf16/fp16 "
+                                  "and, at an exact tie, in fp32 (the models run in fp32 here).")
+            else:
+                m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
+                             help="Under sampling the two runs draw different random numbers: the outputs "
+                                  "differ, but both follow the target's distribution p.")
+        m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
+                     help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
+                          "after Run baseline the timed run at the median (its tokens/s is the one shown).")
+        if ab is not None and ab.noisy:
+            st.warning(f"The timed runs of one kind differed by up to {ab.spread:.1f}× (ms per token, in the "
+                       "speedup's help): the machine was busy, so the speedup is unsure. Run the baseline again "
+                       "with nothing else running.")
+
+    # with other readers decoding on this server, the charts and the round inspector wait for a click: building them
+    # costs the server's Python (the worker's pass waits on it) and drawing them costs the browser more than a whole
+    # run's decoding (issue 31: 16 pages drawing them at the end of their runs took most of a 2-core server)
+    others_busy = room.readers() if dec.rounds else 0  # other readers' runs in flight (this page's run has ended)
+    if others_busy:
+        st.caption(f"{others_busy} other reader{'s are' if others_busy > 1 else ' is'} decoding on this server: the "
+                   "charts and the round inspector wait until the room is quiet (any click then draws them), so the "
+                   "server's cores decode for everyone. Or draw them now:")
+    draw_charts = bool(dec.rounds) and (not others_busy or st.toggle(
+        "Draw the charts now", key="lv_charts_busy",
+        help="Building the charts costs the server's Python while the room's worker decodes, and drawing them "
+             "costs the browser (16 pages drawing them at once took most of a 2-core server that also ran the "
+             "browsers: benchmarks/bench_room.py)."))
+    if draw_charts:
+        if any(r.tree is not None for r in dec.rounds):
+            st.caption("Token tree run: α̂, tokens per pass and the per-position chart read each round's accepted "
+                       "path and its first rejected node; the chain formula E does not model a tree (a tree can keep a "
+                       "branch a chain would not have drafted). The What-if page's Token trees tab models trees.")
+        c1, c2 = st.columns(2)
+        if stats.acceptance_by_position:
+            pos = list(range(1, len(stats.acceptance_by_position) + 1))
+            fa = go.Figure(go.Bar(x=pos, y=stats.acceptance_by_position, name="measured"))
+            if alpha is not None:
+                fa.add_hline(y=alpha, line_dash="dot", line_color=REFERENCE_LINE, annotation_text=f"α̂ = {alpha:.2f}")
+            fa.update_layout(title="Acceptance per draft position (given all before accepted)",
+                             xaxis_title="draft position", yaxis_title="accepted ÷ evaluated",
+                             yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 10})
+            fa.update_xaxes(tickmode="linear", dtick=1)
+            show_chart(fa, key="lv_fig_pos", where=c1)
+        else:
+            c1.caption("No draft token judged yet.")
+        timed_rounds = ab.spec_rounds if ab is not None else dec.rounds
+        rounds_x = [r.index + 1 for r in timed_rounds]
+        ft = go.Figure()
+        ft.add_bar(x=rounds_x, y=[r.draft_ms for r in timed_rounds], name="draft ms")
+        ft.add_bar(x=rounds_x, y=[r.verify_ms for r in timed_rounds], name="verify ms (target pass)")
+        ft.update_layout(title="Time per round" + (" (median timed run)" if ab is not None else ""), barmode="stack",
+                         xaxis_title="round", yaxis_title="ms", height=300, margin={"t": 40, "b": 10})
+        show_chart(ft, key="lv_fig_time", where=c2)
+
+    # ------------------------------------------------------------------------------------------ round inspector
+    if draw_charts:
+        st.subheader("Open a round")
+        n = len(dec.rounds)
+        if n > 1:
+            r_i = st.slider("Round", 1, n, n, key=f"lv_open_{n}") - 1
+        else:
+            r_i = 0
+        rnd = dec.rounds[r_i]
+        with st.expander(f"Round {r_i + 1} in detail", expanded=True):
+            st.markdown(verdict_frame(rnd))
+            st.caption(round_summary(rnd))
+            if rnd.tree is not None:
+                tc = tree_counts(rnd.tree)
+                rule = {"greedy": "greedy (argmax match)", "exact": "lossless tree sampling",
+                        "typical (lossy)": "typical acceptance (lossy)"}.get(getattr(rnd.tree, "rule", ""), "")
+                st.markdown(f"**Token tree:** {tc['nodes']} nodes, depth {tc['depth']}: {tc['accepted']} accepted "
+                            f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged"
+                            + (f"; judged by {rule}" if rule else "") + ". All of them went "
+                            "through the one target pass; only the path's KV entries stay in the cache.")
+                t1, t2 = st.columns([3, 2])
+                show_chart(tree_figure(rnd, greedy=dec.sampling.greedy), key=f"lv_fig_tree_open_{r_i}", where=t1)
+                show_chart(mask_figure(rnd.tree), key=f"lv_fig_mask_{r_i}", where=t2)
+                st.caption("The mask: row = a node's query, column = a key it may attend to. Each node sees the "
+                           "cached context, its ancestors and itself, so every branch is scored as if it were the "
+                           "only continuation; position ids are context length + depth (engine.decoding.attention)."
+                           " The p/q charts below follow the accepted path and its first rejected node.")
+                show_table(tree_rows(rnd.tree, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+            elif rnd.drafted:
+                show_table(round_rows(rnd, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+            if rnd.drafted:
+                labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
+                j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),
+                                 format_func=lambda i: labels[i], key=f"lv_pos_{r_i}")
+                d = rnd.drafted[j]
+                top_p = [t for t in d.top_p if t.prob > 0]  # top-k/top-p and point masses leave zeros
+                top_q = [t for t in d.top_q if t.prob > 0]
+                fig = make_subplots(rows=1, cols=2, subplot_titles=(
+                    f"target p (top 5); p(x) = {d.p:.4f}", f"draft q (top 5); q(x) = {d.q:.4f}"))
+                fig.add_bar(x=chart_labels(top_p), y=[t.prob for t in top_p], row=1, col=1, name="p")
+                fig.add_bar(x=chart_labels(top_q), y=[t.prob for t in top_q], row=1, col=2, name="q")
+                fig.update_layout(height=320, showlegend=False, margin={"t": 70, "b": 10},
+                                  title=f"Position {j + 1}: verdict {d.verdict}")
+                fig.update_yaxes(range=[0, 1.05])
+                fig.update_xaxes(type="category")  # a token such as "2" is a label, not a number
+                show_chart(fig, key="lv_fig_pq")
+            if rnd.residual_top:
+                res = [t for t in rnd.residual_top if t.prob > 0]
+                fr = go.Figure(go.Bar(x=chart_labels(res), y=[t.prob for t in res]))
+                fr.update_layout(title="Residual norm(max(0, p − q)) the correction was drawn from (top 5)",
+                                 height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
+                show_chart(fr, key="lv_fig_res")
+            elif rnd.next_kind == "correction" and greedy:
+                st.caption("Greedy: the correction is the target's argmax at the rejected position "
+                           "(no residual distribution).")
+            else:
+                nxt = [t for t in rnd.next_top_p if t.prob > 0]
+                fn = go.Figure(go.Bar(x=chart_labels(nxt), y=[t.prob for t in nxt]))
+                fn.update_layout(title=f"Target p where its own ({rnd.next_kind}) token was drawn (top 5)",
+                                 height=280, margin={"t": 40, "b": 10}, yaxis_range=[0, 1.05], xaxis_type="category")
+                show_chart(fn, key="lv_fig_next")
+        with st.expander("All rounds"):
+            st.dataframe(history_rows(dec.rounds), hide_index=True, width="stretch",
+                         column_config={"draft ms": st.column_config.NumberColumn(format="%.1f"),
+                                        "verify ms": st.column_config.NumberColumn(format="%.1f")})
+
+    check_yourself("live", safe_questions(live_questions, int(S["lv_gamma"]),
+                                          dec.stats().acceptance_rate if dec.rounds else None,
+                                          [r.n_drafted for r in dec.rounds]))
+
+
+_run_area()
