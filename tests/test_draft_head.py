@@ -280,3 +280,53 @@ def test_with_vocab_keeps_the_features_and_proposes_only_the_new_ids(tiny):
     drafted = {d.token_id for r in res.rounds for d in r.drafted}
     assert drafted and drafted <= {3, 5, 7}
     assert res.token_ids == hf_greedy(target, ids, 12)
+
+
+@pytest.mark.parametrize("path", ["default", "onednn"])
+def test_one_pair_draft_step_is_the_body_forward_bit_for_bit(tiny, path):
+    """A draft step of one pair skips LlamaModel.forward (``FeatureHead._step``): the same rotary embedding,
+    layers and norm, so the same bits as the body's own forward, on PyTorch's path and on a fast path (lean
+    layers), after caches of several lengths; and LlamaModel's mask for that call is indeed none."""
+    import copy
+
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    from engine.decoding import compute
+
+    if path == "onednn" and compute._ONEDNN_OP is None:
+        pytest.skip("this PyTorch build has no oneDNN linear op")
+    target = tiny["target"]
+    head = FeatureHead(target.model.config, 2, torch.arange(0, 32, 2))
+    head.init_from_target(target.model)
+    head.eval().bind(target.model)
+    compute.apply_path(head, path)
+    gen = torch.Generator().manual_seed(1)
+    H = head.hidden_size
+    try:
+        with torch.inference_mode():
+            for n in (1, 5, 17):
+                cache = DynamicCache()
+                head(torch.randint(0, 32, (1, n), generator=gen), torch.randn(1, n, H, generator=gen),
+                     position_ids=torch.arange(n)[None], cache=cache)
+                tok, feat, pos = torch.randint(0, 32, (1, 1), generator=gen), torch.randn(1, 1, H, generator=gen), \
+                    torch.tensor([[n]])
+                other = copy.deepcopy(cache)
+                assert head._one_pair_step(feat, None, pos, cache)
+                fast = head(tok, feat, position_ids=pos, cache=cache)
+                FeatureHead.DIRECT_STEP = False
+                slow = head(tok, feat, position_ids=pos, cache=other)
+                FeatureHead.DIRECT_STEP = True
+                assert torch.equal(fast, slow)
+                assert cache.get_seq_length() == other.get_seq_length() == n + 1
+                for a, b in zip(cache.layers, other.layers):
+                    assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                mask = create_causal_mask(config=head.body.config, inputs_embeds=feat, attention_mask=None,
+                                          cache=copy.deepcopy(cache), position_ids=torch.tensor([[n + 1]]))
+                assert mask is None
+    finally:
+        FeatureHead.DIRECT_STEP = True
+        compute.apply_path(head, "default")
+    # several pairs, a mask or autograd: the body's forward as before
+    assert not head._one_pair_step(torch.zeros(1, 2, H), None, torch.tensor([[0, 1]]), DynamicCache())
+    assert not head._one_pair_step(torch.zeros(1, 1, H), torch.ones(1, 1), torch.tensor([[0]]), DynamicCache())

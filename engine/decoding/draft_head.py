@@ -163,9 +163,41 @@ class FeatureHead(nn.Module):
         with torch.no_grad():
             e = self._target_embed[0](tokens).to(features.dtype)
         z = self.fc(torch.cat([e, features], dim=-1))
+        if self._one_pair_step(z, attention_mask, position_ids, cache):
+            return self._step(z, position_ids, cache)
         out = self.body(inputs_embeds=z, attention_mask=attention_mask, position_ids=position_ids,
                         cache=cache, use_cache=cache is not None)
         return out.last_hidden_state
+
+    DIRECT_STEP = True
+    """Run a draft step of one pair through ``_step`` (False: always through ``LlamaModel.forward``; for tests)."""
+
+    def _one_pair_step(self, z: torch.Tensor, attention_mask, position_ids, cache) -> bool:
+        """Whether this call is a draft step that ``_step`` computes with the same operations: one pair after a
+        cache, no padding mask, explicit positions, SDPA attention, no autograd (inference)."""
+        return (self.DIRECT_STEP and cache is not None and attention_mask is None and position_ids is not None
+                and z.shape[1] == 1 and not self.training and not torch.is_grad_enabled()
+                and self.body.config._attn_implementation == "sdpa")
+
+    def _step(self, z: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
+        """``self.body(inputs_embeds=z, position_ids=…, cache=…)`` for one pair, without ``LlamaModel.forward``'s
+        per-call work (its output wrappers, argument checks and ``create_causal_mask``, which returns no mask for one
+        query under SDPA: the pair sees every cached pair). The same rotary embedding, decoder layers and final norm
+        in the same order, so the same bits (``tests/test_draft_head.py`` checks ``torch.equal`` against the
+        body's forward). Why: a draft step of the shipped 2-layer head took 1.77 ms through ``LlamaModel.forward``
+        and 1.45 ms this way (AMD EPYC, 2 threads, medians of 15 × 50 calls after 100 cached pairs, session 21); in
+        whole decoding (γ 2, 4 held-out prompts × 96 tokens, 4 alternating reps) drafting took 3.80 against 4.01 ms a
+        round and the head decoded 66.3 against 65.2 tokens/s.
+
+        Args: z [B, 1, H] the fc output; position_ids [B, 1]; cache the head's ``DynamicCache`` (updated in place).
+        Returns: [B, 1, H] ĥ, post-norm."""
+        body = self.body
+        position_embeddings = body.rotary_emb(z, position_ids=position_ids)
+        h = z
+        for layer in body.layers[:body.config.num_hidden_layers]:
+            h = layer(h, attention_mask=None, position_embeddings=position_embeddings, position_ids=position_ids,
+                      cache=cache, use_cache=True)
+        return body.norm(h)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """[..., H] features → [..., K] logits over ``vocab_ids`` (the target's LM head rows)."""
