@@ -283,16 +283,18 @@ def test_with_vocab_keeps_the_features_and_proposes_only_the_new_ids(tiny):
 
 
 @pytest.mark.parametrize("path", ["default", "onednn"])
-def test_one_pair_draft_step_is_the_body_forward_bit_for_bit(tiny, path):
-    """A draft step of one pair skips LlamaModel.forward (``FeatureHead._step``): the same rotary embedding,
-    layers and norm, so the same bits as the body's own forward, on PyTorch's path and on a fast path (lean
-    layers), after caches of several lengths; and LlamaModel's mask for that call is indeed none."""
+def test_direct_draft_steps_are_the_body_forward_bit_for_bit(tiny, path):
+    """Draft steps skip LlamaModel.forward (``FeatureHead._step``): the same rotary embedding, layers and norm with
+    the mask LlamaModel would build, so the same bits as the body's own forward and the same cache, on PyTorch's path
+    and on a fast path (lean layers), after caches of several lengths: one pair (no mask), several pairs (the causal
+    mask, compared with ``create_causal_mask``'s) and a token tree's prepared 4D mask."""
     import copy
 
     from transformers import DynamicCache
     from transformers.masking_utils import create_causal_mask
 
     from engine.decoding import compute
+    from engine.decoding.attention import model_mask
 
     if path == "onednn" and compute._ONEDNN_OP is None:
         pytest.skip("this PyTorch build has no oneDNN linear op")
@@ -303,30 +305,45 @@ def test_one_pair_draft_step_is_the_body_forward_bit_for_bit(tiny, path):
     compute.apply_path(head, path)
     gen = torch.Generator().manual_seed(1)
     H = head.hidden_size
+    checked = []
     try:
         with torch.inference_mode():
-            for n in (1, 5, 17):
-                cache = DynamicCache()
-                head(torch.randint(0, 32, (1, n), generator=gen), torch.randn(1, n, H, generator=gen),
-                     position_ids=torch.arange(n)[None], cache=cache)
-                tok, feat, pos = torch.randint(0, 32, (1, 1), generator=gen), torch.randn(1, 1, H, generator=gen), \
-                    torch.tensor([[n]])
-                other = copy.deepcopy(cache)
-                assert head._one_pair_step(feat, None, pos, cache)
-                fast = head(tok, feat, position_ids=pos, cache=cache)
-                FeatureHead.DIRECT_STEP = False
-                slow = head(tok, feat, position_ids=pos, cache=other)
-                FeatureHead.DIRECT_STEP = True
-                assert torch.equal(fast, slow)
-                assert cache.get_seq_length() == other.get_seq_length() == n + 1
-                for a, b in zip(cache.layers, other.layers):
-                    assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-                mask = create_causal_mask(config=head.body.config, inputs_embeds=feat, attention_mask=None,
-                                          cache=copy.deepcopy(cache), position_ids=torch.tensor([[n + 1]]))
-                assert mask is None
+            for n_cached in (1, 5, 17):
+                for kind, n in (("one pair", 1), ("causal", 3), ("tree", 3)):
+                    cache = DynamicCache()
+                    head(torch.randint(0, 32, (1, n_cached), generator=gen),
+                         torch.randn(1, n_cached, H, generator=gen), position_ids=torch.arange(n_cached)[None],
+                         cache=cache)
+                    tok = torch.randint(0, 32, (1, n), generator=gen)
+                    feat = torch.randn(1, n, H, generator=gen)
+                    pos = torch.arange(n_cached, n_cached + n)[None]
+                    mask = None
+                    if kind == "tree":  # node 0 and its two children: each sees the cache, its ancestors, itself
+                        vis = torch.zeros(1, n, n_cached + n, dtype=torch.bool)
+                        vis[..., :n_cached] = True
+                        for r, anc in enumerate(([0], [0, 1], [0, 2])):
+                            vis[0, r, [n_cached + a for a in anc]] = True
+                        mask = model_mask(vis, head.body)
+                        pos = torch.tensor([[n_cached, n_cached + 1, n_cached + 1]])
+                    direct = head._direct_mask(feat, mask, pos, cache)
+                    want = create_causal_mask(config=head.body.config, inputs_embeds=feat, attention_mask=mask,
+                                              cache=copy.deepcopy(cache), position_ids=pos)
+                    assert direct is not False
+                    assert (direct is None and want is None) or torch.equal(direct, want), kind
+                    other = copy.deepcopy(cache)
+                    fast = head(tok, feat, attention_mask=mask, position_ids=pos, cache=cache)
+                    FeatureHead.DIRECT_STEP = False
+                    slow = head(tok, feat, attention_mask=mask, position_ids=pos, cache=other)
+                    FeatureHead.DIRECT_STEP = True
+                    assert torch.equal(fast, slow), kind
+                    for a, b in zip(cache.layers, other.layers):
+                        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                    checked.append(kind)
     finally:
         FeatureHead.DIRECT_STEP = True
         compute.apply_path(head, "default")
-    # several pairs, a mask or autograd: the body's forward as before
-    assert not head._one_pair_step(torch.zeros(1, 2, H), None, torch.tensor([[0, 1]]), DynamicCache())
-    assert not head._one_pair_step(torch.zeros(1, 1, H), torch.ones(1, 1), torch.tensor([[0]]), DynamicCache())
+    assert len(checked) == 9
+    # an empty cache with several pairs, a 2D padding mask, autograd: the body's forward as before
+    assert head._direct_mask(torch.zeros(1, 2, H), None, torch.tensor([[0, 1]]), DynamicCache()) is False
+    assert head._direct_mask(torch.zeros(1, 1, H), torch.ones(1, 1), torch.tensor([[0]]), DynamicCache()) is False
+    assert head._direct_mask(torch.zeros(1, 1, H), None, torch.tensor([[0]]), DynamicCache()) is False

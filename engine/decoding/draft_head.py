@@ -163,39 +163,57 @@ class FeatureHead(nn.Module):
         with torch.no_grad():
             e = self._target_embed[0](tokens).to(features.dtype)
         z = self.fc(torch.cat([e, features], dim=-1))
-        if self._one_pair_step(z, attention_mask, position_ids, cache):
-            return self._step(z, position_ids, cache)
+        mask = self._direct_mask(z, attention_mask, position_ids, cache)
+        if mask is not False:
+            return self._step(z, mask, position_ids, cache)
         out = self.body(inputs_embeds=z, attention_mask=attention_mask, position_ids=position_ids,
                         cache=cache, use_cache=cache is not None)
         return out.last_hidden_state
 
     DIRECT_STEP = True
-    """Run a draft step of one pair through ``_step`` (False: always through ``LlamaModel.forward``; for tests)."""
+    """Run draft steps through ``_step`` where it applies (False: always through ``LlamaModel.forward``; for tests)."""
 
-    def _one_pair_step(self, z: torch.Tensor, attention_mask, position_ids, cache) -> bool:
-        """Whether this call is a draft step that ``_step`` computes with the same operations: one pair after a
-        cache, no padding mask, explicit positions, SDPA attention, no autograd (inference)."""
-        return (self.DIRECT_STEP and cache is not None and attention_mask is None and position_ids is not None
-                and z.shape[1] == 1 and not self.training and not torch.is_grad_enabled()
-                and self.body.config._attn_implementation == "sdpa")
+    def _direct_mask(self, z: torch.Tensor, attention_mask, position_ids, cache):
+        """The mask ``LlamaModel.forward`` would hand its layers for this call, when ``_step`` can run it with the
+        same operations; False when it cannot (training or autograd, no cache, no explicit positions, another
+        attention than SDPA, an empty cache, a 2D padding mask). Under SDPA: one pair after a cache gets no mask
+        (it sees every cached pair); several pairs after a cache get the causal boolean mask [1, 1, n, cached + n]
+        (True = attend) that ``transformers.masking_utils.sdpa_mask`` builds; a prepared 4D mask (a token tree's,
+        ``attention.model_mask``) is passed on as it is (``_preprocess_mask_arguments``: "returned as-is").
+        ``tests/test_draft_head.py`` compares each case with ``create_causal_mask`` and the body's forward."""
+        if not (self.DIRECT_STEP and cache is not None and position_ids is not None and not self.training
+                and not torch.is_grad_enabled() and self.body.config._attn_implementation == "sdpa"):
+            return False
+        if attention_mask is not None:
+            return attention_mask if attention_mask.dim() == 4 else False
+        n, cached = z.shape[1], cache.get_seq_length()
+        if n == 1:
+            return None
+        if cached == 0 or z.shape[0] != 1:
+            return False
+        rows = torch.arange(cached, cached + n, device=z.device)[:, None]
+        return (torch.arange(cached + n, device=z.device)[None, :] <= rows)[None, None]
 
-    def _step(self, z: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
-        """``self.body(inputs_embeds=z, position_ids=…, cache=…)`` for one pair, without ``LlamaModel.forward``'s
-        per-call work (its output wrappers, argument checks and ``create_causal_mask``, which returns no mask for one
-        query under SDPA: the pair sees every cached pair). The same rotary embedding, decoder layers and final norm
-        in the same order, so the same bits (``tests/test_draft_head.py`` checks ``torch.equal`` against the
-        body's forward). Why: a draft step of the shipped 2-layer head took 1.77 ms through ``LlamaModel.forward``
-        and 1.45 ms this way (AMD EPYC, 2 threads, medians of 15 × 50 calls after 100 cached pairs, session 21); in
-        whole decoding (γ 2, 4 held-out prompts × 96 tokens, 4 alternating reps) drafting took 3.80 against 4.01 ms a
-        round and the head decoded 66.3 against 65.2 tokens/s.
+    def _step(self, z: torch.Tensor, mask, position_ids: torch.Tensor, cache) -> torch.Tensor:
+        """``self.body(inputs_embeds=z, …)`` without ``LlamaModel.forward``'s per-call work (its output wrappers,
+        argument checks and ``create_causal_mask``; ``_direct_mask`` gives the mask it would build): the same
+        rotary embedding, decoder layers and final norm in the same order, so the same bits
+        (``tests/test_draft_head.py`` checks ``torch.equal`` against the body's forward). Why: a draft step of one
+        pair of the shipped 2-layer head took
+        1.77 ms through ``LlamaModel.forward`` and 1.45 ms this way (AMD EPYC, 2 threads, medians of 15 × 50 calls
+        after 100 cached pairs, session 21); in whole decoding (γ 2, 4 held-out prompts × 96 tokens, 4 alternating
+        reps) drafting took 3.80 against 4.01 ms a round and the head decoded 66.3 against 65.2 tokens/s; with the
+        catch-up of several pairs and the token tree's masked steps taking it too, 4.67 against 5.21 ms a round
+        (55.5 against 53.5 tokens/s, a busier hour), and a 4-node tree's drafting 7.96 → 7.48 ms a round.
 
-        Args: z [B, 1, H] the fc output; position_ids [B, 1]; cache the head's ``DynamicCache`` (updated in place).
-        Returns: [B, 1, H] ĥ, post-norm."""
+        Args: z [B, n, H] the fc output; mask from ``_direct_mask``; position_ids [B, n]; cache the head's
+        ``DynamicCache`` (updated in place).
+        Returns: [B, n, H] ĥ, post-norm."""
         body = self.body
         position_embeddings = body.rotary_emb(z, position_ids=position_ids)
         h = z
         for layer in body.layers[:body.config.num_hidden_layers]:
-            h = layer(h, attention_mask=None, position_embeddings=position_embeddings, position_ids=position_ids,
+            h = layer(h, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids,
                       cache=cache, use_cache=True)
         return body.norm(h)
 
