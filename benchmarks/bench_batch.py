@@ -5,7 +5,8 @@ against batch size, the target pass time against tokens in the pass, and the mea
 
 Writes benchmarks/results/batch.json and batch.md (``--out NAME`` for others). Every cell is
 ``engine.decoding.batch.batch_sweep``: for each batch B the first B of its 32 prompts are decoded together
-(greedy, one target pass per round), the methods alternate between repetitions (A B C, C B A), and the
+(greedy, one target pass per round); below B = ``--min-prompts`` (default 8) a run decodes the first 8 prompts
+in groups of B one after another, so B = 1 is not one prompt's luck; the methods alternate between repetitions (A B C, C B A), and the
 medians are compared. The machine's bandwidth and FLOP/s (``measure_machine``) are measured before and
 after, so the roofline model of this machine can be drawn next to the measurement.
 """
@@ -36,6 +37,8 @@ def main() -> int:
     ap.add_argument("--methods", default="plain,ngram,embedded-head")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--min-prompts", type=int, default=8,
+                    help="prompts each cell covers at least (groups of B one after another below B = this)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="batch")
     ap.add_argument("--ignore-eos", action="store_true",
@@ -53,7 +56,8 @@ def main() -> int:
         print(f"[{done}/{total}] {label}  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     sweep = batch_sweep(target, SWEEP_PROMPTS, batches=batches, methods=methods, max_new_tokens=args.max_new_tokens,
-                        reps=args.reps, on_progress=progress, stop_on_eos=not args.ignore_eos)
+                        reps=args.reps, on_progress=progress, stop_on_eos=not args.ignore_eos,
+                        min_prompts=args.min_prompts)
     peaks_after = measure_machine(args.device)
     load_after = os.getloadavg()
     peaks = {"bandwidth_gbs": statistics.median([peaks_before.bandwidth_gbs, peaks_after.bandwidth_gbs]),
@@ -73,7 +77,9 @@ def main() -> int:
         "# Batch sweep: plain vs speculative batched decoding (embedded SmolLM2-135M, fp32, greedy)", "",
         f"Command: `{cmd}`  ",
         machine_line(out["machine_meta"]) + "  ",
-        f"{sweep.max_new_tokens} new tokens per row ({'EOS ignored: every row generates them all' if args.ignore_eos else 'rows stop at EOS too'}), {sweep.reps} alternating runs per cell "
+        f"{sweep.max_new_tokens} new tokens per row ({'EOS ignored: every row generates them all' if args.ignore_eos else 'rows stop at EOS too'}), "
+        + (f"below B = {sweep.min_prompts} a run decodes the first {sweep.min_prompts} prompts in groups of B, "
+           if sweep.min_prompts > 1 else "") + f"{sweep.reps} alternating runs per cell "
         f"(median), torch threads {sweep.threads}, {sweep.elapsed_s:.0f} s in all. Load average before/after: "
         f"{load_before[0]:.1f} / {load_after[0]:.1f} on 2 cores (" + (
             "above 2: other jobs ran meanwhile, the timings are noisy; " if max(load_before[0], load_after[0]) > 2

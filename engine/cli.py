@@ -468,6 +468,9 @@ def add_batch_sweep(sub) -> None:
     p.add_argument("--gamma", type=int, default=None, help="γ of every speculative method (default: each one's)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="per sequence (default 16)")
     p.add_argument("--reps", type=int, default=1, help="alternating timed runs per cell (default 1)")
+    p.add_argument("--min-prompts", type=int, default=1,
+                   help="each cell decodes at least this many prompts, in groups of B one after another "
+                        "(default 1: batch B decodes the first B prompts)")
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--prompts-file", default=None, help="one prompt a line (default: the 32 built-in prompts)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -501,14 +504,17 @@ def run_batch_sweep(args: argparse.Namespace) -> int:
         print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True)
 
     sweep = batch_sweep(target, prompts, batches=batches, methods=methods, gamma=args.gamma,
-                        max_new_tokens=args.max_new_tokens, reps=args.reps, chat=not args.no_chat, on_progress=progress)
+                        max_new_tokens=args.max_new_tokens, reps=args.reps, chat=not args.no_chat, on_progress=progress,
+                        min_prompts=args.min_prompts)
     if args.json:
         json.dump(sweep.to_dict(), sys.stdout, ensure_ascii=False)
         print()
         return 0
     print(sweep.markdown())
     print("\ntarget pass time by tokens in the pass: " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms, _ in sweep.pass_curve()))
-    print(f"({sweep.max_new_tokens} new tokens per row, {sweep.reps} run(s) per cell, torch threads {sweep.threads}, "
+    print(f"({sweep.max_new_tokens} new tokens per row, {sweep.reps} run(s) per cell"
+          + (f", each covering at least {sweep.min_prompts} prompts" if sweep.min_prompts > 1 else "")
+          + f", torch threads {sweep.threads}, "
           f"{sweep.elapsed_s:.0f} s)")
     return 0
 

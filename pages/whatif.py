@@ -399,7 +399,8 @@ def _machine(device: str):
 
 def _section_batch_measured() -> None:
     from app.resources import get_model
-    from engine.decoding.batch import SWEEP_PROMPTS, batch_sweep, check_sweep_inputs, parse_batches
+    from engine.decoding.batch import (SWEEP_MIN_PROMPTS, SWEEP_PROMPTS, batch_sweep, check_sweep_inputs,
+                                       parse_batches)
     from engine.decoding.models import resolve_device
     from engine.decoding.speculative import encode_prompt
     from engine.explain.batch_view import (machine_sweep, measured_batch_view, method_label, room_batch, room_marker,
@@ -409,7 +410,8 @@ def _section_batch_measured() -> None:
     st.subheader("Measured on this machine")
     st.markdown(
         "The same question on the embedded SmolLM2-135M, for real: the first B of 32 different prompts are decoded "
-        "together (greedy, one target pass per round for the whole batch), plainly and with speculation, and the "
+        "together (greedy, one target pass per round for the whole batch; below B = 4 the first 4 prompts in groups "
+        "of B, so one prompt's luck does not decide B = 1), plainly and with speculation, and the "
         "total tokens/s are compared at each batch size. The dashed curves are the roofline model above, for this "
         "machine: its bandwidth and FLOP/s measured, the method's α̂ and draft cost c measured at the smallest batch.")
     peaks = _machine(resolve_device(None).type)
@@ -470,7 +472,7 @@ def _section_batch_measured() -> None:
 
         try:
             sweep = batch_sweep(target, ids, batches=batches, methods=methods, max_new_tokens=int(S["wi_bs_tokens"]),
-                                on_progress=_progress, should_stop=_should_stop)
+                                on_progress=_progress, should_stop=_should_stop, min_prompts=SWEEP_MIN_PROMPTS)
         except SpeedupLabError as e:
             bar.empty()
             st.error(str(e))

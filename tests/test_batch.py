@@ -18,6 +18,7 @@ from engine.decoding.batch import (
     generate_batch,
     measure_machine,
     parse_batches,
+    _groups,
 )
 from engine.decoding.draft_head import FeatureHead
 from engine.decoding.models import load_model
@@ -306,6 +307,24 @@ def test_sweep_on_a_tiny_model(tiny):
     assert "| batch |" in sw.markdown()
     back = BatchSweep.from_dict(sw.to_dict())
     assert back.crossover == sw.crossover and back.pass_curve() == sw.pass_curve()
+
+
+def test_sweep_cells_cover_at_least_min_prompts_in_groups_of_b(tiny):
+    """min_prompts 4: batch 1 decodes prompts 1-4 one at a time, batch 2 prompts 1-4 in two pairs, batch 4 one
+    batch; each cell's run holds every row's tokens, and the rows are the same text whatever the grouping."""
+    sw = batch_sweep(tiny, PROMPTS, batches=[1, 2, 4], methods=["plain"], max_new_tokens=5, reps=1, min_prompts=4)
+    assert sw.min_prompts == 4 and BatchSweep.from_dict(sw.to_dict()).min_prompts == 4
+    one_batch = generate_batch(tiny, None, PROMPTS[:4], max_new_tokens=5, record_logits=False)
+    for b in (1, 2, 4):
+        groups = [generate_batch(tiny, None, PROMPTS[g:g + b], max_new_tokens=5, record_logits=False)
+                  for g in range(0, 4, b)]
+        c = sw.cell("plain", b)
+        assert c.new_tokens == one_batch.new_tokens  # 4 rows' tokens, not b rows'
+        assert c.target_passes == sum(g.target_passes for g in groups)  # the groups' passes, prefills included
+    assert _groups(1, 8, 32) == 8 and _groups(2, 8, 32) == 4 and _groups(8, 8, 32) == 1 and _groups(16, 8, 32) == 1
+    assert _groups(1, 8, 3) == 3 and _groups(4, 1, 32) == 1  # never more groups than the prompts fill
+    with pytest.raises(InputError, match="prompts each cell covers"):
+        batch_sweep(tiny, PROMPTS, batches=[1], methods=["plain"], min_prompts=0)
 
 
 def test_sweep_stops_and_bad_input(tiny):

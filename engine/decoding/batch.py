@@ -789,6 +789,10 @@ def measure_machine(device: str | torch.device = "cpu", matmul_n: int = 1024, co
 
 # ------------------------------------------------------------------------------------------ the sweep
 
+SWEEP_MIN_PROMPTS = 4
+"""The prompts each cell of What-if's live sweep covers at least (``batch_sweep``'s ``min_prompts``): B = 1 and
+B = 2 decode the first 4 prompts in groups (half the time 8 would take at B = 1); the benchmark uses 8."""
+
 SWEEP_PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
     "Rename the variable `total` to `acc` in this function and return the code:\n\ndef sum_list(values):\n"
@@ -889,6 +893,7 @@ class BatchSweep:
             (None: not within the batches measured).
         stopped: ``should_stop`` ended the sweep early (the cells cover what was measured).
         threads, device, elapsed_s: where and how long it ran.
+        min_prompts: the prompts each cell's run covered at least (``batch_sweep``; 1 in files from before).
     """
 
     batches: list[int]
@@ -904,6 +909,7 @@ class BatchSweep:
     model: str = ""
     params: int = 0
     bytes_per_param: float = 4.0
+    min_prompts: int = 1
 
     def cell(self, method: str, batch: int) -> SweepCell | None:
         return next((c for c in self.cells if c.method == method and c.batch == batch), None)
@@ -963,7 +969,8 @@ class BatchSweep:
                        stopped=bool(d.get("stopped", False)), threads=int(d.get("threads", 1)),
                        device=str(d.get("device", "cpu")), elapsed_s=float(d.get("elapsed_s", 0.0)),
                        model=str(d.get("model", "")), params=int(d.get("params", 0)),
-                       bytes_per_param=float(d.get("bytes_per_param", 4.0)))
+                       bytes_per_param=float(d.get("bytes_per_param", 4.0)),
+                       min_prompts=int(d.get("min_prompts", 1)))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"Not a batch sweep result: {e}") from None
 
@@ -1017,7 +1024,7 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
                 gamma: int | None = None, max_new_tokens: int = 16, reps: int = 1, chat: bool = True,
                 on_progress: Callable[[int, int, str, "BatchSweep"], None] | None = None,
                 should_stop: Callable[[], bool] | None = None, warmup: bool = True,
-                available_memory: int | None = None, stop_on_eos: bool = True) -> BatchSweep:
+                available_memory: int | None = None, stop_on_eos: bool = True, min_prompts: int = 1) -> BatchSweep:
     """Measure total generated tokens/s of plain and speculative batched greedy decoding against batch size.
 
     For each batch B (in the order given) the first B prompts are decoded together by every method, ``reps``
@@ -1039,18 +1046,26 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
         stop_on_eos: False lets every row generate exactly ``max_new_tokens`` (EOS ignored, as vLLM's throughput
             benchmark's ``ignore_eos``), so the batch keeps its size to the end instead of thinning out as rows
             finish.
+        min_prompts: each run of a cell decodes at least this many prompts (as many as there are, at most): ⌈min_prompts
+            ÷ B⌉ groups of B consecutive prompts, one group after another, and the run's tokens/s is all their
+            tokens ÷ all their time. So small batches are not judged on the first prompt or two alone (at 8: B = 1
+            decodes prompts 1–8 one at a time, B = 2 prompts 1–8 in four pairs, B ≥ 8 one batch as before).
 
     Raises:
-        InputError: see ``check_sweep_inputs``; ModelLoadError / InputError from a method's draft.
+        InputError: see ``check_sweep_inputs``; ``min_prompts`` not a whole number from 1 to MAX_BATCH;
+            ModelLoadError / InputError from a method's draft.
     """
+    if not (isinstance(min_prompts, int) and 1 <= min_prompts <= MAX_BATCH):
+        raise InputError(f"The prompts each cell covers must be a whole number from 1 to {MAX_BATCH}, got {min_prompts!r}.")
     batches = list(batches)
     methods = list(dict.fromkeys(methods))
     if not batches:
         raise InputError("Give at least one batch size (e.g. 1, 2, 4, 8).")
     for b in batches:
         check_batch_size(b)
+    n_ids = max(max(batches) if batches else 1, min(min_prompts, len(list(prompts))))
     ids = [p if isinstance(p, list) else encode_prompt(target.tokenizer, p, chat=chat)
-           for p in list(prompts)[:max(batches)]]
+           for p in list(prompts)[:n_ids]]
     check_sweep_inputs(target, ids, batches, methods, gamma, max_new_tokens, reps, available_memory)
     draft = None
     if "embedded-draft" in methods:
@@ -1060,7 +1075,8 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
     p = next(target.model.parameters(), None)
     sweep = BatchSweep(batches=list(batches), methods=methods, max_new_tokens=max_new_tokens, reps=reps,
                        threads=torch.get_num_threads(), device=target.device.type, model=target.name,
-                       params=target.num_parameters, bytes_per_param=float(p.element_size()) if p is not None else 4.0)
+                       params=target.num_parameters, bytes_per_param=float(p.element_size()) if p is not None else 4.0,
+                       min_prompts=min_prompts)
     t_start = time.perf_counter()
     if warmup:
         generate_batch(target, None, ids[:1], max_new_tokens=min(4, max_new_tokens), record_logits=False,
@@ -1078,10 +1094,15 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
                     break
                 if on_progress is not None:
                     on_progress(done, total, f"batch {b}: {m} (run {rep + 1} of {reps})", sweep)
-                res = generate_batch(target, _make_proposers(m, target, b, draft), ids[:b],
-                                     gamma=_method_gamma(m, gamma) or 4, max_new_tokens=max_new_tokens,
-                                     record_logits=False, should_stop=stop, available_memory=available_memory,
-                                     stop_on_eos=stop_on_eos)
+                parts = []
+                for g in range(_groups(b, min_prompts, len(ids))):
+                    parts.append(generate_batch(target, _make_proposers(m, target, b, draft), ids[g * b:(g + 1) * b],
+                                                gamma=_method_gamma(m, gamma) or 4, max_new_tokens=max_new_tokens,
+                                                record_logits=False, should_stop=stop,
+                                                available_memory=available_memory, stop_on_eos=stop_on_eos))
+                    if parts[-1].stopped:
+                        break
+                res = _merge_runs(parts)
                 done += 1
                 if res.stopped:
                     sweep.stopped = True
@@ -1103,6 +1124,21 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
     if on_progress is not None and not sweep.stopped:
         on_progress(total, total, "done", sweep)
     return sweep
+
+
+def _groups(batch: int, min_prompts: int, n_prompts: int) -> int:
+    """How many groups of ``batch`` consecutive prompts one run of a sweep cell decodes (``batch_sweep``'s
+    ``min_prompts``): ⌈min_prompts ÷ batch⌉, but no more groups than the prompts fill, and at least one."""
+    return max(1, min(-(-min_prompts // batch), n_prompts // batch))
+
+
+def _merge_runs(parts: list[BatchResult]) -> BatchResult:
+    """Several batches decoded one after another as one run: their rows, passes and times added up."""
+    if len(parts) == 1:
+        return parts[0]
+    return BatchResult(results=[r for p in parts for r in p.results], passes=[x for p in parts for x in p.passes],
+                       total_ms=sum(p.total_ms for p in parts), prefill_ms=sum(p.prefill_ms for p in parts),
+                       method=parts[0].method, gamma=parts[0].gamma, stopped=any(p.stopped for p in parts))
 
 
 def _cell(method: str, batch: int, gamma: int, runs: list[BatchResult]) -> SweepCell:

@@ -45,6 +45,16 @@ constexpr int kPrefetchLocality = 1;
 // for 9-16 input rows (a verify pass, a batch) did 8-21 % less time than 4 × 4 on the AMD EPYC and the same for
 // 1-4 rows (session 17's kernel variants, 2 threads). Without AVX-512 a 16-float vector takes two of 16
 // registers, so 4 × 4 stays. The blocking does not change any output's summation order (bit-identical results).
+//
+// One pass (AVX-512, M ≤ 16; `one_pass`): every input row in ONE block, so each weight row is read once and
+// multiplied with all M rows while it is in registers. Splitting M into blocks (8 + 1 for 9 rows, 4 + 1 for 5)
+// runs the weights through the core again for each block; measured on the Intel Xeon (Sapphire Rapids, 2
+// threads, session 22, /tmp kernel variants with 600 MB of weights cycled), the LM head product cost, × one row:
+// 5 rows 2.02 split (4 + 1) against 1.14 in one pass of 2 weight rows, 9 rows 2.32 (8 + 1) against 1.19 in one pass
+// of 1 weight row, 16 rows 3.12 (8 + 8) against 1.85. The weight rows per block fall as M grows so the
+// accumulators (MM × RR) stay within 24 registers: 3 for 1-2 rows, 2 for 3-12 rows (fewer registers than 3 × 8
+// and better there: 8 rows 1.23 against 1.53), 1 for 13-16 rows. Above 16 rows (8 + 8 + …) x no longer fits
+// in the 48 KiB L1 for the 1536-wide down projection, and blocks of 8 stay.
 #if defined(__AVX512F__)
 constexpr int kRows = 3;
 constexpr int kInputBlock = 8;
@@ -89,13 +99,52 @@ static inline void rows(const float* X, const float* W, const float* B, float* Y
   if constexpr (kInputBlock != 4) {
     for (; m0 + kInputBlock <= M; m0 += kInputBlock) block<kInputBlock, RR>(X, W, B, Y, K, N, m0, n0);
   }
-  for (; m0 + 4 <= M; m0 += 4) block<4, RR>(X, W, B, Y, K, N, m0, n0);
+  for (; m0 + 4 <= M; m0 += 4) block<4, RR>(X, W, B, Y, K, N, m0, n0);  // the rest, in blocks of 4 and one of 1-3
   switch (M - m0) {
     case 3: block<3, RR>(X, W, B, Y, K, N, m0, n0); break;
     case 2: block<2, RR>(X, W, B, Y, K, N, m0, n0); break;
     case 1: block<1, RR>(X, W, B, Y, K, N, m0, n0); break;
     default: break;
   }
+}
+
+// Every weight row read once for all M input rows (one block of MM rows; see "One pass" above).
+template <int MM, int RR>
+static void one_pass(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t N) {
+  const int64_t full = N / RR;
+  at::parallel_for(0, full, 48 / RR, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) block<MM, RR>(X, W, B, Y, K, N, 0, blk * RR);
+  });
+  for (int64_t n0 = full * RR; n0 < N; ++n0) block<MM, 1>(X, W, B, Y, K, N, 0, n0);
+}
+
+// The one-pass schedule for M rows (AVX-512 only); false where M is outside it.
+static bool one_pass_for(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t M,
+                         int64_t N) {
+#if defined(__AVX512F__)
+  switch (M) {
+    case 1: one_pass<1, 3>(X, W, B, Y, K, N); return true;
+    case 2: one_pass<2, 3>(X, W, B, Y, K, N); return true;
+    case 3: one_pass<3, 2>(X, W, B, Y, K, N); return true;
+    case 4: one_pass<4, 2>(X, W, B, Y, K, N); return true;
+    case 5: one_pass<5, 2>(X, W, B, Y, K, N); return true;
+    case 6: one_pass<6, 2>(X, W, B, Y, K, N); return true;
+    case 7: one_pass<7, 2>(X, W, B, Y, K, N); return true;
+    case 8: one_pass<8, 2>(X, W, B, Y, K, N); return true;
+    case 9: one_pass<9, 2>(X, W, B, Y, K, N); return true;
+    case 10: one_pass<10, 2>(X, W, B, Y, K, N); return true;
+    case 11: one_pass<11, 2>(X, W, B, Y, K, N); return true;
+    case 12: one_pass<12, 2>(X, W, B, Y, K, N); return true;
+    case 13: one_pass<13, 1>(X, W, B, Y, K, N); return true;
+    case 14: one_pass<14, 1>(X, W, B, Y, K, N); return true;
+    case 15: one_pass<15, 1>(X, W, B, Y, K, N); return true;
+    case 16: one_pass<16, 1>(X, W, B, Y, K, N); return true;
+    default: return false;
+  }
+#else
+  (void)X; (void)W; (void)B; (void)Y; (void)K; (void)M; (void)N;
+  return false;
+#endif
 }
 
 // x: [M, K] fp32 CPU; w: [N, K] fp32 CPU contiguous; b: [N] or undefined. Returns [M, N].
@@ -119,6 +168,7 @@ torch::Tensor small_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch
   const float* W = w.data_ptr<float>();
   const float* B = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* Y = y.data_ptr<float>();
+  if (one_pass_for(X, W, B, Y, K, M, N)) return y;
   const int64_t full = N / kRows;
   at::parallel_for(0, full, 16, [&](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) rows<kRows>(X, W, B, Y, K, M, N, blk * kRows);
