@@ -49,6 +49,7 @@ OUT = ROOT / "benchmarks" / "results" / "tree"
 # (name, draft spec, γ = chain length or tree depth, tree nodes (0 = chain), branching)
 VARIANTS = [
     ("head chain γ=2", "embedded-head", 2, 0, None),
+    ("head tree N=3 d=2 k=2", "embedded-head", 2, 3, 2),
     ("head tree N=4 d=3 k=2", "embedded-head", 3, 4, 2),
     ("head tree N=8 d=4 k=2", "embedded-head", 4, 8, 2),
     ("head tree N=16 d=5 k=4", "embedded-head", 5, 16, 4),
@@ -176,6 +177,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--quick", action="store_true", help="fewer variants (for a smoke test)")
     ap.add_argument("--reading", default="", help="the conclusion to write into the markdown")
+    ap.add_argument("--out", default=str(OUT), help="result path without suffix (.json and .md are written)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model("embedded", device="cpu")
@@ -196,9 +198,10 @@ def main() -> None:
                     "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
                     "machine_meta": machine_meta(target)},
            "rows": rows, "verify": verify, "reading": args.reading}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    OUT.with_suffix(".md").write_text(markdown(res))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(res))
     print(markdown(res))
 
 
