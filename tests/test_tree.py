@@ -124,6 +124,29 @@ def test_kept_path_cache_equals_a_chain_pass(tiny):
                                rtol=1e-5, atol=1e-5)
 
 
+@torch.inference_mode()
+@pytest.mark.parametrize("path", [[], [0], [1], [0, 2, 4], [1, 5], [0, 3]])
+def test_kept_path_moves_exactly_the_path_entries(tiny, path):
+    """The gather keeps the context's entries untouched and puts the path's nodes' entries (keys, values, hidden
+    states) right after them, bit for bit: what index_select over context + path gives."""
+    ids = PROMPTS[0]
+    tree = TokenTree([4, 6, 8, 10, 12, 14], [-1, -1, 0, 0, 2, 1], torch.zeros(6, 32))
+    lm = CachedLM(tiny.model, tiny.device, keep_hidden=True)
+    lm.logits_for(ids, 1)
+    ctx = len(ids) + 1
+    tree_verify_pass(lm, ids + [3], tree)
+    keep = torch.tensor(list(range(ctx)) + [ctx + i for i in path])
+    want_k = [layer.keys.index_select(-2, keep).clone() for layer in lm.cache.layers]
+    want_v = [layer.values.index_select(-2, keep).clone() for layer in lm.cache.layers]
+    want_h = lm.hidden.index_select(0, keep).clone()
+    keep_accepted_path(lm, ctx, path)
+    assert lm.ids == ids + [3] + [tree.tokens[i] for i in path]
+    assert lm.hidden.shape[0] == ctx + len(path) and torch.equal(lm.hidden, want_h)
+    for layer, k, v in zip(lm.cache.layers, want_k, want_v):
+        assert layer.keys.shape[-2] == ctx + len(path)
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+
+
 def test_tree_trace_records(tiny):
     ids = PROMPTS[1]
     full = ids + plain(tiny, ids, 16)
