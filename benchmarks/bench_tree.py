@@ -49,6 +49,7 @@ OUT = ROOT / "benchmarks" / "results" / "tree"
 # (name, draft spec, γ = chain length or tree depth, tree nodes (0 = chain), branching)
 VARIANTS = [
     ("head chain γ=2", "embedded-head", 2, 0, None),
+    ("head chain γ=3", "embedded-head", 3, 0, None),
     ("head tree N=3 d=2 k=2", "embedded-head", 2, 3, 2),
     ("head tree N=4 d=3 k=2", "embedded-head", 3, 4, 2),
     ("head tree N=8 d=4 k=2", "embedded-head", 4, 8, 2),
@@ -146,7 +147,7 @@ def markdown(res: dict) -> str:
                                           "the counts — accepted, tokens per pass, identical — are not)"
                                           if max(float(m['load_start']), float(m['load_end'])) > 2 else "") + ".  ",
              f"Prompts: {m['n_prompts']} ({', '.join(m['prompt_labels'])}), up to {m['max_new_tokens']} new tokens "
-             "each; methods one after another per prompt.\n",
+             f"each, {m.get('reps', 1)} time(s) over; methods one after another per prompt.\n",
              "| method | accepted per round | tokens per pass | α̂ (per depth) | nodes per round | draft ms per round | "
              "tokens/s | speedup vs plain | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -176,6 +177,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--quick", action="store_true", help="fewer variants (for a smoke test)")
+    ap.add_argument("--variants", default="", help="only these methods, by name, comma-separated "
+                    "(e.g. 'head chain γ=2,head tree N=3 d=2 k=2'); plain always runs")
+    ap.add_argument("--reps", type=int, default=1, help="run the prompts this many times (every method per prompt "
+                    "each time, so a slow phase of the machine hits all methods); totals over all reps")
     ap.add_argument("--reading", default="", help="the conclusion to write into the markdown")
     ap.add_argument("--out", default=str(OUT), help="result path without suffix (.json and .md are written)")
     args = ap.parse_args()
@@ -184,17 +189,25 @@ def main() -> None:
     prompts = [(f"held-out {p['category']}", p["prompt"]) for p in build_prompts(args.prompts, "heldout", seed=0)]
     prompts += [(f"preset {k}", p.text) for k, p in PROMPT_PRESETS.items()]
     variants = VARIANTS[::3] if args.quick else VARIANTS
+    if args.variants:
+        names = [v.strip() for v in args.variants.split(",") if v.strip()]
+        unknown = [n for n in names if n not in {v[0] for v in VARIANTS}]
+        if unknown:
+            ap.error(f"unknown variant(s) {unknown}; known: {[v[0] for v in VARIANTS]}")
+        variants = [v for v in VARIANTS if v[0] in names]
+    if args.reps < 1:
+        ap.error("--reps must be at least 1")
     load_start = round(os.getloadavg()[0], 1)
     # warm-up (first calls allocate)
     generate(target, make_proposer("embedded-head", target), encode_prompt(target.tokenizer, "Hi"), gamma=3,
              max_new_tokens=8, tree=8)
     verify = verify_costs(target)
-    rows = run(target, prompts, args.max_new_tokens, variants)
+    rows = run(target, prompts * args.reps, args.max_new_tokens, variants)
     res = {"meta": {"command": " ".join(["OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", "?"),
                                          ".venv/bin/python"] + sys.argv),
                     "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "threads": args.threads,
                     "load_start": load_start, "load_end": round(os.getloadavg()[0], 1),
-                    "n_prompts": len(prompts), "prompt_labels": [p[0] for p in prompts],
+                    "n_prompts": len(prompts), "prompt_labels": [p[0] for p in prompts], "reps": args.reps,
                     "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
                     "machine_meta": machine_meta(target)},
            "rows": rows, "verify": verify, "reading": args.reading}

@@ -282,6 +282,92 @@ def test_streaming_kernel_gives_a_row_the_same_bits_whatever_rows_share_the_call
         assert torch.equal(op(x[:rows], w, None), alone[:rows]), rows
 
 
+needs_compact = pytest.mark.skipif(compute.stream_kernel() is None or compute._STREAM.get("compact") is None,
+                                   reason="no compact-weight entries in this kernel build (AVX-512 only)")
+
+
+def _q8_exact(n, k, gen):
+    """A weight that is exactly int8 × one fp16-valued scale per block of 32 (as a dequantized GGUF Q8_0 tensor),
+    every block's largest |q| 127; and its (q, scales)."""
+    q = torch.randint(-127, 128, (n, k // 32, 32), generator=gen).float()
+    q[..., 0] = torch.where(torch.rand(n, k // 32, generator=gen) < 0.5, -127.0, 127.0)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-4).half().float()
+    return (q * d[..., None]).view(n, k), q.to(torch.int8).view(n, k), d
+
+
+@needs_compact
+def test_compact_weights_give_the_fp32_weights_bits_for_every_row_count():
+    """The fp16 and int8-block entries compute exactly what the fp32 kernel computes on the weights they hold:
+    torch.equal for 0-24 rows (one pass and the blocked schedule), with and without bias. K must be whole vectors of 16
+    (a scalar tail compiled for each form added in other orders: K = 40 differed in the last bits)."""
+    op, f16, q8 = compute._STREAM["op"], compute._STREAM["compact"]["f16"], compute._STREAM["compact"]["q8"]
+    gen = torch.Generator().manual_seed(11)
+    for n, k in ((7, 16), (9, 48), (301, 576), (64, 1536)):
+        w16 = torch.randn(n, k, generator=gen).half()
+        b = torch.randn(n, generator=gen)
+        for rows in range(25):
+            x = torch.randn(rows, k, generator=gen)
+            for bias in (None, b):
+                assert torch.equal(f16(x, w16, bias), op(x, w16.float(), bias)), (n, k, rows)
+    for n, k in ((5, 32), (301, 576), (64, 1536)):
+        w, q, d = _q8_exact(n, k, gen)
+        b = torch.randn(n, generator=gen)
+        for rows in range(25):
+            x = torch.randn(rows, k, generator=gen)
+            for bias in (None, b):
+                assert torch.equal(q8(x, q, d, bias), op(x, w, bias)), (n, k, rows)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        q8(torch.ones(1, 40), torch.zeros(3, 40, dtype=torch.int8), torch.ones(3, 1), None)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        f16(torch.ones(1, 40), torch.zeros(3, 40, dtype=torch.half), None)
+
+
+@needs_compact
+def test_compact_form_is_found_only_where_exact_and_dropped_when_the_weight_changes(monkeypatch):
+    gen = torch.Generator().manual_seed(12)
+    exact16 = torch.randn(9, 48, generator=gen).half().float()
+    exact8, q, d = _q8_exact(6, 64, gen)
+    assert compute.compact_weight(exact16) == "f16"
+    assert compute.compact_weight(exact8) == "q8"
+    form = exact8.__dict__[compute.COMPACT_ATTR]
+    assert torch.equal(form.tensors[0], q) and torch.equal(form.tensors[1], d) and form.nbytes == 6 * 64 + 6 * 2 * 4
+    not_exact = exact8.clone()
+    not_exact[3, 17] += 1e-7 * float(not_exact[3, 17].abs() + 1)  # one value off the int8 grid
+    assert compute.compact_weight(not_exact) is None
+    assert compute.compact_weight(torch.randn(4, 32, generator=gen)) is None
+    assert compute.compact_weight(exact16[:, :40].contiguous()) is None  # K = 40: not whole vectors of 16
+    signed_zero = torch.zeros(2, 32)
+    signed_zero[1, 5] = -0.0
+    assert compute.compact_weight(signed_zero) == "f16"  # -0.0 is an fp16 value, sign kept
+    with torch.inference_mode():
+        assert compute.compact_weight(torch.ones(2, 32)) is None  # no version counter to watch
+    # a layer on the stream path reads its compact form, and its fp32 weight again once the weight changes
+    lin = nn.Linear(48, 9)
+    with torch.no_grad():
+        lin.weight.copy_(exact16)
+    monkeypatch.setitem(compute._STREAM, "max_rows", 16)
+    apply_path(lin, "stream")
+    try:
+        assert lin.weight.__dict__[compute.COMPACT_ATTR].kind == "f16"
+        assert compute.compact_bytes(lin) == 9 * 48 * 2
+        calls = []
+        real = compute._STREAM["compact"]["f16"]
+        monkeypatch.setitem(compute._STREAM, "compact", {**compute._STREAM["compact"],
+                                                         "f16": lambda *a: calls.append(1) or real(*a)})
+        lin.weight.__dict__[compute.COMPACT_ATTR] = compute.CompactWeight(
+            "f16", lin.weight.__dict__[compute.COMPACT_ATTR].tensors, compute._STREAM["compact"]["f16"],
+            lin.weight.data_ptr(), lin.weight._version)
+        x = torch.randn(3, 48, generator=gen)
+        with torch.inference_mode():
+            assert torch.equal(lin(x), compute._STREAM["op"](x, exact16, lin.bias)) and calls == [1]
+        with torch.no_grad():
+            lin.weight.mul_(1.5)  # the compact form is stale now
+        with torch.inference_mode():
+            assert torch.equal(lin(x), compute._STREAM["op"](x, exact16 * 1.5, lin.bias)) and calls == [1]
+    finally:
+        apply_path(lin, "default")
+
+
 @needs_stream
 def test_stream_path_routes_few_rows_to_the_kernel_and_more_to_onednn(monkeypatch):
     lin = _lin(9, 20)

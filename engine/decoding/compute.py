@@ -27,6 +27,13 @@ Paths:
   a name that carries the CPU's feature flags, the torch version and the source's hash); where no compiler
   or headers are present the path is simply not offered, and the reason is kept (``stream_problem``).
 
+Exact compact weights (the "stream" path): a weight whose fp32 values are all fp16 numbers (a draft head, Medusa heads
+or the block drafter saved in fp16) or, per block of 32 values, an int8 vector times one scale (the embedded GGUF's
+Q8_0 token embedding, which is also the tied LM head) gets a compact copy the kernel reads instead: half, or about
+a quarter, of the bytes, and the same fp32 values in the same order, so bit for bit the same outputs
+(``compact_weight``; checked value by value when made, and dropped when the weight changes). The fp32 weights stay.
+The embedded target's other layers are Q4_1 in the GGUF; they stay fp32.
+
 On both fast paths the siblings q/k/v and gate/up run as one product each (``_fuse_siblings``) and transformers'
 Llama decoder layers run one lean forward (``_lean_forward``: the same operations, bit-identical logits, without
 the per-submodule Python of transformers' layers).
@@ -54,7 +61,7 @@ import os
 import platform
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -95,7 +102,9 @@ class ComputePath:
         cpu: the CPU model this was chosen on (``cpu_model()``).
         threads: torch intra-op threads during the choice.
         pass_ms: {path: {tokens in the pass: median ms}} when measured; empty otherwise.
-        extra_bytes: memory the path costs beyond the model's weights (0: oneDNN reads the dense weights).
+        extra_bytes: memory the path costs beyond the model's weights: on "stream", the exact compact copies
+            (``compact_bytes``: the embedded model's LM head as int8 blocks, ~31 MB); 0 otherwise (oneDNN reads the
+            dense weights).
         stream_rows: on "stream", the most rows a product may have to take the streaming kernel (measured per
             machine: ``measure_stream_rows``); ``STREAM_MAX_ROWS`` when not measured.
         rows_ms: {"stream"/"onednn": {tokens in the pass: best ms}} behind ``stream_rows``; empty when not measured.
@@ -237,6 +246,8 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
                 mod = cpp_extension.load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=STREAM_CFLAGS,
                                          extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
             _STREAM["op"] = mod.small_linear
+            if getattr(mod, "compact_supported", lambda: False)():
+                _STREAM["compact"] = {"f16": mod.small_linear_f16, "q8": mod.small_linear_q8}
         except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _STREAM["problem"] = f"the streaming kernel could not be built here ({first[:200]})"
@@ -264,7 +275,8 @@ def stream_problem() -> str | None:
 
 def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """The streaming kernel's product for at most the active row limit (``use_path``: the machine's measured
-    ``ComputePath.stream_rows``, else ``STREAM_MAX_ROWS``), else None (the caller takes oneDNN)."""
+    ``ComputePath.stream_rows``, else ``STREAM_MAX_ROWS``), else None (the caller takes oneDNN). A weight with an
+    exact compact form (``compact_weight``) is read from that form: the same output bits, fewer bytes."""
     op = _STREAM["op"]
     k = x.shape[-1]
     if op is None or k == 0 or not weight.is_contiguous():
@@ -272,7 +284,126 @@ def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     rows = x.numel() // k
     if rows > _STREAM.get("max_rows", STREAM_MAX_ROWS):
         return None
+    c = weight.__dict__.get(COMPACT_ATTR)
+    if c is not None and c.ptr == weight.data_ptr() and c.version == weight._version:  # _compact_fresh, inlined
+        return c.op(x.reshape(rows, k), *c.tensors, bias).view(*x.shape[:-1], weight.shape[0])
     return op(x.reshape(rows, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+COMPACT_ATTR = "_stream_compact"
+"""The attribute of a weight tensor holding its exact compact form (``CompactWeight``)."""
+Q8_BLOCK = 32
+"""Values per scale in the "q8" compact form (the GGUF format Q8_0's block)."""
+
+
+@dataclass(frozen=True)
+class CompactWeight:
+    """A weight's exact compact storage for the streaming kernel (``compact_weight``).
+
+    Attributes:
+        kind: "f16" (the weight's values as fp16) or "q8" (int8 values and one fp32 scale per ``Q8_BLOCK``).
+        tensors: ("f16": [N, K] fp16) or ("q8": [N, K] int8, [N, K / 32] fp32 scales).
+        op: the kernel entry reading this form.
+        ptr, version: the fp32 weight's ``data_ptr`` and version counter when the form was made; a weight changed
+            since (an in-place update, new data) no longer matches and is read as fp32 again.
+    """
+
+    kind: str
+    tensors: tuple
+    op: Callable
+    ptr: int
+    version: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the compact form (memory it adds beside the fp32 weight)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def compact_weight(weight: torch.Tensor) -> str | None:
+    """Give ``weight`` ([N, K] fp32, contiguous, on the CPU) an exact compact form the streaming kernel reads
+    instead of its fp32 values, when one exists: "f16" when every value is an fp16 number (a draft head saved in
+    fp16 and cast to fp32 at load: half the bytes), else "q8" when every block of 32 values along K is an int8
+    vector times one scale (d = the block's largest magnitude ÷ 127; the GGUF format Q8_0, as the embedded model's
+    token embedding, which is also its LM head: 1.125 bytes a value instead of 4). The form is checked value by
+    value (each value, its sign bit included, must come back exactly), so the kernel's products are bit for bit
+    those on the fp32 weight: the compact form changes the bytes read, never a result. Why: decoding is memory-
+    bound, and on the Intel Xeon of session 23 a draft-head call read its 31 MB of fp32 layers at ~10 GB/s.
+
+    The fp32 weight is kept (training, the other paths, the state dict); the compact form costs its bytes
+    beside it (``CompactWeight.nbytes``). Inference tensors (made under ``torch.inference_mode``) have no version
+    counter, so they are left as they are.
+
+    Returns:
+        "f16", "q8", or None (no exact compact form, not fp32/2-D/contiguous/CPU, an inference tensor, an input
+        size K that is not a multiple of 16 (the kernel reads compact forms in whole vectors: small_linear.cpp), or
+        a kernel build without compact entries: ``_STREAM["compact"]``).
+    """
+    ops = _STREAM.get("compact")
+    if (ops is None or weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
+            or not weight.is_contiguous() or weight.is_inference() or weight.numel() == 0 or weight.shape[1] % 16):
+        return None
+    with torch.no_grad():
+        w = weight.detach()
+        if not (_exact_f16(w[:1]) or _exact_q8(w[:1]) is not None):  # the first row decides most weights cheaply
+            return None
+        if _exact_f16(w):
+            form = CompactWeight("f16", (w.to(torch.float16),), ops["f16"], weight.data_ptr(), weight._version)
+        else:
+            q8 = _exact_q8(w)
+            if q8 is None:
+                return None
+            form = CompactWeight("q8", q8, ops["q8"], weight.data_ptr(), weight._version)
+    weight.__dict__[COMPACT_ATTR] = form
+    return form.kind
+
+
+def _exact_f16(w: torch.Tensor) -> bool:
+    back = w.to(torch.float16).float()
+    return torch.equal(back, w) and torch.equal(back.signbit(), w.signbit())
+
+
+def _exact_q8(w: torch.Tensor):
+    """(int8 values [n, k], scales [n, k / 32]) when every block of 32 is exactly int8 × scale, else None."""
+    n, k = w.shape
+    if k % Q8_BLOCK:
+        return None
+    blocks = w.reshape(n, k // Q8_BLOCK, Q8_BLOCK)
+    scale = blocks.abs().amax(-1) / 127.0
+    q = torch.where(scale[..., None] > 0, blocks / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None],
+                    torch.zeros(()))
+    q = q.round_()
+    if not bool(torch.isfinite(q).all()) or float(q.abs().max()) > 127:
+        return None
+    back = q * scale[..., None]
+    if not (torch.equal(back, blocks) and torch.equal(back.signbit(), blocks.signbit())):
+        return None
+    return q.to(torch.int8).view(n, k), scale.contiguous()
+
+
+def _compact_fresh(weight: torch.Tensor) -> bool:
+    c = weight.__dict__.get(COMPACT_ATTR)
+    return c is not None and c.ptr == weight.data_ptr() and c.version == weight._version
+
+
+def compact_bytes(modules) -> int:
+    """Bytes of the compact forms (``compact_weight``) held by the linear layers inside ``modules`` (and their
+    fused weights)."""
+    seen, total = set(), 0
+    for m in _linears(modules):
+        for w in (m.weight, m.__dict__.get("_fused_weight")):
+            c = None if w is None else w.__dict__.get(COMPACT_ATTR)
+            if c is not None and id(c) not in seen:
+                seen.add(id(c))
+                total += c.nbytes
+    return total
+
+
+def prepare_weight(weight: torch.Tensor) -> None:
+    """Give a bare weight tensor used with ``linear`` (a draft head's LM-head rows) its compact form when the
+    active path is "stream" (``compact_weight``); nothing otherwise."""
+    if _ACTIVE["path"] == "stream":
+        compact_weight(weight)
 
 
 def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -649,6 +780,13 @@ def apply_path(modules, path: str) -> None:
         _fuse_siblings(modules)
     _lean_layers(modules, on=path != "default")
     _ACTIVE["path"] = path
+    if path == "stream":
+        for m in _linears(modules):
+            if type(m) is FusedFollowerLinear:
+                continue  # its lead's fused weight holds its rows
+            w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
+            if w is not None and not _compact_fresh(w):
+                compact_weight(w)
 
 
 _OURS = (nn.Linear, OneDNNLinear, FusedLeadLinear, FusedFollowerLinear)
@@ -847,4 +985,7 @@ def use_path(modules, choice: ComputePath) -> ComputePath:
     apply_path(modules, choice.path)
     if choice.path == "stream":
         _STREAM["max_rows"] = int(choice.stream_rows)
+        extra = compact_bytes(modules)
+        if extra != choice.extra_bytes:
+            choice = replace(choice, extra_bytes=extra)
     return choice

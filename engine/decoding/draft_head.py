@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from engine.decoding.compute import apply_path, linear, path_of
+from engine.decoding.compute import apply_path, linear, path_of, prepare_weight
 from engine.errors import ModelLoadError
 
 HEAD_FORMAT = "speedup-lab-feature-head/1"
@@ -81,7 +81,9 @@ class FeatureHead(nn.Module):
         """Share the target's input embedding and the rows ``vocab_ids`` of its LM head (frozen)."""
         self._target_embed[:] = [target_model.get_input_embeddings()]
         w = target_model.get_output_embeddings().weight.detach()
-        self.head_weight = w[self.vocab_ids.to(w.device)].to(self.fc.weight.dtype)
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor: it can hold its compact form
+            self.head_weight = w[self.vocab_ids.to(w.device)].to(self.fc.weight.dtype)
+        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute.py)
         return self
 
     def init_from_target(self, target_model: nn.Module) -> None:

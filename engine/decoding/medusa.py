@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.decoding.compute import apply_path, linear, path_of
+from engine.decoding.compute import apply_path, linear, path_of, prepare_weight
 from engine.decoding.proposers import Proposal, Proposer
 from engine.decoding.sampling import sample, warp_probs
 from engine.decoding.tree import (TokenTree, best_paths, choose_tree, expected_accepted,  # noqa: F401 - re-exported
@@ -108,7 +108,9 @@ class MedusaHeads(nn.Module):
     def bind(self, target_model: nn.Module) -> "MedusaHeads":
         """Share the rows ``vocab_ids`` of the target's LM head (frozen, in the heads' dtype)."""
         w = target_model.get_output_embeddings().weight.detach()
-        self.head_weight = w[self.vocab_ids.to(w.device)].to(self.heads[0][0].linear.weight.dtype)
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor: it can hold its compact form
+            self.head_weight = w[self.vocab_ids.to(w.device)].to(self.heads[0][0].linear.weight.dtype)
+        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute.py)
         return self
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -63,10 +67,60 @@ constexpr int kRows = 4;
 constexpr int kInputBlock = 4;
 #endif
 
+// How a block reads its weights. Weights are read 16 values at a time as fp32 vectors; a loader turns what is
+// stored into exactly the fp32 weights (compact storage, "exact compact weights" in engine/decoding/compute.py):
+//   F32: the fp32 weight itself (nn.Linear's layout [N, K]).
+//   F16: fp16 values [N, K] whose fp32 values are the weights (fp16 → fp32 is exact), half the bytes: a draft
+//        head saved in fp16 and cast to fp32 at load.
+//   Q8:  int8 q [N, K] and one fp32 scale d per 32 values [N, K / 32], the weight being d · q exactly (the product
+//        of an int8 and a scale with at most 16 significant bits is exact in fp32), about a quarter of the bytes:
+//        the embedded GGUF's Q8_0 token embedding, the tied LM head. K % 32 == 0.
+// Whatever the loader, the vector it returns holds the same floats, so every output adds the same products in the
+// same order: the compact forms give bit-identical outputs (tests/test_compute.py checks torch.equal). They take K
+// in whole vectors only (K % 16 == 0): the scalar tail for K % 16 values is compiled differently per loader (GCC
+// fused the products into the sum for one and not the other: measured, K = 40 gave other last bits).
+struct F32 {
+  const float* W;
+  int64_t K;
+  inline v16 load(int64_t n, int64_t k) const {
+    v16 v;
+    __builtin_memcpy(&v, W + n * K + k, sizeof(v16));
+    return v;
+  }
+  inline float at(int64_t n, int64_t k) const { return W[n * K + k]; }
+  inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
+};
+
+#if defined(__AVX512F__)
+struct F16 {
+  const uint16_t* W;
+  int64_t K;
+  inline v16 load(int64_t n, int64_t k) const {
+    __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(W + n * K + k)));
+    return reinterpret_cast<v16&>(v);
+  }
+  inline float at(int64_t n, int64_t k) const { return _cvtsh_ss(W[n * K + k]); }
+  inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
+};
+
+struct Q8 {
+  const int8_t* W;
+  const float* S;
+  int64_t K;
+  inline v16 load(int64_t n, int64_t k) const {
+    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W + n * K + k))));
+    __m512 v = _mm512_mul_ps(q, _mm512_set1_ps(S[n * (K / 32) + k / 32]));  // exact: no rounding to fuse away
+    return reinterpret_cast<v16&>(v);
+  }
+  inline float at(int64_t n, int64_t k) const { return float(W[n * K + k]) * S[n * (K / 32) + k / 32]; }
+  inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
+};
+#endif
+
 // One block: RR adjacent weight rows (from n0) against MM input rows (from m0), both compile-time, so the
 // RR·MM accumulators live in registers. Every instantiation adds in the same order (see the file's header).
-template <int MM, int RR>
-static inline void block(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t N,
+template <int MM, int RR, class L>
+static inline void block(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t N,
                          int64_t m0, int64_t n0) {
   const int64_t K16 = K / 16 * 16;
   v16 acc[MM][RR];
@@ -74,8 +128,8 @@ static inline void block(const float* X, const float* W, const float* B, float* 
     for (int r = 0; r < RR; ++r) acc[i][r] = (v16){0};
   for (int64_t k = 0; k < K16; k += 16) {
     v16 wv[RR];
-    for (int r = 0; r < RR; ++r) __builtin_memcpy(&wv[r], W + (n0 + r) * K + k, sizeof(v16));
-    for (int r = 0; r < RR; ++r) __builtin_prefetch(W + (n0 + r + kPrefetchBlocks * RR) * K + k, 0, kPrefetchLocality);
+    for (int r = 0; r < RR; ++r) wv[r] = W.load(n0 + r, k);
+    for (int r = 0; r < RR; ++r) __builtin_prefetch(W.line(n0 + r + kPrefetchBlocks * RR, k), 0, kPrefetchLocality);
     for (int i = 0; i < MM; ++i) {
       v16 xv;
       __builtin_memcpy(&xv, X + (m0 + i) * K + k, sizeof(v16));
@@ -85,15 +139,15 @@ static inline void block(const float* X, const float* W, const float* B, float* 
   for (int i = 0; i < MM; ++i) {
     for (int r = 0; r < RR; ++r) {
       float s = lanes_sum(acc[i][r]);
-      for (int64_t k = K16; k < K; ++k) s += X[(m0 + i) * K + k] * W[(n0 + r) * K + k];
+      for (int64_t k = K16; k < K; ++k) s += X[(m0 + i) * K + k] * W.at(n0 + r, k);
       if (B) s += B[n0 + r];
       Y[(m0 + i) * N + n0 + r] = s;
     }
   }
 }
 
-template <int RR>
-static inline void rows(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t M, int64_t N,
+template <int RR, class L>
+static inline void rows(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M, int64_t N,
                         int64_t n0) {
   int64_t m0 = 0;
   if constexpr (kInputBlock != 4) {
@@ -109,8 +163,8 @@ static inline void rows(const float* X, const float* W, const float* B, float* Y
 }
 
 // Every weight row read once for all M input rows (one block of MM rows; see "One pass" above).
-template <int MM, int RR>
-static void one_pass(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t N) {
+template <int MM, int RR, class L>
+static void one_pass(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t N) {
   const int64_t full = N / RR;
   at::parallel_for(0, full, 48 / RR, [&](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) block<MM, RR>(X, W, B, Y, K, N, 0, blk * RR);
@@ -119,7 +173,8 @@ static void one_pass(const float* X, const float* W, const float* B, float* Y, i
 }
 
 // The one-pass schedule for M rows (AVX-512 only); false where M is outside it.
-static bool one_pass_for(const float* X, const float* W, const float* B, float* Y, int64_t K, int64_t M,
+template <class L>
+static bool one_pass_for(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M,
                          int64_t N) {
 #if defined(__AVX512F__)
   switch (M) {
@@ -147,6 +202,31 @@ static bool one_pass_for(const float* X, const float* W, const float* B, float* 
 #endif
 }
 
+// Every output of y = x · Wᵀ + b for the loader's weights: one pass for 1-16 rows, else blocks of rows.
+template <class L>
+static void run(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M, int64_t N) {
+  if (one_pass_for(X, W, B, Y, K, M, N)) return;
+  const int64_t full = N / kRows;
+  at::parallel_for(0, full, 16, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) rows<kRows>(X, W, B, Y, K, M, N, blk * kRows);
+  });
+  for (int64_t n0 = full * kRows; n0 < N; ++n0) rows<1>(X, W, B, Y, K, M, N, n0);
+}
+
+// The checks every entry shares; returns contiguous x and the bias pointer (or nullptr).
+static const float* inputs(torch::Tensor& x, int64_t N, int64_t K, const c10::optional<torch::Tensor>& b,
+                           torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "small_linear: x [M, K] expected, K = ", K);
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.device().is_cpu(), "small_linear: x must be fp32 on the CPU");
+  x = x.contiguous();
+  if (b.has_value() && b->defined()) {
+    bias = b->contiguous();
+    TORCH_CHECK(bias.scalar_type() == torch::kFloat && bias.numel() == N, "small_linear: bias [N] fp32");
+    return bias.data_ptr<float>();
+  }
+  return nullptr;
+}
+
 // x: [M, K] fp32 CPU; w: [N, K] fp32 CPU contiguous; b: [N] or undefined. Returns [M, N].
 torch::Tensor small_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
@@ -155,28 +235,72 @@ torch::Tensor small_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch
               "small_linear: fp32 only");
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
   TORCH_CHECK(w.is_contiguous(), "small_linear: w must be contiguous");
-  x = x.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
   torch::Tensor bias;
-  if (b.has_value() && b->defined()) {
-    bias = b->contiguous();
-    TORCH_CHECK(bias.scalar_type() == torch::kFloat && bias.numel() == w.size(0), "small_linear: bias [N] fp32");
-  }
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const float* B = inputs(x, N, K, b, bias);
+  const int64_t M = x.size(0);
   auto y = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
-  const float* X = x.data_ptr<float>();
-  const float* W = w.data_ptr<float>();
-  const float* B = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  float* Y = y.data_ptr<float>();
-  if (one_pass_for(X, W, B, Y, K, M, N)) return y;
-  const int64_t full = N / kRows;
-  at::parallel_for(0, full, 16, [&](int64_t first, int64_t last) {
-    for (int64_t blk = first; blk < last; ++blk) rows<kRows>(X, W, B, Y, K, M, N, blk * kRows);
-  });
-  for (int64_t n0 = full * kRows; n0 < N; ++n0) rows<1>(X, W, B, Y, K, M, N, n0);
+  run(x.data_ptr<float>(), F32{w.data_ptr<float>(), K}, B, y.data_ptr<float>(), K, M, N);
   return y;
+}
+
+// Whether this build reads compact weights (AVX-512 builds only).
+bool compact_supported() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x: [M, K] fp32; w16: [N, K] fp16 contiguous (the weights exactly). Returns [M, N], the bits small_linear gives for
+// w16.float().
+torch::Tensor small_linear_f16(torch::Tensor x, torch::Tensor w16, c10::optional<torch::Tensor> b) {
+#if defined(__AVX512F__)
+  TORCH_CHECK(w16.dim() == 2 && w16.scalar_type() == torch::kHalf && w16.device().is_cpu() && w16.is_contiguous(),
+              "small_linear_f16: w16 [N, K] contiguous fp16 on the CPU expected");
+  const int64_t N = w16.size(0), K = w16.size(1);
+  TORCH_CHECK(K % 16 == 0, "small_linear_f16: K must be a multiple of 16");
+  torch::Tensor bias;
+  const float* B = inputs(x, N, K, b, bias);
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  run(x.data_ptr<float>(), F16{reinterpret_cast<const uint16_t*>(w16.data_ptr<at::Half>()), K}, B,
+      y.data_ptr<float>(), K, M, N);
+  return y;
+#else
+  TORCH_CHECK(false, "small_linear_f16: this build has no AVX-512");
+#endif
+}
+
+// x: [M, K] fp32; q: [N, K] int8 contiguous; scales: [N, K / 32] fp32 contiguous (weight = scale · q exactly);
+// K % 32 == 0. Returns [M, N], the bits small_linear gives for the fp32 weights.
+torch::Tensor small_linear_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales, c10::optional<torch::Tensor> b) {
+#if defined(__AVX512F__)
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kChar && q.device().is_cpu() && q.is_contiguous(),
+              "small_linear_q8: q [N, K] contiguous int8 on the CPU expected");
+  const int64_t N = q.size(0), K = q.size(1);
+  TORCH_CHECK(K % 32 == 0, "small_linear_q8: K must be a multiple of 32");
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == K / 32 &&
+                  scales.scalar_type() == torch::kFloat && scales.is_contiguous(),
+              "small_linear_q8: scales [N, K / 32] contiguous fp32 expected");
+  torch::Tensor bias;
+  const float* B = inputs(x, N, K, b, bias);
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  run(x.data_ptr<float>(), Q8{q.data_ptr<int8_t>(), scales.data_ptr<float>(), K}, B, y.data_ptr<float>(), K, M, N);
+  return y;
+#else
+  TORCH_CHECK(false, "small_linear_q8: this build has no AVX-512");
+#endif
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (fp32, CPU)");
+  m.def("small_linear_f16", &small_linear_f16, "small_linear for weights stored exactly as fp16");
+  m.def("small_linear_q8", &small_linear_q8, "small_linear for weights stored exactly as int8 x fp32 scale per 32");
+  m.def("compact_supported", &compact_supported, "whether the compact-weight entries work in this build");
 }
