@@ -6,7 +6,8 @@ Measures, alternating the paths rep by rep (``engine/decoding/compute.py``'s ``a
 2. a whole target pass over n = 1, 2, 3, 4, 9, 16 new tokens after 100 cached tokens, and a 9-node token
    tree's verify pass (tree attention mask, ``engine.decoding.attention``);
 3. plain greedy decoding (this engine, 64 new tokens) in tokens/s, and as a share of the machine's read
-   bandwidth: parameter bytes × tokens/s ÷ the bandwidth of reading 1 GiB of fp32 (``torch.sum``, best of 5);
+   bandwidth: the bytes a step reads × tokens/s ÷ the bandwidth of reading 1 GiB of fp32 (``torch.sum``, best of
+   5); the bytes are the fp32 parameters, less what exact compact copies save on the stream path;
    transformers' own ``generate`` beside it on the same path.
 
     python benchmarks/bench_compute.py [--reps 7] [--threads N] [--out PATH_WITHOUT_SUFFIX]
@@ -167,16 +168,24 @@ def main() -> int:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), **machine_meta(target)}
     chosen = target.compute.path
     params = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    # bytes a decode step reads per path: the stream path reads a weight's exact compact copy instead of its fp32
+    # values where it has one (compute.compact_weight: the embedded model's LM head as int8 blocks)
+    forms = {id(f): (w, f) for m in compute._linears(target.model)
+             for w in (m.weight, m.__dict__.get("_fused_weight")) if w is not None
+             for f in [w.__dict__.get(compute.COMPACT_ATTR)] if f is not None}
+    saved = sum(w.numel() * w.element_size() - f.nbytes for w, f in forms.values())
+    read_bytes = {p: params - (saved if p == "stream" else 0) for p in PATHS}
     bw = read_bandwidth_gbs()
-    res = {"meta": meta, "param_bytes": params, "read_bandwidth_gbs": round(bw, 2),
+    res = {"meta": meta, "param_bytes": params, "read_bytes_per_token": read_bytes, "read_bandwidth_gbs": round(bw, 2),
            "lm_head_ms": lm_head_ms(target, reps=args.reps), "pass_ms": pass_ms(target, reps=args.reps),
            "decode": decode_tps(target, "Explain in a few sentences why the sky is blue.", args.max_new_tokens,
                                 max(2, args.reps // 2))}
     compute.apply_path(target.model, chosen)
     for k, d in res["decode"].items():
-        d["share_of_read_bandwidth"] = round(params * d["tokens_per_s"] / (bw * 1e9), 3)
+        nbytes = read_bytes.get(k.split()[0], params)
+        d["share_of_read_bandwidth"] = round(nbytes * d["tokens_per_s"] / (bw * 1e9), 3)
         if d["decode_steps_tokens_per_s"] is not None:
-            d["decode_steps_share_of_read_bandwidth"] = round(params * d["decode_steps_tokens_per_s"] / (bw * 1e9), 3)
+            d["decode_steps_share_of_read_bandwidth"] = round(nbytes * d["decode_steps_tokens_per_s"] / (bw * 1e9), 3)
     meta["load_avg_1min_end"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
@@ -185,7 +194,10 @@ def main() -> int:
     sep = "|---" * (len(PATHS) + 1) + "|"
     lines = [f"# Compute path: {', '.join(NAMES[p] for p in PATHS)} linears ({meta['date']})", "",
              machine_line(meta), f"`{meta['command']}`; medians of {args.reps} alternating reps. "
-             f"Read bandwidth (1 GiB fp32 sum, best of 5): {bw:.1f} GB/s; parameters {params / 1e6:.0f} MB (fp32).", "",
+             f"Read bandwidth (1 GiB fp32 sum, best of 5): {bw:.1f} GB/s; parameters {params / 1e6:.0f} MB (fp32); "
+             f"bytes a decode step reads: {read_bytes['stream'] / 1e6:.0f} MB on the stream path (exact compact copies "
+             f"of {len(forms)} weight(s), `compute.compact_weight`), {params / 1e6:.0f} MB on the others. A share of "
+             "the read bandwidth is those bytes × tokens/s ÷ the sum's bandwidth.", "",
              f"Chosen on this machine: {chosen} ({target.compute.reason}).", "",
              "## The LM head product (49152 × 576), ms", "", f"| rows | {cols} |", sep]
     lines += [f"| {r} | " + " | ".join(f"{lh[p][r]:.2f}" for p in PATHS) + " |" for r in lh["default"]]

@@ -157,6 +157,8 @@ def test_label_is_short_and_names_the_path():
     c = ComputePath("onednn", "measured: 1.82× faster than default (1-/4-token pass: …)", "AMD EPYC", 2)
     assert c.label() == "oneDNN (measured: 1.82× faster than default)"
     assert ComputePath("default", "forced by override", "x", 1).label().startswith("PyTorch default")
+    assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496).label().endswith(
+        "(forced by override; exact fp16/int8 copies of some weights: +32 MB)")
 
 
 @needs_onednn

@@ -128,7 +128,8 @@ class ComputePath:
     def label(self) -> str:
         """Short label for pages and result headers, e.g. ``"oneDNN (measured: 1.82× faster than default)"``:
         the name and the reason without its timing details."""
-        return f"{self.name} ({self.reason.split(' (')[0]})"
+        extra = f"; exact fp16/int8 copies of some weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
+        return f"{self.name} ({self.reason.split(' (')[0]}{extra})"
 
     def to_dict(self) -> dict:
         return asdict(self)
