@@ -9,15 +9,18 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.decoding.models import LoadedModel, load_model, load_tokenizer
+from engine.decoding.pass_cost import refresh_stale_pass_cost
 
 
 @st.cache_resource(show_spinner=False, max_entries=6)
 def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """Load ``spec`` once per process (see ``engine.decoding.models.load_model``); raises ModelLoadError."""
     bar = st.progress(0.0, text=f"Loading {spec}…")
+    show = (lambda msg, frac: bar.progress(min(max(frac, 0.0), 1.0), text=msg))
     try:
-        return load_model(spec, device=device, dtype=dtype,
-                          progress=lambda msg, frac: bar.progress(min(max(frac, 0.0), 1.0), text=msg))
+        target = load_model(spec, device=device, dtype=dtype, progress=show)
+        refresh_stale_pass_cost(target, progress=show)  # this machine's curve, if stored under another row limit
+        return target
     finally:
         bar.empty()
 

@@ -86,6 +86,54 @@ def test_a_curve_measured_under_another_stream_row_limit_is_measured_again(tiny,
     assert machine_pass_cost(target12).extra == {"stream_rows": 12} and calls == [1, 1]
 
 
+def test_a_stored_curve_under_another_row_limit_is_not_this_process_curve(tiny, monkeypatch):
+    """Without a model at hand (the head's default γ, the Medusa tree, What-if), a "stream" curve stored under
+    another row limit than the one this process's passes run with is not returned; under the same limit, or before
+    any "stream" choice is applied in the process, it is; curves of other paths are not affected."""
+    from engine.decoding import compute
+
+    stored = PassCost(ms={1: 10.0, 9: 22.5}, cpu="x", compute="stream", threads=2, date="d", extra={"stream_rows": 8})
+    monkeypatch.setattr(pass_cost, "_read", lambda: {pass_cost._key("embedded"): stored.to_dict()})
+    monkeypatch.setitem(compute._ACTIVE, "path", "stream")
+    monkeypatch.setitem(compute._STREAM, "applied_rows", 24)
+    assert compute.active_stream_rows() == 24
+    assert cached_pass_cost("embedded") is None and cached_pass_cost("embedded", compute="stream") is None
+    assert not pass_cost.current_pass_cost("embedded").measured_here  # the shipped fallback, labelled
+    monkeypatch.setitem(compute._STREAM, "applied_rows", 8)
+    assert cached_pass_cost("embedded") == stored
+    monkeypatch.setitem(compute._STREAM, "applied_rows", None)  # no "stream" choice applied yet in this process
+    assert cached_pass_cost("embedded") == stored
+    monkeypatch.setitem(compute._STREAM, "applied_rows", 24)
+    monkeypatch.setitem(compute._ACTIVE, "path", "onednn")      # another path active: no row limit applies
+    assert compute.active_stream_rows() is None and cached_pass_cost("embedded") == stored
+    other = PassCost(ms={1: 10.0, 2: 11.0}, cpu="x", compute="onednn", threads=2, date="d")
+    monkeypatch.setattr(pass_cost, "_read", lambda: {pass_cost._key("embedded"): other.to_dict()})
+    monkeypatch.setitem(compute._ACTIVE, "path", "stream")
+    assert cached_pass_cost("embedded") == other
+
+
+def test_a_stale_curve_is_measured_again_when_the_model_loads(tiny, monkeypatch):
+    """``refresh_stale_pass_cost`` (run by the app when it loads a model) measures again only a stored curve of the
+    same path under another row limit; no stored curve, or a current one, measures nothing."""
+    import dataclasses
+
+    target = dataclasses.replace(tiny, compute=dataclasses.replace(tiny.compute, path="stream", stream_rows=24))
+    calls = []
+    monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: calls.append(1) or PassCost(
+        ms={1: 10.0, 2: 11.0}, cpu="x", compute="stream", threads=2, date="d",
+        extra={"stream_rows": t.compute.stream_rows}))
+    assert pass_cost.refresh_stale_pass_cost(target) is None and calls == []      # none stored: prepare's job
+    target8 = dataclasses.replace(target, compute=dataclasses.replace(target.compute, stream_rows=8))
+    machine_pass_cost(target8)
+    assert calls == [1]
+    assert pass_cost.refresh_stale_pass_cost(target8) is None and calls == [1]    # current
+    got = pass_cost.refresh_stale_pass_cost(target)                               # stored under 8 rows, runs 24
+    assert calls == [1, 1] and got.extra == {"stream_rows": 24}
+    assert pass_cost.refresh_stale_pass_cost(target) is None and calls == [1, 1]
+    onednn = dataclasses.replace(target, compute=dataclasses.replace(target.compute, path="onednn"))
+    assert pass_cost.refresh_stale_pass_cost(onednn) is None and calls == [1, 1]  # another path: not its curve
+
+
 def test_measure_needs_one_token_and_a_rep(tiny):
     with pytest.raises(ValueError):
         measure_pass_cost(tiny, sizes=(2, 3))
@@ -106,6 +154,12 @@ def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
     # α 0.6, c 0.1: γ=1 1.6/1.1 = 1.455; γ=2 1.96/1.2 = 1.633; γ=3 2.176/1.3 = 1.674; γ=4 2.306/(0.4 + 2) = 0.96
     g, why = analytic.default_gamma_here("embedded-head")
     assert g == 3 and "this machine's measured pass cost" in why and "1.67×" in why
+    # within 2 % the shorter γ (session 24's Xeon curve, rounded): γ=2 0.784/(0.4·1.26) = 1.556; γ=3
+    # 0.8704/(0.4·1.39) = 1.565 (0.6 % more); γ=4 0.92224/(0.4·1.53) = 1.507
+    near = _curve({1: 10.0, 2: 10.0, 3: 10.6, 4: 10.9, 5: 11.3, 9: 13.0})
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: near)
+    g, why = analytic.default_gamma_here("embedded-head")
+    assert g == 2 and "expected 1.56×" in why and "γ = 3 expects 1.57×, within 2%" in why
     assert analytic.default_gamma_here("ngram") == (4, "the draft's static default")
     assert analytic.default_gamma_here("embedded-head", "some/other-model")[0] == 2
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: None)

@@ -981,12 +981,20 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
         return choice
 
 
+def active_stream_rows() -> int | None:
+    """The streaming kernel's row limit this process's passes run with: the last ``use_path`` choice's measured
+    limit while the active path is "stream", else None (no "stream" choice applied in this process, or another
+    path active). A pass-cost curve measured under another limit is not this process's curve
+    (``engine.decoding.pass_cost.cached_pass_cost``)."""
+    return _STREAM.get("applied_rows") if _ACTIVE["path"] == "stream" else None
+
+
 def use_path(modules, choice: ComputePath) -> ComputePath:
     """Apply ``choice`` to ``modules`` (a model, a draft head, Medusa heads) and return it; on "stream" its
     measured row limit becomes the process's (one limit per process, as one path: the last one applied)."""
     apply_path(modules, choice.path)
     if choice.path == "stream":
-        _STREAM["max_rows"] = int(choice.stream_rows)
+        _STREAM["max_rows"] = _STREAM["applied_rows"] = int(choice.stream_rows)
         extra = compact_bytes(modules)
         if extra != choice.extra_bytes:
             choice = replace(choice, extra_bytes=extra)

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from engine.decoding.compute import cpu_model, kernel_name
+from engine.decoding.compute import active_stream_rows, cpu_model, kernel_name
 from engine.decoding.models import LoadedModel, cache_root
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
@@ -167,15 +167,27 @@ def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: 
                            f" kernels, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
 
 
-def cached_pass_cost(spec: str = "embedded", compute: str | None = None, device: str = "cpu") -> PassCost | None:
-    """The curve measured earlier on this machine for the target ``spec`` (and compute path ``compute``,
-    when given), or None. Needs no loaded model."""
+def _stored(spec: str, device: str = "cpu") -> PassCost | None:
+    """The curve stored for this machine and ``spec`` (any path, any row limit), or None."""
     d = _read().get(_key(spec, device))
     try:
-        got = PassCost.from_dict(d) if d else None
+        return PassCost.from_dict(d) if d else None
     except (TypeError, KeyError, ValueError):
         return None
-    return got if got is not None and (compute is None or got.compute == compute) else None
+
+
+def cached_pass_cost(spec: str = "embedded", compute: str | None = None, device: str = "cpu") -> PassCost | None:
+    """The curve measured earlier on this machine for the target ``spec`` (and compute path ``compute``,
+    when given), or None. Needs no loaded model. A "stream" curve measured under another row limit than the one
+    this process's passes run with (``compute.active_stream_rows``, once a model is loaded) is None too: passes
+    of more rows than the old limit cost something else now (``refresh_stale_pass_cost`` measures it again)."""
+    got = _stored(spec, device)
+    if got is None or (compute is not None and got.compute != compute):
+        return None
+    rows = active_stream_rows()
+    if got.compute == "stream" and rows is not None and got.extra.get("stream_rows") != rows:
+        return None
+    return got
 
 
 def current_pass_cost(spec: str = "embedded") -> PassCost:
@@ -214,8 +226,8 @@ def machine_pass_cost(target: LoadedModel, measure: bool = True,
     """This machine's curve for ``target``: cached, else measured now and cached (``measure``), else the
     shipped fallback (labelled)."""
     path = target.compute.path if target.compute else "default"
-    got = cached_pass_cost(target.spec, path, str(target.device.type))
-    if got is not None and got.extra.get("stream_rows") == _stream_rows(target):
+    got = _stored(target.spec, str(target.device.type))
+    if got is not None and got.compute == path and got.extra.get("stream_rows") == _stream_rows(target):
         return got
     if not measure:
         return shipped_pass_cost()
@@ -231,3 +243,20 @@ def machine_pass_cost(target: LoadedModel, measure: bool = True,
     except OSError:
         pass
     return got
+
+
+def refresh_stale_pass_cost(target: LoadedModel, progress: Callable[[str, float], None] | None = None
+                            ) -> PassCost | None:
+    """Measure ``target``'s curve again (and store it) when one is stored for this machine and compute path but was
+    measured under another streaming-kernel row limit than ``target`` runs with (the limit was measured anew
+    since, ``compute.measure_stream_rows``); nothing when none is stored (``python -m engine prepare`` measures
+    the first one) or when it is current. Returns the new curve, or None when nothing was measured.
+
+    Why: the head's default γ, the Medusa tree and What-if's curve read the stored curve without a model
+    (``cached_pass_cost``); on the Intel Xeon in session 24 the stored curve had been measured under an 8-row
+    limit (a 9-token pass 2.25× one token) while the passes ran under a 24-row one (1.30×, measured again)."""
+    path = target.compute.path if target.compute else "default"
+    stored = _stored(target.spec, str(target.device.type))
+    if stored is None or stored.compute != path or stored.extra.get("stream_rows") == _stream_rows(target):
+        return None
+    return machine_pass_cost(target, progress=progress)
