@@ -276,6 +276,10 @@ def main() -> None:
                     "median_wall_s": statistics.median(walls) if walls else None,
                     "errors": room["errors"], "texts_identical": sum(same), "texts_checked": len(same),
                     "different": [r.index for r, s in zip(readers, same) if not s],
+                    # what differed: the page's text and the engine's alone, whitespace removed (as compared)
+                    "differences": [{"reader": r.index, "temperature": r.temperature, "seed": r.seed,
+                                     "error": r.error, "room": normalized(r.text or ""), "alone": normalized(w)}
+                                    for r, w, s in zip(readers, want, same) if not s],
                     "server_peak_rss_mb": _peak_rss_mb(proc.pid), "cpu_during_run": room["cpu"]})
                 med = (lambda xs: statistics.median(xs) if xs else None)
                 rows[-1]["server_passes"] = {
@@ -312,6 +316,13 @@ def main() -> None:
                      + " / ".join(f"{x:.1f}" for x in r["alone_wall_s"] if x is not None)
                      + f" | {len(r['errors'])} | {r['texts_identical']}/{r['texts_checked']} | "
                      f"{r['server_peak_rss_mb']:.0f} |")
+    for r in rows:  # a text that differed from the same settings alone: where (whitespace removed, as compared)
+        for d in r.get("differences", []):
+            a, b = d["alone"], d["room"]
+            j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            lines += ["", f"{r['readers']} readers, reader {d['reader']} (temperature {d['temperature']}, seed "
+                      f"{d['seed']}){': error ' + d['error'] if d['error'] else ''}: the texts part at character {j} "
+                      f"of {len(a)}: alone `…{a[max(0, j - 20):j + 20]}…`, in the room `…{b[max(0, j - 20):j + 20]}…`."]
     lines += ["", "The server's room during each run (its pass log): passes, rows per pass (median, max), pass and "
               "target-forward ms (medians), and the share of the run's time the worker was busy:", "",
               "| readers | passes | rows median | rows max | pass ms | target ms | batched draft ms | worker busy |",
