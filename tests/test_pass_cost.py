@@ -159,7 +159,7 @@ def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
     near = _curve({1: 10.0, 2: 10.0, 3: 10.6, 4: 10.9, 5: 11.3, 9: 13.0})
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: near)
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 2 and "expected 1.56×" in why and "γ = 3 expects 1.57×, within 2%" in why
+    assert g == 2 and "expected 1.56×" in why and "γ = 3 expects 1.565× against 1.556×, within 2%" in why
     assert analytic.default_gamma_here("ngram") == (4, "the draft's static default")
     assert analytic.default_gamma_here("embedded-head", "some/other-model")[0] == 2
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: None)

@@ -298,7 +298,7 @@ def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[
     why = (f"best γ for the head card's α = {HEAD_CARD_ALPHA} and c = {HEAD_CARD_C} on this machine's "
            f"measured pass cost (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f}; expected {s[g - 1]:.2f}×")
     if g != best:
-        why += (f"; γ = {best} expects {s[best - 1]:.2f}×, within {GAMMA_TIE_TOL:.0%}: the shorter draft, which "
+        why += (f"; γ = {best} expects {s[best - 1]:.3f}× against {s[g - 1]:.3f}×, within {GAMMA_TIE_TOL:.0%}: the shorter draft, which "
                 f"costs a pass shared with other readers less")
     return g, why + ")"
 
