@@ -102,7 +102,9 @@ else:
         c2.metric(f"Speedup at batch {mb.large_batch}", f"{mb.speedup_large:.2f}×")
         c3.metric("Slower than plain decoding from batch (measured)",
                   f"{mb.crossover_batch}" if mb.crossover_batch is not None else f"none up to {mb.large_batch}")
-        shipped_note = "" if here else " See benchmarks/results/batch.md."
+        from engine.explain.batch_view import SHIPPED_SWEEP
+
+        shipped_note = "" if here else f" See {SHIPPED_SWEEP.with_suffix('.md').name} in benchmarks/results/."
         st.caption(f"From {mb.source}; torch threads {mb.threads}; {mb.run_note}.{shipped_note} Run your own on the "
                    "What-if page's “When it does not help” tab (Measured on this machine).")
 

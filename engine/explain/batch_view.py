@@ -10,7 +10,7 @@ bandwidth and FLOP/s (``engine.decoding.batch.measure_machine``) into what the p
 - the measured target-pass time against tokens in the pass, with the roofline's prediction
   max(weight bytes / bandwidth, 2 · params · tokens / FLOP/s) (``analytic.roofline_step_s``).
 
-``shipped_sweep()`` reads the benchmark's result file (benchmarks/results/batch.json), for pages that show a
+``shipped_sweep()`` reads the benchmark's result file (``SHIPPED_SWEEP``), for pages that show a
 measured sweep before the reader has run one. ``save_machine_sweep`` / ``machine_sweep`` remember the last complete
 sweep measured on this machine in the user cache (``<cache>/batch_sweeps.json``, keyed by the CPU model, torch
 threads and version, the streaming kernel's build and the target), so a later session shows this machine's
@@ -29,7 +29,10 @@ from engine.decoding.batch import PLAIN, BatchSweep, MachinePeaks
 from engine.errors import InputError
 from engine.explain.analytic import batch_speedup_curve, roofline_step_s
 
-SHIPPED_SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch.json"
+SHIPPED_SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_xeon.json"
+"""The shipped sweep: the newest one measured with the current cell definition (a batch below ``min_prompts``
+decodes 8 prompts in groups of B; session 24, Intel Xeon, labelled so on the pages). ``batch.json`` (AMD EPYC,
+2026-12-02) predates it: its B = 1 cell is one code-edit prompt alone, on which the head accepts little (0.88×)."""
 METHOD_LABELS = {PLAIN: "plain decoding", "ngram": "prompt lookup", "embedded-head": "draft head (EAGLE-style)",
                  "embedded-draft": "draft model"}
 
@@ -140,7 +143,7 @@ def shipped_sweep(path: Path | None = None) -> tuple[BatchSweep, dict] | None:
     file records them), or None when there is no file.
 
     Args:
-        path: default ``SHIPPED_SWEEP`` (benchmarks/results/batch.json, written by benchmarks/bench_batch.py).
+        path: default ``SHIPPED_SWEEP`` (benchmarks/results/batch_xeon.json, written by benchmarks/bench_batch.py).
 
     Raises:
         InputError: a file that is not a batch sweep result.
