@@ -221,13 +221,21 @@ def _stream_rows(target: LoadedModel) -> int | None:
     return int(c.stream_rows) if c is not None and c.path == "stream" else None
 
 
+def _path(target: LoadedModel) -> str:
+    return target.compute.path if target.compute else "default"
+
+
+def _current_for(curve: PassCost, target: LoadedModel) -> bool:
+    """``curve`` was measured on ``target``'s compute path under the kernel row limit it runs with."""
+    return curve.compute == _path(target) and curve.extra.get("stream_rows") == _stream_rows(target)
+
+
 def machine_pass_cost(target: LoadedModel, measure: bool = True,
                       progress: Callable[[str, float], None] | None = None) -> PassCost:
     """This machine's curve for ``target``: cached, else measured now and cached (``measure``), else the
     shipped fallback (labelled)."""
-    path = target.compute.path if target.compute else "default"
     got = _stored(target.spec, str(target.device.type))
-    if got is not None and got.compute == path and got.extra.get("stream_rows") == _stream_rows(target):
+    if got is not None and _current_for(got, target):
         return got
     if not measure:
         return shipped_pass_cost()
@@ -255,8 +263,7 @@ def refresh_stale_pass_cost(target: LoadedModel, progress: Callable[[str, float]
     Why: the head's default γ, the Medusa tree and What-if's curve read the stored curve without a model
     (``cached_pass_cost``); on the Intel Xeon in session 24 the stored curve had been measured under an 8-row
     limit (a 9-token pass 2.25× one token) while the passes ran under a 24-row one (1.30×, measured again)."""
-    path = target.compute.path if target.compute else "default"
     stored = _stored(target.spec, str(target.device.type))
-    if stored is None or stored.compute != path or stored.extra.get("stream_rows") == _stream_rows(target):
+    if stored is None or stored.compute != _path(target) or _current_for(stored, target):
         return None
     return machine_pass_cost(target, progress=progress)
