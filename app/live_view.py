@@ -308,3 +308,15 @@ def room_lines(stats) -> dict:
                     "engines do under load; sampled texts then differ from a run alone (same distribution).")
     return {"metrics": metrics, "caption": caption}
 
+
+
+def room_progress_line(stats) -> str:
+    """The room panel's three numbers in one line, for the progress bar's text while other readers decode: one
+    element redrawn instead of the panel's ten (issue 31: each element a page redraws is a message the reader's
+    browser renders; 16 pages rendering the panel's elements every few seconds took a core of a 2-core server
+    that also ran the browsers)."""
+    def n(x: float | None, fmt: str) -> str:
+        return "—" if x is None else format(x, fmt)
+
+    return (f"room: {stats.readers_now} reader{'s' if stats.readers_now != 1 else ''} now, "
+            f"{n(stats.rows_per_pass, '.1f')} rows per pass, {n(stats.tokens_per_s, '.1f')} tokens/s")

@@ -288,6 +288,8 @@ def main() -> None:
                     "pass_ms_median": med([p["ms"] for p in server]),
                     "target_ms_median": med([p["target_ms"] for p in server]),
                     "draft_ms_median": med([p.get("draft_ms", 0.0) for p in server]),
+                    "judge_ms_median": med([p.get("judge_ms", 0.0) for p in server]),
+                    "judge_ms_max": max((p.get("judge_ms", 0.0) for p in server), default=None),
                     "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
                 rows[-1]["engine_room"] = engine_room(k, args.max_new)
                 print(json.dumps(rows[-1]), flush=True)
@@ -324,15 +326,17 @@ def main() -> None:
                       f"{d['seed']}){': error ' + d['error'] if d['error'] else ''}: the texts part at character {j} "
                       f"of {len(a)}: alone `…{a[max(0, j - 20):j + 20]}…`, in the room `…{b[max(0, j - 20):j + 20]}…`."]
     lines += ["", "The server's room during each run (its pass log): passes, rows per pass (median, max), pass and "
-              "target-forward ms (medians), and the share of the run's time the worker was busy:", "",
-              "| readers | passes | rows median | rows max | pass ms | target ms | batched draft ms | worker busy |",
-              "|---|---|---|---|---|---|---|---|"]
+              "target-forward ms (medians), judging (every row's rule and handing its round to its page: median, max), and "
+              "the share of the run's time the worker was busy:", "",
+              "| readers | passes | rows median | rows max | pass ms | target ms | batched draft ms | judge ms | "
+              "worker busy |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sp = r["server_passes"]
         f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
         lines.append(f"| {r['readers']} | {sp['passes']} | {f(sp['rows_median'])} | {sp['rows_max']} | "
                      f"{f(sp['pass_ms_median'])} | {f(sp['target_ms_median'])} | {f(sp.get('draft_ms_median'))} | "
-                     f"{f(sp['busy_share'], '.0%')} |")
+                     f"{f(sp.get('judge_ms_median'))}, {f(sp.get('judge_ms_max'))} | {f(sp['busy_share'], '.0%')} |")
     lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
               "together; medians over the passes that served every reader):", "",
               "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share |",

@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.live_view import (
     room_lines,
+    room_progress_line,
     chart_labels,
     default_draft_kind,
     default_preset,
@@ -72,9 +73,10 @@ DRAFT_KINDS = {
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
-ROOM_REDRAW_S = 0.5  # with other readers in the room, Run to the end updates its progress bar and room panel at most
-# every 0.5 s per other reader and draws the round and the text only when the run ends (issue 31: 16 pages redrawing
-# every 3 s kept a 16-row pass at 3.9 s median, 1.3 s with no redraws; the target's forward was 0.8 s)
+ROOM_REDRAW_S = 0.5  # with other readers in the room, Run to the end updates its progress bar (the room's numbers in
+# its text) at most every 0.5 s per other reader and draws the round, the text and the room panel only when the run
+# ends (issue 31: 16 pages redrawing every 3 s kept a 16-row pass at 3.9 s median, 1.3 s with no redraws; the
+# target's forward was 0.8 s. Each element drawn is a message every page's browser renders: the panel is ten)
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
@@ -84,14 +86,15 @@ ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Me
 TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
 st.title("🔴 Live speculative decoding")
-# A fixed style rule: hide Streamlit's own Stop in the running indicator. It halts the script wherever it
-# is, mid-draw, and left the page stale (the progress bar, no statistics, a round count one behind);
-# the page's Stop button ends a run between rounds and redraws everything.
-# And its running man: it redraws 5 times a second while a script runs, and a page waiting on the room's worker
-# runs all the while (16 waiting pages cost about 0.45 of 2 cores in headless Chromium, measured by
-# benchmarks/bench_room.py); the page's own progress bar says it is running.
-st.html("<style>[data-testid='stStatusWidget'] button, [data-testid='stStatusWidgetRunningIcon'] "
-        "{ display: none; }</style>")
+# A fixed style rule: hide Streamlit's running indicator (top right) on this page. Its Stop halts the script
+# wherever it is, mid-draw, and left the page stale (the progress bar, no statistics, a round count one behind);
+# the page's Stop button ends a run between rounds and redraws everything. And the indicator redraws while a script
+# runs (its running man 5 times a second, its label), and a page waiting on the room's worker runs for the whole
+# room: 16 such pages in headless Chromium used 7.9 CPU s in 15.5 s with the indicator's icon hidden, 5.8 s with
+# the whole indicator hidden and 4.5 s with Streamlit's top bar off (a bare Streamlit app; issue 31's benchmark
+# runs the readers' browsers on the server's 2 cores). The page's own progress bar says it is running; other pages
+# keep the indicator and its Stop (their long work has no Stop of its own).
+st.html("<style>[data-testid='stStatusWidget'] { display: none; }</style>")
 intro(
     "A small **draft** proposes γ tokens; the **target** checks all of them in **one** forward pass and "
     "keeps the longest agreed prefix, plus one token of its own (a **correction** at the first rejected "
@@ -551,6 +554,7 @@ def _run_area() -> None:
     if (run_all or run_base) and not dec.finished:
         bar = progress.progress(0.0, text="Running…")
         last_draw = 0.0
+        panel_cleared = False
         # presenter speed paces the run: one round at a time, each animated and paused; otherwise the run stays in
         # the room until it ends (no pass missed while the page draws) and the page draws the latest round
         rounds_in = (iter(lambda: _safe_step(dec) if not dec.finished else None, None) if round_pause
@@ -562,13 +566,18 @@ def _run_area() -> None:
             others = room.readers() - 1
             every = max(INSTANT_REDRAW_S if frame_s == 0 else 0.0, ROOM_REDRAW_S * others)
             if time.perf_counter() - last_draw >= every:
-                if not others or round_pause:  # alone or paced: the round and the text as they come; else bar and room
+                shared = ""
+                if not others or round_pause:  # alone or paced: the round, the text and the room panel as they come
                     _draw_round(rnd, frame_s)
                     _draw_text(dec)
-                _draw_room()
+                    _draw_room()
+                else:  # among others: the progress bar alone, with the room's numbers in its text (one element)
+                    if not panel_cleared:  # the panel as drawn before the run would show stale numbers
+                        room_box.empty()
+                        panel_cleared = True
+                    shared = (f"; {room_progress_line(room.stats())}: the round, the text and the room panel are "
+                              "drawn when the run ends")
                 done = len(dec.new_ids) / dec.max_new_tokens
-                shared = (f"; {others} other reader{'s' if others > 1 else ''} in the room, so the round and the text "
-                          "are drawn when the run ends" if others and not round_pause else "")
                 bar.progress(min(done, 1.0), text=f"{len(dec.new_ids)} / {dec.max_new_tokens} tokens, "
                                                   f"{_n_rounds(len(dec.rounds))}{shared} — press Stop to stop")
                 last_draw = time.perf_counter()

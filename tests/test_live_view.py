@@ -473,3 +473,14 @@ def test_room_lines_from_room_stats():
     empty = room_lines(RoomStats(0, 0, None, None, 0, None, 32, 2, None))
     assert [m[1] for m in empty["metrics"]] == ["0", "—", "—"]
     assert empty["caption"] == "No target pass has run in this room yet."
+
+
+def test_room_progress_line_carries_the_panels_numbers():
+    from app.live_view import room_progress_line
+    from engine.decoding.scheduler import RoomStats
+
+    s = RoomStats(readers_now=14, last_pass_rows=12, rows_per_pass=11.54, tokens_per_s=23.456, passes=40,
+                  no_draft_above=None, max_rows=32, threads=2, stack_share=0.05)
+    assert room_progress_line(s) == "room: 14 readers now, 11.5 rows per pass, 23.5 tokens/s"
+    one = RoomStats(1, 1, None, None, 0, None, 32, 2, None)
+    assert room_progress_line(one) == "room: 1 reader now, — rows per pass, — tokens/s"

@@ -324,5 +324,10 @@ def test_room_stats_after_a_shared_run(tiny):
         emitted = sum(p.emitted for p in room.passes)
         assert emitted == sum(len(d.new_ids) for d in decs)
         assert 1 <= s.rows_per_pass <= 4 and s.stack_share is not None and 0 <= s.stack_share < 1
+        # where each pass went: its parts are measured one after another inside it, so they never add up to more
+        for p in room.passes:
+            parts = p.prep_ms + p.draft_ms + p.begin_ms + p.target_ms + p.stack_ms + p.unstack_ms + p.judge_ms
+            assert min(p.prep_ms, p.begin_ms, p.judge_ms) >= 0 and parts <= p.ms + 1e-6
+        assert any(p.judge_ms > 0 for p in room.passes)
     finally:
         room.close()

@@ -123,7 +123,9 @@ class PassRecord:
         emitted: tokens the rows emitted. stack_ms / unstack_ms: building the batch cache from the rows' own
             caches and giving each row its new entries back. target_ms: the target's forward. drafted: whether
             drafting was allowed (the operator's limit). draft_ms: the batched drafts (rows sharing a draft
-            head, ``propose_many``); rows drafting alone are not in it.
+            head, ``propose_many``); rows drafting alone are not in it. prep_ms: taking each row's decoder lock and
+            sizing its draft. begin_ms: each row's ``begin_pass`` (drafting alone, building what it feeds).
+            judge_ms: each row's ``finish_pass`` (its rule on its logits) and handing the round to its page.
         served: ids of the requests served (fairness checks).
     """
 
@@ -139,6 +141,9 @@ class PassRecord:
     drafted: bool
     served: list[int] = field(default_factory=list)
     draft_ms: float = 0.0
+    prep_ms: float = 0.0
+    begin_ms: float = 0.0
+    judge_ms: float = 0.0
 
 
 @dataclass
@@ -447,10 +452,12 @@ class Room:
                     groups.setdefault(key, []).append((t, dec, k))
             drafted = {}  # id(decoder) → (proposal, draft ms) made for several rows at once
             t0 = time.perf_counter()
+            rec.prep_ms = (t0 - t_pass) * 1000
             for group in groups.values():
                 if len(group) > 1:
                     drafted.update(self._draft_together(group))
             rec.draft_ms = (time.perf_counter() - t0) * 1000
+            t0 = time.perf_counter()
             for t, dec in ready:
                 try:
                     prop, ms = drafted.get(id(dec), (None, 0.0))
@@ -463,6 +470,7 @@ class Room:
                         rows.append((t, dec, pending))
                 except Exception as e:  # this reader's error stays this reader's
                     self._finish(t, e)
+            rec.begin_ms = (time.perf_counter() - t0) * 1000
             # 2. one target pass for every row that feeds something
             fed = [(t, dec, p) for t, dec, p in rows if p.feed]
             logits: dict[int, torch.Tensor | None] = {id(p): None for _, _, p in rows}
@@ -472,6 +480,7 @@ class Room:
                 logits.update(self._target_pass(fed, rec))
                 pass_ms = (time.perf_counter() - t0) * 1000
             # 3. judge and emit, row by row
+            t0 = time.perf_counter()
             for t, dec, p in rows:
                 if t.done.is_set():
                     continue
@@ -486,6 +495,7 @@ class Room:
                     continue
                 rec.emitted += len(rnd.emitted_ids)
                 self._deliver(t, dec, rnd, len(batch))
+            rec.judge_ms = (time.perf_counter() - t0) * 1000
         finally:
             for dec in locked:
                 dec.lock.release()
