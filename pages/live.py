@@ -669,10 +669,16 @@ def _run_area() -> None:
                          "without a match, the draft head's confidence gate, the end of the run) yield fewer. "
                          + ("" if e_alpha is None else f"With γ = {dec.gamma} drafted every round it would be "
                                                        f"{e_alpha:.2f}."))
+        # one drafting round so far: its draft time includes the draft's pass over the prompt (trace.run_stats
+        # leaves that round out only once a later one drafted), so c reads high: say so under the number
+        first_only = ab is None and sum(1 for r in dec.rounds if r.n_drafted) == 1
         m[2].metric("Measured c",
                     "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
+                    delta="includes the draft's prompt pass" if first_only and timing.draft_cost_ratio is not None
+                    else None, delta_color="off", delta_arrow="off",
                     help="Draft step ÷ target pass: draft time per draft token ÷ median target verify pass. The "
-                         "first round that drafts is left out: it also runs the draft over the prompt. Before Run baseline: from this run, "
+                         "first round that drafts is left out once a later round has drafted: it also runs the draft "
+                         "over the prompt, so after one round c reads high. Before Run baseline: from this run, "
                          "drawn round by round; many small draft operations slow down more than one big target "
                          "pass while the browser redraws on the same CPU, so c can read high. After Run "
                          "baseline: from the timed speculative run at the median, with nothing drawn. The What-if "

@@ -69,6 +69,19 @@ def test_step_one_round(tiny):
     assert _metric(at, "Tokens per target pass") == f"{stats.tokens_per_target_pass:.2f}"
 
 
+def test_c_after_the_first_drafting_round_says_it_includes_the_prompt_pass(tiny):
+    """After one round the draft's time includes its pass over the prompt (trace.run_stats leaves that round out only
+    once a later one drafted): the page says so under c, and no longer after a second drafting round."""
+    at = _app(tiny, lv_draft="early-exit", lv_max_new=24)
+    c_note = (lambda a: next(m for m in a.metric if m.label == "Measured c").proto.delta)
+    at = _click(at, "lv_step")
+    assert at.session_state["lv_dec"].rounds[0].n_drafted
+    assert c_note(at) == "includes the draft's prompt pass"
+    at = _click(at, "lv_step")
+    assert sum(1 for r in at.session_state["lv_dec"].rounds if r.n_drafted) == 2
+    assert c_note(at) == ""
+
+
 def test_run_to_end_baseline_and_measured_run(tiny):
     at = _app(tiny)
     at = _click(at, "lv_run")
