@@ -16,10 +16,13 @@ from engine.decoding.pass_cost import refresh_stale_pass_cost
 def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """Load ``spec`` once per process (see ``engine.decoding.models.load_model``); raises ModelLoadError."""
     bar = st.progress(0.0, text=f"Loading {spec}…")
-    show = (lambda msg, frac: bar.progress(min(max(frac, 0.0), 1.0), text=msg))
+    # one bar for both stages: loading 0–70 %, then this machine's pass-cost curve 70–100 % (it went from 100 %
+    # back to 17 % when the curve was measured after the load: a new-user trial)
+    show = (lambda lo, hi: lambda msg, frac: bar.progress(lo + (hi - lo) * min(max(frac, 0.0), 1.0), text=msg))
     try:
-        target = load_model(spec, device=device, dtype=dtype, progress=show)
-        refresh_stale_pass_cost(target, progress=show)  # this machine's curve, if stored under another row limit
+        target = load_model(spec, device=device, dtype=dtype, progress=show(0.0, 0.7))
+        # this machine's curve, if stored under another row limit
+        refresh_stale_pass_cost(target, progress=show(0.7, 1.0))
         return target
     finally:
         bar.empty()

@@ -90,3 +90,22 @@ def test_embedded_cached_load_is_fast_and_correct(embedded):
     out = again.model.generate(ids, max_new_tokens=3, do_sample=False)
     assert "Paris" in again.tokenizer.decode(out[0, ids.shape[1]:])
     assert load_tokenizer("embedded").get_vocab() == again.tokenizer.get_vocab()
+
+
+def test_load_progress_only_goes_forward(tmp_path, monkeypatch):
+    """The first-time conversion reports 0–1 of its own; load_model scales it to 0–0.9 so its compute-path step
+    (0.95) comes after it, never back (a new-user trial saw the load bar jump back)."""
+    import engine.decoding.models as models
+
+    folder = str(save_tiny_llama(tmp_path / "tiny", layers=1))
+
+    def fake_prepare(progress):
+        for msg, frac in (("Reading", 0.05), ("Dequantizing", 0.2), ("Saving", 0.8), ("ready", 1.0)):
+            progress(msg, frac)
+        return folder
+
+    monkeypatch.setattr(models, "prepare_embedded", fake_prepare)
+    seen = []
+    models.load_model("embedded", device="cpu", compute="default", progress=lambda m, f: seen.append(f))
+    assert seen[:4] == pytest.approx([0.045, 0.18, 0.72, 0.9]) and seen[-1] == 0.95
+    assert seen == sorted(seen) and max(seen) <= 1.0

@@ -334,7 +334,8 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
             trained for it, shipped in ``assets/``), a Hugging Face hub id, or a local folder.
         device: defaults to CUDA when present, else CPU.
         dtype: defaults to fp32 on every device (see ``resolve_dtype``).
-        progress: called with (message, fraction) during a first-time conversion.
+        progress: called with (message, fraction) during a first-time conversion (fractions 0–0.9) and while
+            choosing the compute path (0.95); the fractions never go down.
         compute: the compute path: "auto" (measured once per machine, ``engine.decoding.compute``),
             "default", "onednn" or "stream"; None reads ``$SPEEDUP_LAB_COMPUTE`` (default "auto").
 
@@ -346,8 +347,10 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    source, name = _resolve_source(spec, progress)
-    tok_source = str(prepare_embedded(progress)) if spec == EMBEDDED_DRAFT else source
+    # the first-time conversion reports 0–1 of its own: here it is 0–0.9 of the load, so the fraction only grows
+    convert = (lambda msg, frac: progress(msg, 0.9 * frac))
+    source, name = _resolve_source(spec, convert)
+    tok_source = str(prepare_embedded(convert)) if spec == EMBEDDED_DRAFT else source
     tokenizer = _from_pretrained(AutoTokenizer, tok_source)
     model = _from_pretrained(AutoModelForCausalLM, source, dtype=dt)
     model.to(dev).eval()
