@@ -286,9 +286,7 @@ def default_draft_kind(spec: str | None = None) -> str:
 def room_lines(stats) -> dict:
     """The Live page's room panel from ``engine.decoding.scheduler.RoomStats``: ``metrics`` as (label, value,
     help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit)."""
-    def n(x: float | None, fmt: str) -> str:
-        return "—" if x is None else format(x, fmt)
-
+    n = _or_dash
     metrics = [
         ("Readers now", f"{stats.readers_now}",
          "Rounds waiting or running in this model's room, one per reader who pressed Step or Run (this "
@@ -309,14 +307,16 @@ def room_lines(stats) -> dict:
     return {"metrics": metrics, "caption": caption}
 
 
+def _or_dash(x: float | None, fmt: str) -> str:
+    """A room number as the panel and the progress line show it: formatted, or "—" when there is none yet."""
+    return "—" if x is None else format(x, fmt)
+
 
 def room_progress_line(stats) -> str:
     """The room panel's three numbers in one line, for the progress bar's text while other readers decode: one
     element redrawn instead of the panel's ten (issue 31: each element a page redraws is a message the reader's
     browser renders; 16 pages rendering the panel's elements every few seconds took a core of a 2-core server
     that also ran the browsers)."""
-    def n(x: float | None, fmt: str) -> str:
-        return "—" if x is None else format(x, fmt)
-
+    n = _or_dash
     return (f"room: {stats.readers_now} reader{'s' if stats.readers_now != 1 else ''} now, "
             f"{n(stats.rows_per_pass, '.1f')} rows per pass, {n(stats.tokens_per_s, '.1f')} tokens/s")
