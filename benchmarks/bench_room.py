@@ -18,9 +18,15 @@ draft (the trained EAGLE-style head), the chat preset, temperatures alternating 
 - the same K readers in this process without a browser (``engine_room``): pass time, the target's forward, and
   the time spent stacking the readers' caches into one batch cache and back (the most a shared cache could save).
 
+``--client protocol`` replaces the browser with Streamlit-protocol sessions over the app's websocket
+(``benchmarks/room_client.py``): the server does everything it does for a Chromium page, but no page renders on
+the server's two cores, as in a workshop where every reader's browser runs on their own laptop. The alone runs use
+the same client, so the ratio compares like with like.
+
 Usage (an idle machine; the CPU lock of the team's rules):
 ``flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py --readers 16 30``
-writes benchmarks/results/room.json and room.md.
+writes benchmarks/results/room.json and room.md;
+``... bench_room.py --client protocol --readers 16 30 --out room_protocol`` the browserless room.
 """
 
 from __future__ import annotations
@@ -91,14 +97,26 @@ class CpuSampler:
     def __init__(self, server_pid: int, every_s: float = 0.25):
         import threading
 
-        self.server_pid, self.every_s = server_pid, every_s
+        self.server_pid, self.every_s, self.driver_pid = server_pid, every_s, os.getpid()
         self.samples: list[tuple[float, dict]] = []  # (perf_counter s, {pid: (kind, CPU s)})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
+    @staticmethod
+    def _machine(stat: str | None = None) -> tuple[int, int] | None:
+        """(all CPU time, stolen time) of the machine in clock ticks, from /proc/stat's first line (or ``stat``, that
+        file's text): user, nice, system, idle, iowait, irq, softirq and steal summed, and steal, the time the host
+        gave this virtual machine's CPUs to someone else (proc(5)). None where it cannot be read."""
+        try:
+            text = Path("/proc/stat").read_text() if stat is None else stat
+            fields = [int(x) for x in text.split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
     def _read(self) -> dict:
-        out = {}
+        out = {"_machine": self._machine()}
         for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
             if not pid.isdigit():
                 continue
@@ -107,7 +125,8 @@ class CpuSampler:
             except OSError:
                 continue
             comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-            kind = "server" if int(pid) == self.server_pid else "chromium" if "chrom" in comm.lower() else None
+            kind = ("server" if int(pid) == self.server_pid else "driver" if int(pid) == self.driver_pid
+                    else "chromium" if "chrom" in comm.lower() else None)
             if kind:
                 out[pid] = (kind, (int(rest[11]) + int(rest[12])) / self._hz)  # utime + stime
         return out
@@ -123,16 +142,21 @@ class CpuSampler:
 
     @staticmethod
     def _used(a: dict, b: dict) -> dict[str, float]:
-        used = {"chromium": 0.0, "server": 0.0}
-        for pid, (kind, cpu_s) in b.items():
+        used = {"chromium": 0.0, "server": 0.0, "driver": 0.0}
+        for pid, entry in b.items():
+            if pid == "_machine" or entry is None:
+                continue
+            kind, cpu_s = entry
             if pid in a:
                 used[kind] += max(cpu_s - a[pid][1], 0.0)
         return used
 
     def stop(self, until: float | None = None) -> dict:
-        """{"window_s", "chromium_cpu_s", "server_cpu_s", "per_second": [[s, Chromium, server], ...]} from the start
+        """{"window_s", "chromium_cpu_s", "server_cpu_s", "driver_cpu_s" (this process: the Playwright driver's
+        Python side, or the protocol readers), "per_second": [[s, Chromium, server], ...]} from the start
         to ``until`` (a ``time.perf_counter()``: the last reader's Finished; default now), the CPU seconds used in
-        each whole second of the run."""
+        each whole second of the run; "steal_share": the share of the machine's CPU time the host took away (its
+        virtual CPUs' "steal" in /proc/stat) over the window, None where it cannot be read."""
         self._stop.set()
         self._thread.join(timeout=5)
         self.samples.append((time.perf_counter(), self._read()))
@@ -141,37 +165,55 @@ class CpuSampler:
             self.samples = [x for x in self.samples if x[0] < until] + after[:1]
         if len(self.samples) < 2:
             return {}
-        total = {"chromium": 0.0, "server": 0.0}
+        total = {"chromium": 0.0, "server": 0.0, "driver": 0.0}
         t0 = self.samples[0][0]
         per_second: dict[int, dict[str, float]] = {}
         for (ta, a), (tb, b) in zip(self.samples, self.samples[1:]):
             used = self._used(a, b)
-            sec = per_second.setdefault(int(tb - t0), {"chromium": 0.0, "server": 0.0})
+            sec = per_second.setdefault(int(tb - t0), {"chromium": 0.0, "server": 0.0, "driver": 0.0})
             for k, v in used.items():
                 total[k] += v
                 sec[k] += v
+        m0, m1 = self.samples[0][1].get("_machine"), self.samples[-1][1].get("_machine")
+        steal = (m1[1] - m0[1]) / (m1[0] - m0[0]) if m0 and m1 and m1[0] > m0[0] else None
         return {"window_s": round(self.samples[-1][0] - t0, 2), "chromium_cpu_s": round(total["chromium"], 2),
-                "server_cpu_s": round(total["server"], 2),
+                "steal_share": None if steal is None else round(steal, 3),
+                "server_cpu_s": round(total["server"], 2), "driver_cpu_s": round(total["driver"], 2),
                 "per_second": [[k, round(v["chromium"], 2), round(v["server"], 2)] for k, v in sorted(per_second.items())]}
 
 
 def _room_run(browser, url: str, readers, timeout_s: float, after_open=None, server_pid: int | None = None) -> dict:
-    sampler = None
+    """One room: the readers' pages opened (``browser`` a Playwright browser, or None for protocol readers,
+    ``benchmarks/room_client.py``), every Run pressed at once, each page's Finished awaited."""
+    sampler, clients = None, []
     try:
-        open_readers(browser, url, readers)
+        if browser is None:
+            from benchmarks.room_client import open_protocol_readers
+
+            clients = open_protocol_readers(url, readers)
+        else:
+            open_readers(browser, url, readers)
         if after_open is not None:  # the pages are loaded and prefilled: the run starts now
             after_open()
         if server_pid is not None:
             sampler = CpuSampler(server_pid).start()
-        t_first = run_all(readers, timeout_s=timeout_s)
+        if browser is None:
+            from benchmarks.room_client import run_all_protocol
+
+            t_first = run_all_protocol(clients, timeout_s=timeout_s)
+        else:
+            t_first = run_all(readers, timeout_s=timeout_s)
         done = [r for r in readers if r.t_done is not None and r.error is None]
         t_last = max((r.t_done for r in done), default=time.perf_counter())
         cpu = sampler.stop(until=t_last) if sampler is not None else {}
         tokens = sum(r.tokens for r in done)
         return {"readers": len(readers), "tokens": tokens, "elapsed_s": t_last - t_first,
                 "tokens_per_s": tokens / (t_last - t_first) if t_last > t_first else None,
-                "wall_s": [r.wall_s for r in readers], "errors": [r.error for r in readers if r.error], "cpu": cpu}
+                "wall_s": [r.wall_s for r in readers], "errors": [r.error for r in readers if r.error], "cpu": cpu,
+                "messages_per_reader": [c.messages for c in clients] or None}
     finally:
+        for c in clients:
+            c.close()
         for r in readers:
             if r.page is not None:
                 r.page.context.close()
@@ -198,6 +240,7 @@ def engine_room(k: int, max_new: int) -> dict:
         decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma_here(EMBEDDED_HEAD)[0],
                                    sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
                                    max_new_tokens=max_new) for i in range(k)]
+        sampler = CpuSampler(os.getpid()).start()  # this process's cores, and what the host took away meanwhile
         t0 = time.perf_counter()
         ths = [threading.Thread(target=lambda d=d: (room.prefill(d), room.run(d))) for d in decs]
         for th in ths:
@@ -205,13 +248,16 @@ def engine_room(k: int, max_new: int) -> dict:
         for th in ths:
             th.join(timeout=900)
         elapsed = time.perf_counter() - t0
+        cpu = sampler.stop()
         full = [p for p in room.passes if p.rows == k and p.fed_rows == k]
         med = (lambda xs: statistics.median(xs) if xs else None)
         return {"readers": k, "elapsed_s": elapsed, "tokens_per_s": sum(len(d.new_ids) for d in decs) / elapsed,
                 "passes": len(room.passes), "full_passes": len(full),
                 "pass_ms": med([p.ms for p in full]), "target_ms": med([p.target_ms for p in full]),
                 "stack_ms": med([p.stack_ms + p.unstack_ms for p in full]),
-                "stack_share": (sum(p.stack_ms + p.unstack_ms for p in full) / sum(p.ms for p in full)) if full else None}
+                "stack_share": (sum(p.stack_ms + p.unstack_ms for p in full) / sum(p.ms for p in full)) if full else None,
+                "cores_used": cpu["server_cpu_s"] / cpu["window_s"] if cpu.get("window_s") else None,
+                "steal_share": cpu.get("steal_share")}
     finally:
         room.close()
 
@@ -237,8 +283,14 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a room may take at most")
     ap.add_argument("--no-draft-above", default="", help="SPEEDUP_LAB_NO_DRAFT_ABOVE for the server (default off)")
+    ap.add_argument("--client", choices=("chromium", "protocol"), default="chromium",
+                    help="the readers: headless Chromium pages on this machine (default, the issue's setup), or "
+                         "Streamlit-protocol sessions over the websocket without a browser (benchmarks/room_client.py: "
+                         "a room whose browsers run on the readers' own machines)")
     ap.add_argument("--out", default="room")
     args = ap.parse_args()
+    import contextlib
+
     from playwright.sync_api import sync_playwright
 
     pass_log = RESULTS / f".{args.out}_passes.jsonl"
@@ -249,19 +301,20 @@ def main() -> None:
     rows = []
     t0 = time.time()
     try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        with (sync_playwright() if args.client == "chromium" else contextlib.nullcontext()) as pw:
+            browser = (pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                       if pw is not None else None)
             # warm-up: the first load of the embedded model and the first passes are slow
             _room_run(browser, url, readers_for(1, 4), args.timeout)
             for k in args.readers:
-                alone_a = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
+                alone_a = _room_run(browser, url, readers_for(1, args.max_new), args.timeout, server_pid=proc.pid)
                 readers = readers_for(k, args.max_new)
                 n_before = []  # the pass log's length once every page is prefilled (the prefills are not the run)
                 room = _room_run(browser, url, readers, args.timeout,
                                  after_open=lambda: n_before.append(len(_passes(pass_log))), server_pid=proc.pid)
                 n_before = n_before[0] if n_before else 0
                 server = _passes(pass_log)[n_before:]
-                alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout)
+                alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout, server_pid=proc.pid)
                 want = alone_texts(readers)
                 same = [r.error is None and normalized(r.text) == normalized(w) for r, w in zip(readers, want)]
                 alone_tps = statistics.fmean(x["tokens_per_s"] for x in (alone_a, alone_b) if x["tokens_per_s"])
@@ -272,6 +325,7 @@ def main() -> None:
                     "alone_runs_tokens_per_s": [alone_a["tokens_per_s"], alone_b["tokens_per_s"]],
                     "ratio": room["tokens_per_s"] / alone_tps if room["tokens_per_s"] and alone_tps else None,
                     "alone_wall_s": [alone_a["wall_s"][0], alone_b["wall_s"][0]],
+                    "alone_steal_share": [x["cpu"].get("steal_share") for x in (alone_a, alone_b)],
                     "slowest_wall_s": max(walls) if walls else None,
                     "median_wall_s": statistics.median(walls) if walls else None,
                     "errors": room["errors"], "texts_identical": sum(same), "texts_checked": len(same),
@@ -293,18 +347,23 @@ def main() -> None:
                     "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
                 rows[-1]["engine_room"] = engine_room(k, args.max_new)
                 print(json.dumps(rows[-1]), flush=True)
-            browser.close()
+            if browser is not None:
+                browser.close()
     finally:
         rss = _peak_rss_mb(proc.pid)
         proc.terminate()
         proc.wait(timeout=30)
     result = {"rows": rows, "server_peak_rss_mb": rss, "cpu": _cpu_model(), "cores": os.cpu_count(),
               "load_avg_after": os.getloadavg(), "elapsed_s": time.time() - t0,
-              "no_draft_above": args.no_draft_above or None,
+              "no_draft_above": args.no_draft_above or None, "client": args.client,
               "command": "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py "
                          + " ".join(sys.argv[1:]),
               "settings": f"default draft (trained EAGLE-style head, γ {_head_gamma()}), chat preset, temperatures 0 "
-                          "and 0.8 alternating (reader i seed i), instant autoplay, one server, one Chromium"}
+                          "and 0.8 alternating (reader i seed i), instant autoplay, one server, "
+                          + ("one headless Chromium on the same machine (a browser context per reader)"
+                             if args.client == "chromium" else
+                             "readers as Streamlit-protocol sessions over the websocket, no browser "
+                             "(benchmarks/room_client.py: what the server does for a room whose browsers run elsewhere)")}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2))
     lines = [f"# Room benchmark: K readers press Run to the end at once ({args.max_new} new tokens each)", "",
@@ -339,25 +398,30 @@ def main() -> None:
                      f"{f(sp.get('judge_ms_median'))}, {f(sp.get('judge_ms_max'))} | {f(sp['busy_share'], '.0%')} |")
     lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
               "together; medians over the passes that served every reader):", "",
-              "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share |",
-              "|---|---|---|---|---|---|"]
+              "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share | cores used | "
+              "stolen by the host |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e = r["engine_room"]
         f = (lambda x, spec=".1f": "—" if x is None else format(x, spec))
         lines.append(f"| {e['readers']} | {f(e['tokens_per_s'])} | {f(e['pass_ms'])} | {f(e['target_ms'])} | "
-                     f"{f(e['stack_ms'])} | {f(e['stack_share'], '.1%')} |")
+                     f"{f(e['stack_ms'])} | {f(e['stack_share'], '.1%')} | {f(e.get('cores_used'), '.2f')} | "
+                     f"{f(e.get('steal_share'), '.0%')} |")
     lines += ["", "Where the two cores went from the first click to the last reader's Finished (`CpuSampler`: CPU seconds "
               "from /proc every 0.25 s, an interval counted in the second it ends in; the JSON has them second by second):", "",
-              "| readers | window s | Chromium CPU s | server CPU s | Chromium, server per second of the run |",
-              "|---|---|---|---|---|"]
+              "| readers | window s | Chromium CPU s | server CPU s | this process CPU s (driver or protocol readers) "
+              "| stolen by the host | Chromium, server per second of the run |",
+              "|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.get("cpu_during_run") or {}
         if c:
             secs = " ".join(f"{ch:.1f}/{sv:.1f}" for _, ch, sv in c["per_second"])
             lines.append(f"| {r['readers']} | {c['window_s']:.1f} | {c['chromium_cpu_s']:.1f} | {c['server_cpu_s']:.1f} "
-                         f"| {secs} |")
+                         f"| {c.get('driver_cpu_s', 0.0):.1f} | "
+                         + ("—" if c.get("steal_share") is None else f"{c['steal_share']:.0%}") + f" | {secs} |")
     lines += ["", f"Load average after the run: {', '.join(f'{x:.1f}' for x in result['load_avg_after'])} "
-              "(the browser's pages run on the same cores as the server)."]
+              + ("(the browser's pages run on the same cores as the server)." if args.client == "chromium" else
+                 "(no browser: the readers are websocket sessions in this process).")]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -68,3 +68,22 @@ def test_charts_wait_while_others_decode(browser, app_url):
         for r in readers:
             if r.page is not None:
                 r.page.context.close()
+
+
+def test_protocol_readers_get_their_alone_texts(app_url):
+    """The browserless readers of ``bench_room.py --client protocol`` (benchmarks/room_client.py) drive the page as
+    Chromium does: two sessions over the websocket press Run to the end and read back the texts alone gives."""
+    from benchmarks.room_client import open_protocol_readers, run_all_protocol
+
+    readers = readers_for(2, max_new=12)
+    clients = open_protocol_readers(app_url, readers)
+    try:
+        run_all_protocol(clients, timeout_s=300)
+    finally:
+        for c in clients:
+            c.close()
+    assert [r.error for r in readers] == [None, None]
+    assert [r.tokens for r in readers] == [12, 12]
+    assert all(c.messages > 10 for c in clients)
+    for r, w in zip(readers, alone_texts(readers)):
+        assert normalized(r.text) == normalized(w), (r.index, r.temperature, r.text, w)
