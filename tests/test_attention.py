@@ -130,3 +130,41 @@ def test_stack_left_padded_right_aligns_each_row_and_zeroes_the_padding():
         assert torch.equal(layer.values[2, :, 3:], mixed[2][li][1][0]) and not layer.values[2, :, :3].any()
     empty, none_valid = stack_left_padded([None, None], [0, 0])
     assert empty.get_seq_length() == 0 and none_valid.shape == (2, 0)
+
+
+def test_stacking_in_place_gives_the_same_pass_bit_for_bit(tiny):
+    """``stack_left_padded(room=width)`` (StaticLayers the pass writes into) and the DynamicCache the pass
+    concatenates onto give the same hidden states and the same cache afterwards, bit for bit: the room's target
+    pass (``scheduler.Room._stacked``) depends on it. Rows of 5, 2, 0 and 4 cached tokens, feeds of 3, 1, 3, 2."""
+    from engine.decoding.attention import stack_left_padded
+
+    prompts, feeds = [[3, 4, 5, 6, 7], [8, 9], [], [10, 11, 12, 13]], [[14, 15, 16], [17], [18, 19, 20], [21, 22]]
+    rows, lens = [], []
+    with torch.inference_mode():
+        for pr in prompts:
+            if pr:
+                out = tiny(input_ids=torch.tensor([pr]), use_cache=True)
+                rows.append([(layer.keys, layer.values) for layer in out.past_key_values.layers])
+            else:
+                rows.append(None)
+            lens.append(len(pr))
+        width, c_max = max(map(len, feeds)), max(lens)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        real = torch.stack([torch.arange(width) < len(f) for f in feeds])
+        new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
+        inp = torch.tensor([f + [0] * (width - len(f)) for f in feeds])
+        pos = torch.tensor([[n + i for i in range(width)] for n in lens])
+        results = []
+        for room in (0, width):
+            cache, valid = stack_left_padded(rows, lens, room=room)
+            assert cache.get_seq_length() == c_max
+            mask = model_mask(fed_visibility(new_vis, valid), tiny)
+            h = tiny.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
+                                   use_cache=True).last_hidden_state
+            results.append((h, valid, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]))
+    (h0, v0, kv0), (h1, v1, kv1) = results
+    assert torch.equal(v0, v1)
+    assert torch.equal(h0, h1)
+    for (k0, va0), (k1, va1) in zip(kv0, kv1):
+        assert k0.shape == k1.shape == (4, k0.shape[1], c_max + width, k0.shape[3])
+        assert torch.equal(k0, k1) and torch.equal(va0, va1)

@@ -121,7 +121,7 @@ def model_mask(visible: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype
     return out.masked_fill(~vis, torch.finfo(dtype).min)
 
 
-def stack_left_padded(rows_kv: Sequence, lens: Sequence[int]):
+def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0):
     """Stack single-row KV caches into one batch cache, each row left-padded with zeros to the longest.
 
     Used wherever separately cached rows meet in one pass: the room's target pass (``scheduler``), the heads'
@@ -133,14 +133,22 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int]):
         rows_kv: per row, a list of (keys, values) per layer, each [1, heads, n, head_dim] (anything for a row
             holding nothing, e.g. None).
         lens: n, the entries each row holds.
+        room: entries the next pass will add to every row (its width). With ``room`` > 0 each layer is a
+            transformers ``StaticLayer`` of max(lens) + room entries holding the rows up to max(lens): the pass then
+            writes its new entries in place (``index_copy_``) instead of concatenating the whole batch cache again,
+            and each row's entries are copied once instead of twice (padding, then stacking). The pass must add
+            exactly ``room`` entries: the layer's keys and values are its full [B, heads, max(lens) + room,
+            head_dim] tensors, as a ``DynamicLayer`` would return after that pass. 0: a ``DynamicCache``.
 
     Returns:
-        (a transformers ``DynamicCache`` whose layers hold [B, heads, max(lens), head_dim], ``valid`` [B, max(lens)]
-        bool: False on each row's left padding).
+        (a transformers cache whose layers hold [B, heads, max(lens), head_dim] (and room for ``room`` more),
+        ``valid`` [B, max(lens)] bool: False on each row's left padding).
     """
     from transformers import DynamicCache
 
     c_max = max(lens, default=0)
+    if room > 0 and c_max > 0:
+        return _stack_in_place(rows_kv, lens, c_max, room), _left_valid(lens, c_max)
     cache = DynamicCache()
     if c_max > 0:
         ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
@@ -154,6 +162,32 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int]):
                 ks.append(k)
                 vs.append(v)
             cache.update(torch.cat(ks), torch.cat(vs), li)
+    return cache, _left_valid(lens, c_max)
+
+
+def _left_valid(lens: Sequence[int], c_max: int) -> torch.Tensor:
+    """[B, c_max] bool: True on each row's last ``n`` entries (its own), False on its left padding."""
     col = torch.arange(c_max)
-    valid = torch.stack([col >= c_max - n for n in lens]) if lens else torch.zeros(0, 0, dtype=torch.bool)
-    return cache, valid
+    return torch.stack([col >= c_max - n for n in lens]) if lens else torch.zeros(0, 0, dtype=torch.bool)
+
+
+def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: int):
+    """``stack_left_padded`` with ``room``: a transformers ``Cache`` of ``StaticLayer`` s, each zeroed at
+    [B, heads, c_max + room, head_dim], every row's entries copied right-aligned into its first c_max entries."""
+    from transformers.cache_utils import Cache, StaticLayer
+
+    b = len(lens)
+    ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
+    layers = []
+    for li, (k0, v0) in enumerate(ref):
+        layer = StaticLayer(c_max + room)
+        layer.lazy_initialization(k0.new_empty((b, k0.shape[1], 0, k0.shape[3])),
+                                  v0.new_empty((b, v0.shape[1], 0, v0.shape[3])))
+        for r, (kv, n) in enumerate(zip(rows_kv, lens)):
+            if n > 0:
+                k, v = kv[li]
+                layer.keys[r, :, c_max - n:c_max] = k[0]
+                layer.values[r, :, c_max - n:c_max] = v[0]
+        layer.cumulative_length.fill_(c_max)
+        layers.append(layer)
+    return Cache(layers=layers)

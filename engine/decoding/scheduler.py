@@ -74,6 +74,10 @@ LOG_ENV = "SPEEDUP_LAB_ROOM_LOG"  # a file: one JSON line per pass (benchmarks/b
 DEFAULT_MAX_ROWS = 32
 DEFAULT_ABANDON_S = 60.0
 POLL_S = 0.1
+STACK_IN_PLACE = True
+"""The room's target pass stacks the rows' caches into transformers ``StaticLayer`` s with room for the pass's new
+entries (``attention.stack_left_padded(room=...)``); False: a ``DynamicCache`` the forward concatenates onto (for
+A/B measurements; the same bits either way, tested)."""
 WINDOW_S = 10.0  # the room's recent tokens/s and rows per pass are over this many seconds of passes
 
 _threads_set = False
@@ -576,9 +580,10 @@ class Room:
         lens = [lm.cached_len for lm in lms]
         widths = [len(p.feed) for _, _, p in fed]
         c_max, width, b = max(lens), max(widths), len(fed)
+        # room for the pass's new entries: the forward writes them in place instead of concatenating the batch cache
         cache, cached_valid = stack_left_padded(
             [[(layer.keys, layer.values) for layer in lm.cache.layers] if n > 0 else None for lm, n in zip(lms, lens)],
-            lens)
+            lens, room=width if STACK_IN_PLACE else 0)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         real = torch.stack([torch.arange(width) < w for w in widths])
         new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
