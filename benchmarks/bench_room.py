@@ -1,5 +1,6 @@
-"""A room of readers on one server: K readers open the Live page in headless Chromium and all press "Run to the
-end" at once (issue 31's load test).
+"""A room of readers on one server: K readers open the Live page and all press "Run to the end" at once (the room's
+load test); the readers are headless Chromium pages on this machine, or with ``--client protocol`` browserless
+Streamlit sessions over the websocket.
 
 Starts ``streamlit run app/main.py`` headless on 127.0.0.1, opens K browser sessions on /live with the default
 draft (the trained EAGLE-style head), the chat preset, temperatures alternating 0 and 0.8 (reader i seeded i) and
@@ -23,7 +24,7 @@ draft (the trained EAGLE-style head), the chat preset, temperatures alternating 
 the server's two cores, as in a workshop where every reader's browser runs on their own laptop. The alone runs use
 the same client, so the ratio compares like with like.
 
-Usage (an idle machine; the CPU lock of the team's rules):
+Usage (an idle machine; ``flock -x /tmp/speedup-cpu.lock`` keeps the team's test runs off the cores meanwhile):
 ``flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py --readers 16 30``
 writes benchmarks/results/room.json and room.md;
 ``... bench_room.py --client protocol --readers 16 30 --out room_protocol`` the browserless room.
@@ -220,8 +221,9 @@ def _room_run(browser, url: str, readers, timeout_s: float, after_open=None, ser
 
 
 def engine_room(k: int, max_new: int) -> dict:
-    """The same room in this process, without a browser: K decoders (the page's settings) submitted together to a
-    ``Room``; per pass the time of the whole pass, of the target's forward, and of stacking the rows' caches and
+    """The same room in this process, without Streamlit: K decoders (the page's settings) prefilled, then submitted
+    together to a ``Room`` (the clock runs from then to the last reader's end, as the page's runs start after their
+    prefills); per pass the time of the whole pass, of the target's forward, and of stacking the rows' caches and
     giving them back (what a shared batch cache would save at most)."""
     import threading
 
@@ -240,9 +242,15 @@ def engine_room(k: int, max_new: int) -> dict:
         decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma_here(EMBEDDED_HEAD)[0],
                                    sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
                                    max_new_tokens=max_new) for i in range(k)]
+        # the prefills first, as the pages are prefilled before their Run is pressed; the clock starts after them
+        ths = [threading.Thread(target=lambda d=d: room.prefill(d)) for d in decs]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(timeout=900)
         sampler = CpuSampler(os.getpid()).start()  # this process's cores, and what the host took away meanwhile
         t0 = time.perf_counter()
-        ths = [threading.Thread(target=lambda d=d: (room.prefill(d), room.run(d))) for d in decs]
+        ths = [threading.Thread(target=lambda d=d: room.run(d)) for d in decs]
         for th in ths:
             th.start()
         for th in ths:
@@ -270,6 +278,11 @@ def _head_gamma() -> int:
     return default_gamma_here(EMBEDDED_HEAD)[0]
 
 
+def _share(x) -> str:
+    """A share as a whole percentage, or — when unknown."""
+    return "—" if x is None else f"{x:.0%}"
+
+
 def _passes(path: Path) -> list[dict]:
     try:
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -280,15 +293,19 @@ def _passes(path: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--readers", type=int, nargs="+", default=[16], help="room sizes K to run (default 16)")
-    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--max-new", type=int, default=32, help="new tokens each reader asks for (default 32)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a room may take at most")
     ap.add_argument("--no-draft-above", default="", help="SPEEDUP_LAB_NO_DRAFT_ABOVE for the server (default off)")
     ap.add_argument("--client", choices=("chromium", "protocol"), default="chromium",
-                    help="the readers: headless Chromium pages on this machine (default, the issue's setup), or "
+                    help="the readers: headless Chromium pages on this machine (default), or "
                          "Streamlit-protocol sessions over the websocket without a browser (benchmarks/room_client.py: "
                          "a room whose browsers run on the readers' own machines)")
-    ap.add_argument("--out", default="room")
+    ap.add_argument("--out", default=None,
+                    help="results name: benchmarks/results/<out>.json and .md (default room, or room_protocol with "
+                         "--client protocol; an existing file of that name, such as the committed results, is replaced)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = "room" if args.client == "chromium" else "room_protocol"
     import contextlib
 
     from playwright.sync_api import sync_playwright
@@ -356,8 +373,8 @@ def main() -> None:
     result = {"rows": rows, "server_peak_rss_mb": rss, "cpu": _cpu_model(), "cores": os.cpu_count(),
               "load_avg_after": os.getloadavg(), "elapsed_s": time.time() - t0,
               "no_draft_above": args.no_draft_above or None, "client": args.client,
-              "command": "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py "
-                         + " ".join(sys.argv[1:]),
+              "command": " ".join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT))
+                                   else sys.executable, "benchmarks/bench_room.py", *sys.argv[1:]]),
               "settings": f"default draft (trained EAGLE-style head, γ {_head_gamma()}), chat preset, temperatures 0 "
                           "and 0.8 alternating (reader i seed i), instant autoplay, one server, "
                           + ("one headless Chromium on the same machine (a browser context per reader)"
@@ -370,13 +387,18 @@ def main() -> None:
              f"CPU: {result['cpu']} ({result['cores']} cores). Command: `{result['command']}`. "
              f"{result['settings']}. Drafting limit: {result['no_draft_above'] or 'off'}.", "",
              "| readers | aggregate tok/s | one reader alone tok/s | ratio | slowest reader s | median s | "
-             "alone s | errors | texts = alone | server peak RSS MB |", "|" + "---|" * 10]
+             "alone s | errors | texts = alone | server peak RSS MB | stolen by the host: room (alone runs) |",
+             "|" + "---|" * 11]
     for r in rows:
         lines.append(f"| {r['readers']} | {r['aggregate_tokens_per_s']:.1f} | {r['alone_tokens_per_s']:.1f} | "
                      f"{r['ratio']:.2f}× | {r['slowest_wall_s']:.1f} | {r['median_wall_s']:.1f} | "
                      + " / ".join(f"{x:.1f}" for x in r["alone_wall_s"] if x is not None)
                      + f" | {len(r['errors'])} | {r['texts_identical']}/{r['texts_checked']} | "
-                     f"{r['server_peak_rss_mb']:.0f} |")
+                     f"{r['server_peak_rss_mb']:.0f} | {_share((r.get('cpu_during_run') or {}).get('steal_share'))} ("
+                     + ", ".join(_share(x) for x in r.get("alone_steal_share", [])) + ") |")
+    lines += ["", "Stolen by the host: the share of the machine's CPU time the hypervisor gave to other machines during "
+              "the run (/proc/stat's steal). This VM's cores are shared with others: runs with a large share are slow "
+              "for that reason and are not comparable with runs without."]
     for r in rows:  # a text that differed from the same settings alone: where (whitespace removed, as compared)
         for d in r.get("differences", []):
             a, b = d["alone"], d["room"]
@@ -396,8 +418,9 @@ def main() -> None:
         lines.append(f"| {r['readers']} | {sp['passes']} | {f(sp['rows_median'])} | {sp['rows_max']} | "
                      f"{f(sp['pass_ms_median'])} | {f(sp['target_ms_median'])} | {f(sp.get('draft_ms_median'))} | "
                      f"{f(sp.get('judge_ms_median'))}, {f(sp.get('judge_ms_max'))} | {f(sp['busy_share'], '.0%')} |")
-    lines += ["", "The same room in the server's engine without a browser (`engine_room`: K decoders submitted "
-              "together; medians over the passes that served every reader):", "",
+    lines += ["", "The same room in this benchmark's process, the engine without Streamlit (`engine_room`: K decoders "
+              "prefilled, then submitted together; the clock starts after the prefills; medians over the passes that "
+              "served every reader):", "",
               "| readers | tok/s | pass ms | target forward ms | stacking + unstacking ms | stacking share | cores used | "
               "stolen by the host |",
               "|---|---|---|---|---|---|---|---|"]
@@ -409,16 +432,23 @@ def main() -> None:
                      f"{f(e.get('steal_share'), '.0%')} |")
     lines += ["", "Where the two cores went from the first click to the last reader's Finished (`CpuSampler`: CPU seconds "
               "from /proc every 0.25 s, an interval counted in the second it ends in; the JSON has them second by second):", "",
-              "| readers | window s | Chromium CPU s | server CPU s | this process CPU s (driver or protocol readers) "
-              "| stolen by the host | Chromium, server per second of the run |",
-              "|---|---|---|---|---|---|---|"]
+              *(["| readers | window s | Chromium CPU s | server CPU s | this process CPU s (the Playwright driver) "
+                 "| stolen by the host | Chromium, server per second of the run |", "|---|---|---|---|---|---|---|"]
+                if args.client == "chromium" else
+                ["| readers | window s | server CPU s | this process CPU s (the protocol readers) | stolen by the host "
+                 "| server per second of the run |", "|---|---|---|---|---|---|"])]
     for r in rows:
         c = r.get("cpu_during_run") or {}
         if c:
-            secs = " ".join(f"{ch:.1f}/{sv:.1f}" for _, ch, sv in c["per_second"])
-            lines.append(f"| {r['readers']} | {c['window_s']:.1f} | {c['chromium_cpu_s']:.1f} | {c['server_cpu_s']:.1f} "
-                         f"| {c.get('driver_cpu_s', 0.0):.1f} | "
-                         + ("—" if c.get("steal_share") is None else f"{c['steal_share']:.0%}") + f" | {secs} |")
+            steal = _share(c.get("steal_share"))
+            if args.client == "chromium":
+                secs = " ".join(f"{ch:.1f}/{sv:.1f}" for _, ch, sv in c["per_second"])
+                lines.append(f"| {r['readers']} | {c['window_s']:.1f} | {c['chromium_cpu_s']:.1f} | "
+                             f"{c['server_cpu_s']:.1f} | {c.get('driver_cpu_s', 0.0):.1f} | {steal} | {secs} |")
+            else:
+                secs = " ".join(f"{sv:.1f}" for _, _, sv in c["per_second"])
+                lines.append(f"| {r['readers']} | {c['window_s']:.1f} | {c['server_cpu_s']:.1f} | "
+                             f"{c.get('driver_cpu_s', 0.0):.1f} | {steal} | {secs} |")
     lines += ["", f"Load average after the run: {', '.join(f'{x:.1f}' for x in result['load_avg_after'])} "
               + ("(the browser's pages run on the same cores as the server)." if args.client == "chromium" else
                  "(no browser: the readers are websocket sessions in this process).")]

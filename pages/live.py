@@ -605,9 +605,12 @@ def _run_area() -> None:
             st.error(str(e))
         progress.empty()
 
-    _draw_room()
-    if dec.finished and not was_finished:
-        if room.readers():  # others are decoding: only the two buttons change, not a whole page drawn again
+    others_decoding = room.readers() > 0
+    just_finished = dec.finished and not was_finished
+    if others_decoding or not just_finished:  # (a run that just ended alone reruns below, which draws the panel)
+        _draw_room()
+    if just_finished:
+        if others_decoding:  # others are decoding: only the two buttons change, not a whole page drawn again
             step_slot.button("Step one round", key="lv_step_done", type="primary", disabled=True)
             run_slot.button("Run to the end", key="lv_run_done", disabled=True)
         else:
