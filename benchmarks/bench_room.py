@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,14 +49,6 @@ from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, _free_port  # noqa: E402
 from tests.e2e.room import alone_texts, normalized, open_readers, readers_for, run_all  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor()
 
 
 def _peak_rss_mb(pid: int) -> float | None:
@@ -304,6 +295,8 @@ def main() -> None:
                     help="results name: benchmarks/results/<out>.json and .md (default room, or room_protocol with "
                          "--client protocol; an existing file of that name, such as the committed results, is replaced)")
     args = ap.parse_args()
+    if min(args.readers) < 1 or args.max_new < 1 or args.timeout <= 0:
+        ap.error("--readers and --max-new must be whole numbers ≥ 1 and --timeout above 0")
     if args.out is None:
         args.out = "room" if args.client == "chromium" else "room_protocol"
     import contextlib
@@ -370,7 +363,11 @@ def main() -> None:
         rss = _peak_rss_mb(proc.pid)
         proc.terminate()
         proc.wait(timeout=30)
-    result = {"rows": rows, "server_peak_rss_mb": rss, "cpu": _cpu_model(), "cores": os.cpu_count(),
+    from benchmarks.machine import machine_line, machine_meta
+    from engine.decoding.models import EMBEDDED, load_model
+
+    meta = machine_meta(load_model(EMBEDDED))  # the CPU and the compute path the server's target loads with
+    result = {"rows": rows, "server_peak_rss_mb": rss, "cpu": meta["cpu"], "cores": os.cpu_count(), "meta": meta,
               "load_avg_after": os.getloadavg(), "elapsed_s": time.time() - t0,
               "no_draft_above": args.no_draft_above or None, "client": args.client,
               "command": " ".join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT))
@@ -385,7 +382,7 @@ def main() -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2))
     lines = [f"# Room benchmark: K readers press Run to the end at once ({args.max_new} new tokens each)", "",
              f"CPU: {result['cpu']} ({result['cores']} cores). Command: `{result['command']}`. "
-             f"{result['settings']}. Drafting limit: {result['no_draft_above'] or 'off'}.", "",
+             f"{result['settings']}. Drafting limit: {result['no_draft_above'] or 'off'}.", "", machine_line(meta), "",
              "| readers | aggregate tok/s | one reader alone tok/s | ratio | slowest reader s | median s | "
              "alone s | errors | texts = alone | server peak RSS MB | stolen by the host: room (alone runs) |",
              "|" + "---|" * 11]

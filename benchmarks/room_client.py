@@ -33,13 +33,16 @@ from websockets.sync.client import connect
 from tests.e2e.room import FINISHED, Reader
 
 
+_DIRECTIVE = re.compile(r":[a-z]+(?:-[a-z]+)*\[")  # a colour directive's opening, ":green-background["
+
+
 def text_of_markdown(body: str) -> str:
     """The characters a reader sees in the Live page's generated-text Markdown (``app/live_view.text_span``):
     colour directives ``:name[`` and their closing ``]`` dropped, backslash escapes undone (the page escapes every
     ASCII punctuation character), zero-width spaces dropped. Line breaks and spaces stay as they are (the room
     compares whitespace-free texts, ``tests/e2e/room.normalized``)."""
     out, i, n = [], 0, len(body)
-    directive = re.compile(r":[a-z]+(?:-[a-z]+)*\[")
+    directive = _DIRECTIVE
     while i < n:
         ch = body[i]
         if ch == "\\" and i + 1 < n:
