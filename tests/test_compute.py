@@ -589,3 +589,69 @@ def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
                 assert float((y - ref).abs().max()) / max(1.0, float(ref.abs().max())) <= compute.TOLERANCE
                 for i in range(m):
                     assert torch.equal(mod.small_linear(x[i:i + 1], w, bias)[0], y[i])
+
+
+needs_reorder = pytest.mark.skipif(compute._REORDER_OP is None or compute._ONEDNN_OP is None,
+                                   reason="this PyTorch build has no oneDNN weight reorder op")
+
+
+@needs_reorder
+def test_big_products_run_on_a_packed_copy_with_the_dense_weights_bits(monkeypatch):
+    """Products of ≥ PACK_MIN_ROWS rows read a packed copy made once (oneDNN's own layout): bit for bit what oneDNN
+    gives on the dense weight; smaller products use the dense weight; a changed weight is packed again; inference
+    tensors (no version counter) are never packed."""
+    lin = _lin(96, 64, seed=3)
+    apply_path(lin, "onednn")
+    try:
+        made = []
+        real = compute._REORDER_OP
+        monkeypatch.setattr(compute, "_REORDER_OP", lambda w: made.append(tuple(w.shape)) or real(w))
+        dense = compute._ONEDNN_OP
+        with torch.inference_mode():
+            for rows in (compute.PACK_MIN_ROWS - 1, compute.PACK_MIN_ROWS, 48, 130):
+                x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+                want = dense(x, lin.weight, lin.bias, "none", [], "")
+                assert torch.equal(lin(x), want), rows
+                assert torch.equal(lin(x[None]), want[None]), rows  # [1, rows, in] as the model calls it
+        assert made == [(96, 64)]  # packed once, at the first big product
+        assert compute.packed_bytes(lin) == 96 * 64 * 4
+        with torch.no_grad():
+            lin.weight.mul_(2)  # an in-place change: the copy is stale and made again
+        with torch.inference_mode():
+            x = torch.randn(40, 64)
+            assert torch.equal(lin(x), dense(x, lin.weight, lin.bias, "none", [], ""))
+        assert made == [(96, 64), (96, 64)]
+        with torch.inference_mode():
+            w = torch.randn(8, 64)  # an inference tensor
+            x = torch.randn(32, 64)
+            assert torch.equal(compute.linear(x, w), dense(x, w, None, "none", [], ""))
+        assert len(made) == 2 and compute.PACKED_ATTR not in w.__dict__
+    finally:
+        apply_path(lin, "default")
+
+
+@needs_onednn
+def test_weights_mapped_from_the_checkpoint_are_copied_into_own_memory(tmp_path):
+    """transformers maps .safetensors files; on a fast path every weight ends in the process's own memory (the
+    mapping can go), with the same values and logits."""
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny_llama(tmp_path / "tiny", layers=2)
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    ranges = compute._file_ranges()
+    mapped = [n for n, p in model.named_parameters() if any(lo <= p.data_ptr() < hi for lo, hi in ranges)]
+    if not mapped:
+        pytest.skip("this transformers build did not map the checkpoint")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.inference_mode():
+        ref = model(ids).logits
+    apply_path(model, "onednn")
+    ranges = compute._file_ranges()
+    assert not [n for n, p in model.named_parameters() if any(lo <= p.data_ptr() < hi for lo, hi in ranges)]
+    after = model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-4)
+    assert compute._own_memory(model) == 0  # nothing left to copy
+    apply_path(model, "default")

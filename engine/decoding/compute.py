@@ -13,9 +13,12 @@ Paths:
 
 - ``"default"``: PyTorch's own ``torch.nn.functional.linear`` (MKL sgemm on x86 CPUs, cuBLAS on CUDA).
 - ``"onednn"``: ``torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], "")`` on the layer's own dense
-  weight (no copy: measured on the AMD EPYC, a weight packed with ``_reorder_linear_weight`` was no faster
-  for 1–3 rows, and a packed copy of every weight would double the model's memory). fp32 math is pinned:
-  ``torch.backends.mkldnn.matmul.fp32_precision`` is set to ``"ieee"`` (never bf16/tf32 rounding).
+  weight for products of fewer than ``PACK_MIN_ROWS`` (17) rows (measured on the AMD EPYC, a weight packed with
+  ``_reorder_linear_weight`` was no faster for 1–3 rows), and on a copy packed once into oneDNN's layout for larger
+  ones (a prefill, the room's batched passes: ``_packed``; the same bits, and on the Intel Xeon of session 27 the
+  room's 48-row target forward in 190 instead of 290 ms; the copies cost 4 bytes a parameter, made on first use:
+  ``packed_bytes``). fp32 math is pinned: ``torch.backends.mkldnn.matmul.fp32_precision`` is set to ``"ieee"``
+  (never bf16/tf32 rounding).
 - ``"stream"``: products of at most this machine's row limit (``ComputePath.stream_rows``, measured by
   ``measure_stream_rows``; ``STREAM_MAX_ROWS`` = 16 when not measured) rows (a decode step, a verify pass, a draft
   step) run this project's weight-streaming kernel (``small_linear.cpp``, next to this file), larger ones oneDNN. Why:
@@ -34,8 +37,9 @@ a quarter, of the bytes, and the same fp32 values in the same order, so bit for 
 (``compact_weight``; checked value by value when made, and dropped when the weight changes). The fp32 weights stay.
 The embedded target's other layers are Q4_1 in the GGUF; they stay fp32.
 
-On both fast paths the siblings q/k/v and gate/up run as one product each (``_fuse_siblings``) and transformers'
-Llama decoder layers run one lean forward (``_lean_forward``: the same operations, bit-identical logits, without
+On both fast paths the siblings q/k/v and gate/up run as one product each (``_fuse_siblings``), every weight still
+read from a memory-mapped checkpoint is copied into the process's own memory so the mapping can go (``_own_memory``),
+and transformers' Llama decoder layers run one lean forward (``_lean_forward``: the same operations, bit-identical logits, without
 the per-submodule Python of transformers' layers).
 
 The choice: ``choose_path`` runs the model's own forward (a 1-token and a 4-token pass after a short
@@ -102,9 +106,10 @@ class ComputePath:
         cpu: the CPU model this was chosen on (``cpu_model()``).
         threads: torch intra-op threads during the choice.
         pass_ms: {path: {tokens in the pass: median ms}} when measured; empty otherwise.
-        extra_bytes: memory the path costs beyond the model's weights: on "stream", the exact compact copies
-            (``compact_bytes``: the embedded model's LM head as int8 blocks, ~31 MB); 0 otherwise (oneDNN reads the
-            dense weights).
+        extra_bytes: memory the path costs beyond the model's weights at load: on "stream", the exact compact copies
+            (``compact_bytes``: the embedded model's LM head as int8 blocks, ~31 MB); 0 otherwise. Not counted: the
+            packed copies oneDNN's products of ≥ ``PACK_MIN_ROWS`` rows make on first use (``packed_bytes``: the size
+            of the weights again, 538 MB for the embedded model).
         stream_rows: on "stream", the most rows a product may have to take the streaming kernel (measured per
             machine: ``measure_stream_rows``); ``STREAM_MAX_ROWS`` when not measured.
         rows_ms: {"stream"/"onednn": {tokens in the pass: best ms}} behind ``stream_rows``; empty when not measured.
@@ -422,8 +427,64 @@ def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
         if y is not None:
             return y
     if _ONEDNN_OP is not None and x.dim() >= 2:
+        if x.numel() >= PACK_MIN_ROWS * x.shape[-1]:
+            weight = _packed(weight)
         return _ONEDNN_OP(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+PACK_MIN_ROWS = 17
+"""Products with at least this many rows run oneDNN on a copy of the weight packed once into oneDNN's blocked layout
+(``_packed``); smaller ones on the dense weight. 17: above what a lone reader's verify pass feeds (a chain of γ ≤ 15,
+a tree of ≤ 16 nodes), so the copies are made by a prefill of 17+ tokens or the room's batched passes."""
+PACKED_ATTR = "_onednn_packed"
+"""The attribute of a weight tensor holding its packed copy: (data_ptr, version, packed tensor)."""
+
+
+def _reorder_op() -> Callable | None:
+    """``torch.ops.mkldnn._reorder_linear_weight`` if this PyTorch build has it, else None (private, looked up by
+    name, as ``_onednn_op``)."""
+    try:
+        return getattr(torch.ops.mkldnn, "_reorder_linear_weight") if _onednn_op() is not None else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` packed once into oneDNN's blocked layout (``_reorder_linear_weight``), kept on the weight and made
+    again when the weight changes (data pointer or version counter); the dense weight itself where it cannot be
+    packed (an inference tensor has no version counter; no reorder op in this build).
+
+    Why: oneDNN's product on a dense fp32 weight reorders the whole weight into its blocked layout on every call, so
+    a 48-row product reads and writes the weight once more than it multiplies it. On the packed copy the product is
+    bit for bit the same (the same kernel on the same layout: ``tests/test_compute.py``) and, measured in the room's
+    16-reader passes (48 rows, Intel Xeon, 2 threads), the target forward took 190 instead of 290 ms
+    (``benchmarks/bench_room.py``'s engine room; session 27's note). Cost: one packed copy per weight (4 bytes a
+    parameter: ``packed_bytes``)."""
+    entry = weight.__dict__.get(PACKED_ATTR)
+    if weight.is_inference() or _REORDER_OP is None:
+        return weight
+    if entry is not None and entry[0] == weight.data_ptr() and entry[1] == weight._version:
+        return entry[2]
+    with _LOCK:
+        entry = weight.__dict__.get(PACKED_ATTR)
+        if entry is None or entry[0] != weight.data_ptr() or entry[1] != weight._version:
+            with torch.inference_mode():
+                entry = (weight.data_ptr(), weight._version, _REORDER_OP(weight.detach()))
+            weight.__dict__[PACKED_ATTR] = entry
+    return entry[2]
+
+
+def packed_bytes(modules) -> int:
+    """Bytes of the packed copies (``_packed``) the linear layers inside ``modules`` hold now (made on first use)."""
+    seen, total = set(), 0
+    for m in _linears(modules):
+        for w in (m.weight, m.__dict__.get("_fused_weight")):
+            entry = None if w is None else w.__dict__.get(PACKED_ATTR)
+            if entry is not None and id(entry[2]) not in seen:
+                seen.add(id(entry[2]))
+                total += entry[2].numel() * 4
+    return total
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -442,6 +503,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 _ONEDNN_OP = _onednn_op()
+_REORDER_OP = _reorder_op()
 
 
 def _fast_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -787,6 +849,7 @@ def apply_path(modules, path: str) -> None:
             m.__dict__.pop("_pending", None)
     if path != "default":
         _fuse_siblings(modules)
+        _own_memory(modules)
     _lean_layers(modules, on=path != "default")
     _ACTIVE["path"] = path
     if path == "stream":
@@ -796,6 +859,49 @@ def apply_path(modules, path: str) -> None:
             w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
             if w is not None and not _compact_fresh(w):
                 compact_weight(w)
+
+
+def _file_ranges() -> list[tuple[int, int]]:
+    """Address ranges of this process's memory mapped from checkpoint files (``/proc/self/maps`` lines whose file
+    is a ``.safetensors``); empty where that file does not exist (not Linux)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].rstrip().endswith(".safetensors"):
+                    lo, hi = parts[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        pass
+    return ranges
+
+
+def _own_memory(modules) -> int:
+    """Copy into the process's own memory every CPU parameter still read from a memory-mapped checkpoint
+    (transformers maps ``.safetensors`` files), so the mapping is released once nothing points into it. Returns
+    the bytes copied.
+
+    Why: after ``_fuse_siblings`` the q/k/v and gate/up weights live in their stacked copies, but the mapping stays
+    while the other weights (o, down, norms, the embedding) point into it, and every page read from it so far stays
+    resident: measured with the embedded model (Intel Xeon, session 27), 381 MB of the checkpoint's mapping were
+    resident beside the stacked copies (``/proc/self/smaps``); copying the 0.16 GB still mapped gave it back. Called
+    before the compact and packed copies are made (they are keyed by the weight's address)."""
+    ranges = _file_ranges()
+    if not ranges:
+        return 0
+    roots = [modules] if isinstance(modules, nn.Module) else list(modules)
+    copied = 0
+    with torch.no_grad():
+        for root in roots:
+            for prm in root.parameters():
+                if prm.device.type != "cpu" or prm.numel() == 0:
+                    continue
+                ptr = prm.data_ptr()
+                if any(lo <= ptr < hi for lo, hi in ranges):
+                    prm.data = prm.data.clone()
+                    copied += prm.numel() * prm.element_size()
+    return copied
 
 
 _OURS = (nn.Linear, OneDNNLinear, FusedLeadLinear, FusedFollowerLinear)
