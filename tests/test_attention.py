@@ -136,7 +136,7 @@ def test_stacking_in_place_gives_the_same_pass_bit_for_bit(tiny):
     """``stack_left_padded(room=width)`` (StaticLayers the pass writes into) and the DynamicCache the pass
     concatenates onto give the same hidden states and the same cache afterwards, bit for bit: the room's target
     pass (``scheduler.Room._stacked``) depends on it. Rows of 5, 2, 0 and 4 cached tokens, feeds of 3, 1, 3, 2."""
-    from engine.decoding.attention import stack_left_padded
+    from engine.decoding.attention import KVScratch, stack_left_padded
 
     prompts, feeds = [[3, 4, 5, 6, 7], [8, 9], [], [10, 11, 12, 13]], [[14, 15, 16], [17], [18, 19, 20], [21, 22]]
     rows, lens = [], []
@@ -155,16 +155,20 @@ def test_stacking_in_place_gives_the_same_pass_bit_for_bit(tiny):
         inp = torch.tensor([f + [0] * (width - len(f)) for f in feeds])
         pos = torch.tensor([[n + i for i in range(width)] for n in lens])
         results = []
-        for room in (0, width):
-            cache, valid = stack_left_padded(rows, lens, room=room)
+        scratch = KVScratch()
+        scratch.take("keys", (1 << 20,), torch.empty(0)).fill_(float("nan"))  # reused memory holds anything
+        scratch.take("values", (1 << 20,), torch.empty(0)).fill_(float("nan"))
+        for room, sc in ((0, None), (width, None), (width, scratch), (width, scratch)):
+            cache, valid = stack_left_padded(rows, lens, room=room, scratch=sc)
             assert cache.get_seq_length() == c_max
             mask = model_mask(fed_visibility(new_vis, valid), tiny)
             h = tiny.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
                                    use_cache=True).last_hidden_state
             results.append((h, valid, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]))
-    (h0, v0, kv0), (h1, v1, kv1) = results
-    assert torch.equal(v0, v1)
-    assert torch.equal(h0, h1)
-    for (k0, va0), (k1, va1) in zip(kv0, kv1):
-        assert k0.shape == k1.shape == (4, k0.shape[1], c_max + width, k0.shape[3])
-        assert torch.equal(k0, k1) and torch.equal(va0, va1)
+    h0, v0, kv0 = results[0]
+    for h1, v1, kv1 in results[1:]:  # in place in new memory, then twice in a scratch's (NaN-filled, then used) memory
+        assert torch.equal(v0, v1)
+        assert torch.equal(h0, h1)
+        for (k0, va0), (k1, va1) in zip(kv0, kv1):
+            assert k0.shape == k1.shape == (4, k0.shape[1], c_max + width, k0.shape[3])
+            assert torch.equal(k0, k1) and torch.equal(va0, va1)

@@ -121,7 +121,7 @@ def model_mask(visible: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype
     return out.masked_fill(~vis, torch.finfo(dtype).min)
 
 
-def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0):
+def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0, scratch: "KVScratch | None" = None):
     """Stack single-row KV caches into one batch cache, each row left-padded with zeros to the longest.
 
     Used wherever separately cached rows meet in one pass: the room's target pass (``scheduler``), the heads'
@@ -139,6 +139,8 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0):
             and each row's entries are copied once instead of twice (padding, then stacking). The pass must add
             exactly ``room`` entries: the layer's keys and values are its full [B, heads, max(lens) + room,
             head_dim] tensors, as a ``DynamicLayer`` would return after that pass. 0: a ``DynamicCache``.
+        scratch: with ``room``, a ``KVScratch`` whose memory the layers are made in (reused pass after pass: see
+            ``KVScratch``); the cache is then valid until the next call with the same scratch. None: new memory.
 
     Returns:
         (a transformers cache whose layers hold [B, heads, max(lens), head_dim] (and room for ``room`` more),
@@ -148,7 +150,7 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0):
 
     c_max = max(lens, default=0)
     if room > 0 and c_max > 0:
-        return _stack_in_place(rows_kv, lens, c_max, room), _left_valid(lens, c_max)
+        return _stack_in_place(rows_kv, lens, c_max, room, scratch), _left_valid(lens, c_max)
     cache = DynamicCache()
     if c_max > 0:
         ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
@@ -171,23 +173,65 @@ def _left_valid(lens: Sequence[int], c_max: int) -> torch.Tensor:
     return torch.stack([col >= c_max - n for n in lens]) if lens else torch.zeros(0, 0, dtype=torch.bool)
 
 
-def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: int):
-    """``stack_left_padded`` with ``room``: a transformers ``Cache`` of ``StaticLayer`` s, each zeroed at
-    [B, heads, c_max + room, head_dim], every row's entries copied right-aligned into its first c_max entries."""
+class KVScratch:
+    """Memory for ``stack_left_padded(room=...)``'s batch cache, kept from one pass to the next.
+
+    Why: a batch cache made in new memory every pass (transformers' ``StaticLayer`` allocates zeroed tensors)
+    page-faults all of it in again each time: measured in the room's 16-reader target pass (Intel Xeon, 2 threads,
+    session 27, torch profiler), zeroing the 60 new key/value tensors took 12 ms of a ~200 ms forward. Kept memory is
+    already mapped; only each row's left padding is zeroed.
+
+    One user at a time (the room's worker thread); a cache made in it is overwritten by the next ``take``.
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[tuple, torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A contiguous uninitialised tensor of ``shape`` with ``like``'s dtype and device, in this scratch's
+        memory for ``name`` (grown when too small)."""
+        n = 1
+        for d in shape:
+            n *= d
+        key = (name, like.dtype, like.device)
+        flat = self._flat.get(key)
+        if flat is None or flat.numel() < n:
+            flat = self._flat[key] = torch.empty(max(n, int(n * 1.25)), dtype=like.dtype, device=like.device)
+        return flat[:n].view(shape)
+
+
+def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: int, scratch: KVScratch | None = None):
+    """``stack_left_padded`` with ``room``: a transformers ``Cache`` of ``StaticLayer`` s of [B, heads, c_max + room,
+    head_dim], views into one [layers, B, heads, c_max + room, head_dim] tensor for the keys and one for the values
+    (in ``scratch``'s memory when given), every row's entries copied right-aligned into its first c_max entries (one
+    copy per row for all layers: ``torch.stack`` into the row's slice) and its left padding zeroed. The last ``room``
+    entries are left for the pass to write (``StaticLayer.update``'s ``index_copy_``)."""
     from transformers.cache_utils import Cache, StaticLayer
 
     b = len(lens)
     ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
+    k0, v0 = ref[0]
+    width = c_max + room
+    k_shape = (len(ref), b, k0.shape[1], width, k0.shape[3])
+    v_shape = (len(ref), b, v0.shape[1], width, v0.shape[3])
+    if scratch is not None:
+        keys, values = scratch.take("keys", k_shape, k0), scratch.take("values", v_shape, v0)
+    else:
+        keys, values = k0.new_empty(k_shape), v0.new_empty(v_shape)
+    for r, (kv, n) in enumerate(zip(rows_kv, lens)):
+        if n < c_max:
+            keys[:, r, :, :c_max - n].zero_()
+            values[:, r, :, :c_max - n].zero_()
+        if n > 0:
+            torch.stack([k[0] for k, _ in kv], out=keys[:, r, :, c_max - n:c_max])
+            torch.stack([v[0] for _, v in kv], out=values[:, r, :, c_max - n:c_max])
     layers = []
-    for li, (k0, v0) in enumerate(ref):
-        layer = StaticLayer(c_max + room)
-        layer.lazy_initialization(k0.new_empty((b, k0.shape[1], 0, k0.shape[3])),
-                                  v0.new_empty((b, v0.shape[1], 0, v0.shape[3])))
-        for r, (kv, n) in enumerate(zip(rows_kv, lens)):
-            if n > 0:
-                k, v = kv[li]
-                layer.keys[r, :, c_max - n:c_max] = k[0]
-                layer.values[r, :, c_max - n:c_max] = v[0]
+    for li in range(len(ref)):
+        layer = StaticLayer(width)
+        # transformers' own initialisation on an empty batch (no memory), then the layer's tensors are the views
+        layer.lazy_initialization(k0.new_empty((0, k0.shape[1], 0, k0.shape[3])),
+                                  v0.new_empty((0, v0.shape[1], 0, v0.shape[3])))
+        layer.keys, layer.values, layer.batch_size = keys[li], values[li], b
         layer.cumulative_length.fill_(c_max)
         layers.append(layer)
     return Cache(layers=layers)

@@ -62,7 +62,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from engine.decoding.attention import fed_visibility, model_mask, stack_left_padded
+from engine.decoding.attention import KVScratch, fed_visibility, model_mask, stack_left_padded
 from engine.decoding.models import LoadedModel
 from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
 from engine.decoding.trace import Round
@@ -290,6 +290,7 @@ class Room:
         self.passes: collections.deque[PassRecord] = collections.deque(maxlen=4096)
         self.pass_count = 0
         self._closed = False
+        self._scratch = KVScratch()  # the stacked passes' batch cache memory, reused (the worker's alone)
         self._worker = threading.Thread(target=self._loop, name=f"room-{target.name}", daemon=True)
         self._worker.start()
 
@@ -485,20 +486,7 @@ class Room:
                 pass_ms = (time.perf_counter() - t0) * 1000
             # 3. judge and emit, row by row
             t0 = time.perf_counter()
-            for t, dec, p in rows:
-                if t.done.is_set():
-                    continue
-                try:
-                    rnd = dec.finish_pass(p, logits.get(id(p)), pass_ms if p.feed else 0.0)
-                except Exception as e:
-                    self._finish(t, e)
-                    continue
-                if rnd is None:  # a prefill
-                    if t.prefill_only:
-                        self._finish(t)
-                    continue
-                rec.emitted += len(rnd.emitted_ids)
-                self._deliver(t, dec, rnd, len(batch))
+            self._judge(rows, logits, pass_ms, rec, len(batch))
             rec.judge_ms = (time.perf_counter() - t0) * 1000
         finally:
             for dec in locked:
@@ -515,6 +503,23 @@ class Room:
                     f.write(json.dumps({k: v for k, v in rec.__dict__.items() if k != "served"}) + "\n")
             except OSError:
                 pass
+
+    def _judge(self, rows, logits, pass_ms: float, rec: PassRecord, n_batch: int) -> None:
+        """Judge each fed row with its reader's own rule and hand its round to its page (a prefill emits nothing)."""
+        for t, dec, p in rows:
+            if t.done.is_set():
+                continue
+            try:
+                rnd = dec.finish_pass(p, logits.get(id(p)), pass_ms if p.feed else 0.0)
+            except Exception as e:
+                self._finish(t, e)
+                continue
+            if rnd is None:  # a prefill
+                if t.prefill_only:
+                    self._finish(t)
+                continue
+            rec.emitted += len(rnd.emitted_ids)
+            self._deliver(t, dec, rnd, n_batch)
 
     @staticmethod
     def _draft_together(group: list[tuple[Ticket, SpeculativeDecoder, int]]) -> dict[int, tuple[object, float]]:
@@ -583,7 +588,7 @@ class Room:
         # room for the pass's new entries: the forward writes them in place instead of concatenating the batch cache
         cache, cached_valid = stack_left_padded(
             [[(layer.keys, layer.values) for layer in lm.cache.layers] if n > 0 else None for lm, n in zip(lms, lens)],
-            lens, room=width if STACK_IN_PLACE else 0)
+            lens, room=width if STACK_IN_PLACE else 0, scratch=self._scratch)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         real = torch.stack([torch.arange(width) < w for w in widths])
         new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
