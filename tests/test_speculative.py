@@ -515,6 +515,50 @@ def test_cached_lm_reuses_the_last_logits_only_while_valid(tiny):
         handle.remove()
 
 
+def test_absorbing_every_layer_in_one_block_gives_the_per_layer_cache(tiny):
+    """``CachedLM.absorb`` with one [layers, 1, heads, w, d] block (the room's unstacking) leaves exactly the cache
+    that layer-by-layer ``DynamicCache.update`` leaves, after a crop too, and later passes see the same entries."""
+    from engine.decoding.proposers import CachedLM
+
+    model = tiny["target"].model
+    with torch.inference_mode():
+        lms = [CachedLM(model, torch.device("cpu")) for _ in range(2)]
+        for lm in lms:
+            lm.logits_for([5, 6, 7, 8, 9], 1)
+            lm.crop(4)  # a rolled-back cache: the layers are views shorter than their tensors
+        for step, feed in enumerate(([10, 11, 12], [13], [14, 15])):
+            out = model(input_ids=torch.tensor([feed]), use_cache=True,
+                        cache=_copy_cache(lms[0].cache)).past_key_values
+            n = lms[0].cached_len
+            per_layer = [(la.keys[:, :, n:], la.values[:, :, n:]) for la in out.layers]
+            logits = torch.zeros(32)
+            lms[0].absorb(feed, [k for k, _ in per_layer], [v for _, v in per_layer], None, logits)
+            lms[1].absorb(feed, torch.stack([k for k, _ in per_layer]), torch.stack([v for _, v in per_layer]), None,
+                          logits)
+            for a, b in zip(lms[0].cache.layers, lms[1].cache.layers):
+                assert a.keys.shape == b.keys.shape and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            assert lms[0].ids == lms[1].ids
+            if step == 1:
+                for lm in lms:
+                    lm.crop(lm.cached_len - 1)
+        got = [lm.logits_for(lm.ids + [20, 21], 2) for lm in lms]
+    assert torch.equal(got[0], got[1])
+    empty = CachedLM(model, torch.device("cpu"))  # nothing cached yet: the block goes in layer by layer
+    blk = torch.zeros(len(lms[0].cache.layers), 1, *lms[0].cache.layers[0].keys.shape[1:2], 2,
+                      lms[0].cache.layers[0].keys.shape[-1])
+    empty.absorb([1, 2], blk, blk, None, torch.zeros(32))
+    assert empty.cache.get_seq_length() == 2
+
+
+def _copy_cache(cache):
+    from transformers import DynamicCache
+
+    c = DynamicCache()
+    for i, la in enumerate(cache.layers):
+        c.update(la.keys.clone(), la.values.clone(), i)
+    return c
+
+
 def test_a_separate_prefill_is_counted_once_in_the_total_time(tiny):
     """The first step of a decoder that was not prefilled early prefills in a pass of its own: its time is
     prefill_ms and must be in total_ms once (it was added twice, inflating plain decoding's ms per token

@@ -203,6 +203,7 @@ class KVScratch:
 def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: int, scratch: KVScratch | None = None):
     """``stack_left_padded`` with ``room``: a transformers ``Cache`` of ``StaticLayer`` s of [B, heads, c_max + room,
     head_dim], views into one [layers, B, heads, c_max + room, head_dim] tensor for the keys and one for the values
+    (also kept as the cache's ``kv_blocks``: (keys, values), to read a row's entries for every layer at once)
     (in ``scratch``'s memory when given), every row's entries copied right-aligned into its first c_max entries (one
     copy per row for all layers: ``torch.stack`` into the row's slice) and its left padding zeroed. The last ``room``
     entries are left for the pass to write (``StaticLayer.update``'s ``index_copy_``)."""
@@ -234,4 +235,6 @@ def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: in
         layer.keys, layer.values, layer.batch_size = keys[li], values[li], b
         layer.cumulative_length.fill_(c_max)
         layers.append(layer)
-    return Cache(layers=layers)
+    cache = Cache(layers=layers)
+    cache.kv_blocks = (keys, values)  # every layer at once: [layers, B, heads, c_max + room, head_dim] each
+    return cache

@@ -613,8 +613,12 @@ class Room:
         start = 0
         for r, ((_, dec, p), lm) in enumerate(zip(fed, lms)):
             w = widths[r]
-            keys = [layer.keys[r:r + 1, :, c_max:c_max + w] for layer in cache.layers]
-            values = [layer.values[r:r + 1, :, c_max:c_max + w] for layer in cache.layers]
+            blocks = getattr(cache, "kv_blocks", None)
+            if blocks is not None:  # every layer's new entries in one view each (CachedLM._append_block)
+                keys, values = blocks[0][:, r:r + 1, :, c_max:c_max + w], blocks[1][:, r:r + 1, :, c_max:c_max + w]
+            else:
+                keys = [layer.keys[r:r + 1, :, c_max:c_max + w] for layer in cache.layers]
+                values = [layer.values[r:r + 1, :, c_max:c_max + w] for layer in cache.layers]
             lg = logits_all[start:start + p.n_fed_logits] if p.n_fed_logits else None
             start += p.n_fed_logits
             lm.absorb(p.feed, keys, values, h[r, :w] if lm.keep_hidden else None, lg[-1].to(dev))
