@@ -66,7 +66,19 @@ def test_a_changed_kernel_is_measured_again(tiny, monkeypatch):
     got = measure_pass_cost(tiny, sizes=(1, 2), reps=1, context=4)
     monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: got)
     assert machine_pass_cost(tiny) == got and cached_pass_cost(tiny.spec) == got
-    monkeypatch.setattr(pass_cost, "kernel_name", lambda: "speedup_lab_small_linear_changed")
+    monkeypatch.setattr(pass_cost, "measure_key", lambda: "speedup_lab_small_linear_changed|packed>=17")
+    assert cached_pass_cost(tiny.spec) is None
+
+
+def test_the_curve_is_keyed_by_how_big_products_run(tiny, monkeypatch):
+    """oneDNN's products of ≥ ``PACK_MIN_ROWS`` rows read packed weights: a curve measured under another limit (or
+    before the packing) is not this machine's curve."""
+    from engine.decoding import compute
+
+    got = measure_pass_cost(tiny, sizes=(1, 2), reps=1, context=4)
+    monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: got)
+    assert machine_pass_cost(tiny) == got and cached_pass_cost(tiny.spec) == got
+    monkeypatch.setattr(compute, "PACK_MIN_ROWS", compute.PACK_MIN_ROWS + 1)
     assert cached_pass_cost(tiny.spec) is None
 
 

@@ -91,6 +91,7 @@ TOLERANCE = 1e-4
 
 _LOCK = threading.Lock()
 _KERNEL_LOCK = threading.Lock()
+_PACK_LOCK = threading.Lock()
 _MEMO: dict[str, "ComputePath"] = {}
 _ACTIVE = {"path": "default"}
 
@@ -211,6 +212,14 @@ def kernel_name() -> str:
     key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
                        .encode()).hexdigest()[:12]
     return f"speedup_lab_small_linear_{key}"
+
+
+def measure_key() -> str:
+    """What measurements of this machine's passes depend on, beside the CPU: the streaming kernel's build
+    (``kernel_name``) and the row count from which oneDNN products read packed weights (``PACK_MIN_ROWS``). The path
+    choice, the verify-cost curve (``engine.decoding.pass_cost``) and the batch curve are keyed by it, so they are
+    measured again when either changes."""
+    return f"{kernel_name()}|packed>={PACK_MIN_ROWS}"
 
 
 def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | None:
@@ -466,7 +475,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
         return weight
     if entry is not None and entry[0] == weight.data_ptr() and entry[1] == weight._version:
         return entry[2]
-    with _LOCK:
+    with _PACK_LOCK:  # its own lock: a big product can run while _LOCK is held (choose_path measures 24-row passes)
         entry = weight.__dict__.get(PACKED_ATTR)
         if entry is None or entry[0] != weight.data_ptr() or entry[1] != weight._version:
             with torch.inference_mode():
@@ -1059,7 +1068,7 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
         return ComputePath("default" if problem else "onednn", f"fallback: {stream_bad}", cpu, threads)
     offered = ("default", "onednn") + (() if stream_bad else ("stream",))
     key = _memo_key(model) + "|paths=" + ",".join(offered) + ("" if stream_bad else f"|kernel={_STREAM.get('name', '')}"
-                                                               "|rows=largest-win")
+                                                               "|rows=largest-win") + f"|packed>={PACK_MIN_ROWS}"
     with _LOCK:
         if key in _MEMO:
             return _MEMO[key]

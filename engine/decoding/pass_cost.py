@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from engine.decoding.compute import active_stream_rows, cpu_model, kernel_name
+from engine.decoding.compute import active_stream_rows, cpu_model, measure_key
 from engine.decoding.models import LoadedModel, cache_root
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
@@ -100,10 +100,10 @@ class PassCost:
 
 
 def _key(spec: str, device: str = "cpu") -> str:
-    """Cache key: this machine (CPU model, torch threads and version), the streaming kernel's build
-    (``compute.kernel_name``: a changed kernel is measured again), the target spec and device. The compute path
-    is stored inside the entry and checked on lookup."""
-    return "|".join([cpu_model(), f"threads={torch.get_num_threads()}", torch.__version__, kernel_name(), spec,
+    """Cache key: this machine (CPU model, torch threads and version), the streaming kernel's build and oneDNN's
+    packing (``compute.measure_key``: either changed is measured again), the target spec and device. The compute
+    path is stored inside the entry and checked on lookup."""
+    return "|".join([cpu_model(), f"threads={torch.get_num_threads()}", torch.__version__, measure_key(), spec,
                      device])
 
 

@@ -173,9 +173,9 @@ def machine_sweep_key(spec: str = "embedded") -> str:
     kernel's build name (``engine.decoding.compute``), the spec (what ``engine.decoding.pass_cost`` keys by)."""
     import torch
 
-    from engine.decoding.compute import cpu_model, kernel_name
+    from engine.decoding.compute import cpu_model, measure_key
 
-    return "|".join([cpu_model(), f"threads={torch.get_num_threads()}", torch.__version__, kernel_name(), spec])
+    return "|".join([cpu_model(), f"threads={torch.get_num_threads()}", torch.__version__, measure_key(), spec])
 
 
 def _machine_store(store: Path | None) -> Path:
