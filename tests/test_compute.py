@@ -20,6 +20,9 @@ from tests.tiny_models import save_tiny_llama
 
 needs_onednn = pytest.mark.skipif(compute._ONEDNN_OP is None, reason="this PyTorch build has no oneDNN linear op")
 
+needs_reorder = pytest.mark.skipif(compute._REORDER_OP is None or compute._ONEDNN_OP is None,
+                                   reason="this PyTorch build has no oneDNN weight reorder op")
+
 
 def _lin(out_f=7, in_f=5, bias=True, seed=0):
     torch.manual_seed(seed)
@@ -159,6 +162,34 @@ def test_label_is_short_and_names_the_path():
     assert ComputePath("default", "forced by override", "x", 1).label().startswith("PyTorch default")
     assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496).label().endswith(
         "(forced by override; exact fp16/int8 copies of some weights: +32 MB)")
+    assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496,
+                       packable_bytes=538_060_032).label().endswith(
+        "(forced by override; exact fp16/int8 copies of some weights: +32 MB; packed copies for products of ≥ 17 rows, "
+        "made on first use: up to +538 MB)")
+
+
+@needs_reorder
+def test_use_path_says_what_the_packed_copies_would_cost(tmp_path):
+    """``use_path`` on a fast path sets ``packable_bytes``: every fast layer's fp32 weight once (a fused group's
+    stacked weight once, the tied LM head once); the default path packs nothing."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.decoding.compute import use_path
+
+    model = AutoModelForCausalLM.from_pretrained(str(save_tiny_llama(tmp_path / "tiny", layers=2))).eval()
+    # every linear's weight: all 2-D parameters but the token embedding, which is the LM head's when tied
+    want = 4 * sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n)
+    if model.config.tie_word_embeddings:
+        want += 4 * model.get_output_embeddings().weight.numel()
+    try:
+        got = use_path(model, ComputePath("onednn", "forced by override", "x", 1))
+        assert got.packable_bytes == want > 0
+        with torch.inference_mode():
+            model(torch.arange(3, 3 + compute.PACK_MIN_ROWS)[None])  # every layer's big product (the head's last row)
+        assert 0 < compute.packed_bytes(model) <= got.packable_bytes
+        assert use_path(model, ComputePath("default", "forced by override", "x", 1)).packable_bytes == 0
+    finally:
+        apply_path(model, "default")
 
 
 @needs_onednn
@@ -589,10 +620,6 @@ def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
                 assert float((y - ref).abs().max()) / max(1.0, float(ref.abs().max())) <= compute.TOLERANCE
                 for i in range(m):
                     assert torch.equal(mod.small_linear(x[i:i + 1], w, bias)[0], y[i])
-
-
-needs_reorder = pytest.mark.skipif(compute._REORDER_OP is None or compute._ONEDNN_OP is None,
-                                   reason="this PyTorch build has no oneDNN weight reorder op")
 
 
 @needs_reorder

@@ -114,6 +114,8 @@ class ComputePath:
         stream_rows: on "stream", the most rows a product may have to take the streaming kernel (measured per
             machine: ``measure_stream_rows``); ``STREAM_MAX_ROWS`` when not measured.
         rows_ms: {"stream"/"onednn": {tokens in the pass: best ms}} behind ``stream_rows``; empty when not measured.
+        packable_bytes: on "onednn" and "stream", the memory oneDNN's packed copies take once products of every weight
+            with ≥ ``PACK_MIN_ROWS`` rows have run (``_packed``; set by ``use_path``); 0 otherwise.
     """
 
     path: str
@@ -124,6 +126,7 @@ class ComputePath:
     extra_bytes: int = 0
     stream_rows: int = STREAM_MAX_ROWS
     rows_ms: dict = field(default_factory=dict)
+    packable_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -135,6 +138,9 @@ class ComputePath:
         """Short label for pages and result headers, e.g. ``"oneDNN (measured: 1.82× faster than default)"``:
         the name and the reason without its timing details."""
         extra = f"; exact fp16/int8 copies of some weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
+        if self.packable_bytes:
+            extra += (f"; packed copies for products of ≥ {PACK_MIN_ROWS} rows, made on first use: up to "
+                      f"+{self.packable_bytes / 1e6:.0f} MB")
         return f"{self.name} ({self.reason.split(' (')[0]}{extra})"
 
     def to_dict(self) -> dict:
@@ -1121,4 +1127,21 @@ def use_path(modules, choice: ComputePath) -> ComputePath:
         extra = compact_bytes(modules)
         if extra != choice.extra_bytes:
             choice = replace(choice, extra_bytes=extra)
+    packable = _packable_bytes(modules) if choice.path != "default" and _REORDER_OP is not None else 0
+    if packable != choice.packable_bytes:
+        choice = replace(choice, packable_bytes=packable)
     return choice
+
+
+def _packable_bytes(modules) -> int:
+    """Bytes of the packed copies ``_packed`` would make for every fast linear layer inside ``modules`` (4 a
+    parameter: fp32, oneDNN's blocked layout; a fused group's stacked weight once)."""
+    seen, total = set(), 0
+    for m in _linears(modules):
+        if type(m) is FusedFollowerLinear or type(m) not in (OneDNNLinear, FusedLeadLinear):
+            continue
+        w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
+        if w is not None and w.device.type == "cpu" and w.dtype == torch.float32 and w.data_ptr() not in seen:
+            seen.add(w.data_ptr())
+            total += w.numel() * 4
+    return total
