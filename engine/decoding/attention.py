@@ -202,11 +202,13 @@ class KVScratch:
 
 def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: int, scratch: KVScratch | None = None):
     """``stack_left_padded`` with ``room``: a transformers ``Cache`` of ``StaticLayer`` s of [B, heads, c_max + room,
-    head_dim], views into one [layers, B, heads, c_max + room, head_dim] tensor for the keys and one for the values
-    (also kept as the cache's ``kv_blocks``: (keys, values), to read a row's entries for every layer at once)
-    (in ``scratch``'s memory when given), every row's entries copied right-aligned into its first c_max entries (one
-    copy per row for all layers: ``torch.stack`` into the row's slice) and its left padding zeroed. The last ``room``
-    entries are left for the pass to write (``StaticLayer.update``'s ``index_copy_``)."""
+    head_dim].
+
+    The layers are views into one [layers, B, heads, c_max + room, head_dim] tensor for the keys and one for the
+    values, in ``scratch``'s memory when given; the cache keeps both as ``kv_blocks`` = (keys, values), so a row's
+    entries for every layer can be read at once. Each row's entries are copied right-aligned into its first c_max
+    entries (one ``torch.stack`` into the row's slice for all layers) and its left padding is zeroed. The last
+    ``room`` entries are left for the pass to write (``StaticLayer.update``'s ``index_copy_``)."""
     from transformers.cache_utils import Cache, StaticLayer
 
     b = len(lens)
