@@ -158,15 +158,20 @@ def test_stacking_in_place_gives_the_same_pass_bit_for_bit(tiny):
         scratch = KVScratch()
         scratch.take("keys", (1 << 20,), torch.empty(0)).fill_(float("nan"))  # reused memory holds anything
         scratch.take("values", (1 << 20,), torch.empty(0)).fill_(float("nan"))
-        for room, sc in ((0, None), (width, None), (width, scratch), (width, scratch)):
-            cache, valid = stack_left_padded(rows, lens, room=room, scratch=sc)
+        # the same rows as CachedLM.kv_block gives them: every layer in one [layers, 1, heads, n, d] tensor each
+        blocks = [(torch.stack([k for k, _ in r]), torch.stack([v for _, v in r])) if r else None for r in rows]
+        for room, sc, given in ((0, None, rows), (width, None, rows), (width, scratch, rows), (width, scratch, rows),
+                                (width, scratch, blocks), (0, None, blocks)):
+            cache, valid = stack_left_padded(given, lens, room=room, scratch=sc)
             assert cache.get_seq_length() == c_max
             mask = model_mask(fed_visibility(new_vis, valid), tiny)
             h = tiny.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
                                    use_cache=True).last_hidden_state
             results.append((h, valid, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]))
     h0, v0, kv0 = results[0]
-    for h1, v1, kv1 in results[1:]:  # in place in new memory, then twice in a scratch's (NaN-filled, then used) memory
+    # in place in new memory, then twice in a scratch's (NaN-filled, then used) memory, then from blocks (in place, and
+    # concatenated onto)
+    for h1, v1, kv1 in results[1:]:
         assert torch.equal(v0, v1)
         assert torch.equal(h0, h1)
         for (k0, va0), (k1, va1) in zip(kv0, kv1):

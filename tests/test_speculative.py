@@ -543,11 +543,49 @@ def test_absorbing_every_layer_in_one_block_gives_the_per_layer_cache(tiny):
                     lm.crop(lm.cached_len - 1)
         got = [lm.logits_for(lm.ids + [20, 21], 2) for lm in lms]
     assert torch.equal(got[0], got[1])
+    # logits_for concatenated onto lms[1]'s views (transformers' update): they are no longer its block's
+    assert lms[1].kv_block() is None
     empty = CachedLM(model, torch.device("cpu"))  # nothing cached yet: the block goes in layer by layer
     blk = torch.zeros(len(lms[0].cache.layers), 1, *lms[0].cache.layers[0].keys.shape[1:2], 2,
                       lms[0].cache.layers[0].keys.shape[-1])
     empty.absorb([1, 2], blk, blk, None, torch.zeros(32))
     assert empty.cache.get_seq_length() == 2
+
+
+def test_a_block_takes_new_entries_in_place_until_full_then_grows(tiny, monkeypatch):
+    """``CachedLM._append_block`` writes a pass's entries after the cached ones in the same block while they fit (the
+    layers stay views of it: ``kv_block`` gives them all at once), overwrites entries cropped away, and makes a bigger
+    block, with the cache copied in, when they do not; every step leaves the cache layer-by-layer ``update`` leaves."""
+    import engine.decoding.proposers as proposers
+    from engine.decoding.proposers import CachedLM
+
+    monkeypatch.setattr(proposers, "BLOCK_SPARE", 3)
+    model = tiny["target"].model
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        lm, ref = CachedLM(model, torch.device("cpu")), CachedLM(model, torch.device("cpu"))
+        for x in (lm, ref):
+            x.logits_for([5, 6, 7, 8], 1)
+        shape = lm.cache.layers[0].keys.shape
+        n_layers = len(lm.cache.layers)
+        ptrs = []
+        for step, (w, crop) in enumerate(((2, 0), (1, 1), (2, 0), (3, 2), (1, 0))):
+            k = torch.randn(n_layers, 1, shape[1], w, shape[3], generator=gen)
+            v = torch.randn(n_layers, 1, shape[1], w, shape[3], generator=gen)
+            feed = list(range(30 + 3 * step, 30 + 3 * step + w))
+            lm.absorb(feed, k, v, None, torch.zeros(32))
+            ref.absorb(feed, [k[i] for i in range(n_layers)], [v[i] for i in range(n_layers)], None, torch.zeros(32))
+            blk = lm.kv_block()
+            assert blk is not None and blk[0].shape[-2] == lm.cached_len
+            for i, (a, b) in enumerate(zip(lm.cache.layers, ref.cache.layers)):
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                assert torch.equal(blk[0][i], b.keys) and torch.equal(blk[1][i], b.values)
+            ptrs.append(blk[0].data_ptr())
+            for x in (lm, ref):
+                x.crop(x.cached_len - crop)
+    # 4 cached + 2 makes a block of 4 + 2 + 3; + 1 (after a crop of 1) and + 2 fit in it; 8 + 3 does not: a new
+    # block of 11 + 3, which then takes the last entry in place
+    assert ptrs[0] == ptrs[1] == ptrs[2] != ptrs[3] == ptrs[4]
 
 
 def _copy_cache(cache):

@@ -130,8 +130,9 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0, scr
     ``fed_visibility``).
 
     Args:
-        rows_kv: per row, a list of (keys, values) per layer, each [1, heads, n, head_dim] (anything for a row
-            holding nothing, e.g. None).
+        rows_kv: per row, a list of (keys, values) per layer, each [1, heads, n, head_dim], or every layer at once
+            as a tuple of two [layers, 1, heads, n, head_dim] tensors (``CachedLM.kv_block``: one copy per row instead
+            of one per layer); anything for a row holding nothing, e.g. None.
         lens: n, the entries each row holds.
         room: entries the next pass will add to every row (its width). With ``room`` > 0 each layer is a
             transformers ``StaticLayer`` of max(lens) + room entries holding the rows up to max(lens): the pass then
@@ -151,6 +152,7 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0, scr
     c_max = max(lens, default=0)
     if room > 0 and c_max > 0:
         return _stack_in_place(rows_kv, lens, c_max, room, scratch), _left_valid(lens, c_max)
+    rows_kv = [list(zip(kv[0], kv[1])) if n > 0 and _is_block(kv) else kv for kv, n in zip(rows_kv, lens)]
     cache = DynamicCache()
     if c_max > 0:
         ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
@@ -165,6 +167,11 @@ def stack_left_padded(rows_kv: Sequence, lens: Sequence[int], room: int = 0, scr
                 vs.append(v)
             cache.update(torch.cat(ks), torch.cat(vs), li)
     return cache, _left_valid(lens, c_max)
+
+
+def _is_block(kv) -> bool:
+    """A row given as (keys, values) of [layers, 1, heads, n, head_dim] each (``CachedLM.kv_block``)."""
+    return isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], torch.Tensor) and kv[0].dim() == 5
 
 
 def _left_valid(lens: Sequence[int], c_max: int) -> torch.Tensor:
@@ -207,16 +214,17 @@ def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: in
     The layers are views into one [layers, B, heads, c_max + room, head_dim] tensor for the keys and one for the
     values, in ``scratch``'s memory when given; the cache keeps both as ``kv_blocks`` = (keys, values), so a row's
     entries for every layer can be read at once. Each row's entries are copied right-aligned into its first c_max
-    entries (one ``torch.stack`` into the row's slice for all layers) and its left padding is zeroed. The last
+    entries (one ``copy_`` of a ``CachedLM.kv_block`` row, or one ``torch.stack`` of its layers, into the row's slice for all layers) and its left padding is zeroed. The last
     ``room`` entries are left for the pass to write (``StaticLayer.update``'s ``index_copy_``)."""
     from transformers.cache_utils import Cache, StaticLayer
 
     b = len(lens)
     ref = next(kv for kv, n in zip(rows_kv, lens) if n > 0)
-    k0, v0 = ref[0]
+    n_layers = ref[0].shape[0] if _is_block(ref) else len(ref)
+    k0, v0 = (ref[0][0], ref[1][0]) if _is_block(ref) else ref[0]
     width = c_max + room
-    k_shape = (len(ref), b, k0.shape[1], width, k0.shape[3])
-    v_shape = (len(ref), b, v0.shape[1], width, v0.shape[3])
+    k_shape = (n_layers, b, k0.shape[1], width, k0.shape[3])
+    v_shape = (n_layers, b, v0.shape[1], width, v0.shape[3])
     if scratch is not None:
         keys, values = scratch.take("keys", k_shape, k0), scratch.take("values", v_shape, v0)
     else:
@@ -225,11 +233,14 @@ def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: in
         if n < c_max:
             keys[:, r, :, :c_max - n].zero_()
             values[:, r, :, :c_max - n].zero_()
-        if n > 0:
+        if n > 0 and _is_block(kv):  # every layer in one copy (measured: 4 ms instead of 10 for 16 rows' keys)
+            keys[:, r, :, c_max - n:c_max].copy_(kv[0][:, 0])
+            values[:, r, :, c_max - n:c_max].copy_(kv[1][:, 0])
+        elif n > 0:
             torch.stack([k[0] for k, _ in kv], out=keys[:, r, :, c_max - n:c_max])
             torch.stack([v[0] for _, v in kv], out=values[:, r, :, c_max - n:c_max])
     layers = []
-    for li in range(len(ref)):
+    for li in range(n_layers):
         layer = StaticLayer(width)
         # transformers' own initialisation on an empty batch (no memory), then the layer's tensors are the views
         layer.lazy_initialization(k0.new_empty((0, k0.shape[1], 0, k0.shape[3])),

@@ -58,6 +58,9 @@ class Proposal:
     point_mass: bool = False
 
 
+BLOCK_SPARE = 32  # entries of room a new ``CachedLM`` block is made with (``_append_block``): several passes' worth
+
+
 class CachedLM:
     """A causal LM with its own DynamicCache that remembers which token ids it holds.
 
@@ -83,6 +86,7 @@ class CachedLM:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
+        self._block: tuple[torch.Tensor, torch.Tensor] | None = None  # ``_append_block``'s keys and values
         self.ids: list[int] = []
         self.hidden: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None  # [V] float32, of the last cached position
@@ -177,12 +181,18 @@ class CachedLM:
         self.last_logits = last_logits
 
     def _append_block(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Append [layers, 1, heads, w, head dim] new entries to every layer of the cache at once: the layers become
-        views into one new [layers, 1, heads, cached + w, head dim] tensor for the keys and one for the values (two
-        copies per call instead of a ``torch.cat`` per layer and per keys/values: measured on the Intel Xeon of session
-        27, the 960 per-layer concatenations of a 16-reader room pass took 19 ms). The same entries as
-        ``DynamicCache.update`` layer by layer; the layers stay transformers' ``DynamicLayer`` s (their next update
-        concatenates onto the views as before). Falls back to that update where the cache is not yet filled."""
+        """Append [layers, 1, heads, w, head dim] new entries to every layer of the cache at once.
+
+        The layers are views into one [layers, 1, heads, capacity, head dim] tensor for the keys and one for the
+        values (``kv_block``), made with room to spare (``BLOCK_SPARE``): while the layers are still those views and
+        the new entries fit, they are written in place after the cached ones, two small copies per pass; otherwise a
+        new pair is made and the cache copied into it once. Why: the room (``engine.decoding.scheduler``) hands every
+        reader its new entries after each shared pass; copying the whole cache each time took 18 ms of a 16-reader
+        pass (Intel Xeon, session 27), and 960 per-layer ``torch.cat`` s before that 19 ms. The same entries as
+        ``DynamicCache.update`` layer by layer; the layers stay transformers' ``DynamicLayer`` s (a later ``update``
+        concatenates onto the views, which ends the sharing). Entries past a crop are overwritten: the block is this
+        object's own, and nothing else keeps views of it. Falls back to ``update`` where the cache is not yet
+        filled."""
         layers = self.cache.layers
         if (len(layers) != keys.shape[0] or not all(getattr(la, "is_initialized", False) for la in layers)
                 or any(la.keys.dim() != 4 for la in layers)):
@@ -190,14 +200,48 @@ class CachedLM:
                 self.cache.update(keys[i], values[i], i)
             return
         n, w = layers[0].keys.shape[-2], keys.shape[-2]
-        new_k = keys.new_empty((*keys.shape[:3], n + w, keys.shape[4]))
-        new_v = values.new_empty((*values.shape[:3], n + w, values.shape[4]))
-        torch.stack([la.keys for la in layers], out=new_k[:, :, :, :n])
-        torch.stack([la.values for la in layers], out=new_v[:, :, :, :n])
-        new_k[:, :, :, n:].copy_(keys)
-        new_v[:, :, :, n:].copy_(values)
+        held = self.kv_block()
+        if held is None or n + w > self._block[0].shape[-2]:
+            cap = n + w + BLOCK_SPARE
+            new_k = keys.new_empty((*keys.shape[:3], cap, keys.shape[4]))
+            new_v = values.new_empty((*values.shape[:3], cap, values.shape[4]))
+            if held is not None:
+                new_k[:, :, :, :n].copy_(held[0])
+                new_v[:, :, :, :n].copy_(held[1])
+            else:
+                torch.stack([la.keys for la in layers], out=new_k[:, :, :, :n])
+                torch.stack([la.values for la in layers], out=new_v[:, :, :, :n])
+            self._block = (new_k, new_v)
+        kb, vb = self._block
+        kb[:, :, :, n:n + w].copy_(keys)
+        vb[:, :, :, n:n + w].copy_(values)
+        for la, k, v in zip(layers, kb[:, :, :, :n + w].unbind(0), vb[:, :, :, :n + w].unbind(0)):
+            la.keys, la.values = k, v
+
+    def kv_block(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cache as two [layers, 1, heads, cached_len, head dim] views (keys, values) when every layer is still
+        a view of the block ``_append_block`` made (one copy reads all layers: the room's stacking); None when not
+        (an ``update`` or a reset since, or no block yet)."""
+        blk = self._block
+        layers = self.cache.layers
+        if blk is None or len(layers) != blk[0].shape[0]:
+            return None
+        kb, vb = blk
+        k0 = getattr(layers[0], "keys", None)
+        if k0 is None or k0.dim() != 4:
+            return None
+        n = k0.shape[2]
+        k_step, v_step = kb.stride(0) * kb.element_size(), vb.stride(0) * vb.element_size()
+        k_ptr, v_ptr = kb.data_ptr(), vb.data_ptr()
+        k_strides, v_strides = kb.stride()[1:], vb.stride()[1:]
+        # each layer's tensors start at its slot of the block, with the block's strides, n long: views of it (the
+        # block is alive, so no other tensor starts there). Cheap checks: this runs twice per reader and pass.
         for i, la in enumerate(layers):
-            la.keys, la.values = new_k[i], new_v[i]
+            k, v = la.keys, la.values
+            if (k.data_ptr() != k_ptr + i * k_step or v.data_ptr() != v_ptr + i * v_step or k.shape[2] != n
+                    or v.shape[2] != n or k.stride() != k_strides or v.stride() != v_strides):
+                return None
+        return kb[:, :, :, :n], vb[:, :, :, :n]
 
     def _feed(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
         """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits."""

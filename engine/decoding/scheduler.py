@@ -587,7 +587,8 @@ class Room:
         c_max, width, b = max(lens), max(widths), len(fed)
         # room for the pass's new entries: the forward writes them in place instead of concatenating the batch cache
         cache, cached_valid = stack_left_padded(
-            [[(layer.keys, layer.values) for layer in lm.cache.layers] if n > 0 else None for lm, n in zip(lms, lens)],
+            [(lm.kv_block() or [(layer.keys, layer.values) for layer in lm.cache.layers]) if n > 0 else None
+             for lm, n in zip(lms, lens)],
             lens, room=width if STACK_IN_PLACE else 0, scratch=self._scratch)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         real = torch.stack([torch.arange(width) < w for w in widths])
