@@ -171,3 +171,45 @@ def test_warp_temperature_topk_topp_hand_computed():
 def test_bad_sampling_args(kwargs):
     with pytest.raises(InputError):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_argmax_rows_is_torch_argmax_ties_and_nan_included(dtype):
+    """``argmax_rows`` (NumPy on the CPU) picks what ``torch.argmax`` picks: the first of tied maxima, a NaN as the
+    largest; rows of [R, V], one [V], a non-contiguous view, and the embedded model's vocabulary size."""
+    from engine.decoding.sampling import argmax_rows
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 49152, generator=g, dtype=dtype)
+    x[1, 100] = x[1, 40] = x[1].max() + 1  # a tie: the first wins
+    x[2, 7] = x[2, 9] = float("nan")  # NaN is the largest, the first one
+    x[3] = 0.0  # all equal
+    assert argmax_rows(x) == torch.argmax(x, dim=-1).tolist() and argmax_rows(x)[1:4] == [40, 7, 0]
+    assert argmax_rows(x[1]) == [40] and argmax_rows(x[:, ::2]) == torch.argmax(x[:, ::2], dim=-1).tolist()
+    assert argmax_rows(x.to(torch.bfloat16)) == torch.argmax(x.to(torch.bfloat16), dim=-1).tolist()  # torch's own
+
+
+def test_top_k_rows_gives_torch_topks_values():
+    """``top_k_rows``'s two steps give ``torch.topk``'s values exactly, largest first, with indices that hold them,
+    for random rows, rows whose top entries tie across chunks, a top entry in the last chunk, k of 1 and 8, float32
+    and float64; a small vocabulary goes to ``torch.topk`` itself."""
+    from engine.decoding.sampling import TOPK_CHUNK, top_k_rows
+
+    g = torch.Generator().manual_seed(4)
+    for trial in range(30):
+        x = torch.softmax(torch.randn(5, 49152, generator=g, dtype=torch.float64) * 3, dim=-1)
+        if trial % 3 == 0:
+            x[:, 100:110] = x.max()
+            x[:, 40000] = x.max()
+        x[4, -1] = 1.0
+        x = x.float() if trial % 2 else x
+        for k in (1, 5, 8):
+            want = torch.topk(x, k, dim=-1)
+            vals, idx = top_k_rows(x, k)
+            assert torch.equal(vals, want.values) and torch.equal(x.gather(1, idx), vals)
+            assert int(idx[4, 0]) == 49151
+    small = torch.randn(2, 16 * TOPK_CHUNK - 1, generator=g)
+    vals, idx = top_k_rows(small, 5)
+    want = torch.topk(small, 5, dim=-1)
+    assert torch.equal(vals, want.values) and torch.equal(idx, want.indices)
+    assert top_k_rows(torch.randn(2, 3, generator=g), 5)[0].shape == (2, 3)

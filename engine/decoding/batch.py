@@ -43,7 +43,7 @@ import torch
 from engine.decoding.attention import fed_visibility, model_mask, stack_left_padded
 from engine.decoding.models import LoadedModel
 from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
-from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, verify_greedy, verify_sampling, warp_probs
+from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, argmax_rows, verify_greedy, verify_sampling, warp_probs
 from engine.decoding.speculative import MAX_NEW_TOKENS, GenerationResult, _TokenText, chain_positions, encode_prompt
 from engine.decoding.trace import Round, run_stats
 from engine.errors import InputError
@@ -559,7 +559,7 @@ class BatchDecoder:
                 p_logits = logits[s, :widths[s]]
             p = warp_probs(p_logits.double() if not cfg.greedy else p_logits, cfg)
             if cfg.greedy:
-                verdict = verify_greedy(d, [int(i) for i in torch.argmax(p_logits, dim=-1)])
+                verdict = verify_greedy(d, argmax_rows(p_logits))
             else:
                 verdict = verify_sampling(d, qs[s], p, r.generator)
             remaining = self.max_new_tokens - len(r.new_ids)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding.models import LoadedModel, check_tokenizers_compatible
-from engine.decoding.sampling import SamplingConfig, sample, warp_probs
+from engine.decoding.sampling import SamplingConfig, argmax_rows, sample, warp_probs
 from engine.decoding.tree import MAX_BRANCHING, TokenTree, empty_tree
 from engine.errors import InputError, ModelLoadError
 
@@ -314,7 +314,7 @@ class _ModelProposer(Proposer):
             shared = min(logits.shape[-1], self.target_vocab)
             logits = logits[:shared]  # the draft only proposes ids the target also has
             q = warp_probs(logits, cfg)
-            x = int(torch.argmax(logits)) if cfg.greedy else sample(q, generator)
+            x = argmax_rows(logits)[0] if cfg.greedy else sample(q, generator)
             if shared < self.target_vocab:
                 q = torch.cat([q, q.new_zeros(self.target_vocab - shared)])
             tokens.append(x)
@@ -455,7 +455,7 @@ class FeatureHeadProposer(Proposer):
                     float(torch.softmax(logits, -1).max()) < self.confidence_threshold:
                 break  # a likely rejection: propose no more this round
             q_red = warp_probs(logits, cfg)
-            j = int(torch.argmax(logits)) if cfg.greedy else sample(q_red, generator)
+            j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, generator)
             x = int(self.vocab_ids[j])
             q = torch.zeros(self.target_vocab)
             q[self.vocab_ids] = q_red
@@ -616,7 +616,7 @@ class FeatureHeadProposer(Proposer):
                     going[r] = False
                     continue
                 q_red = warp_probs(logits, cfg)
-                j = int(torch.argmax(logits)) if cfg.greedy else sample(q_red, g)
+                j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, g)
                 x = int(p.vocab_ids[j])
                 q = torch.zeros(p.target_vocab)
                 q[p.vocab_ids] = q_red

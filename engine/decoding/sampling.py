@@ -56,6 +56,49 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """``torch.argmax(x, dim=-1)`` as a list of ints: [V] gives one, [R, V] gives R.
+
+    The same rule (the first index of the largest value; a NaN counts as the largest), through NumPy for float32 and
+    float64 CPU tensors: measured on the Intel Xeon of session 28 (2 threads), ``torch.argmax`` of one 49 152-entry
+    float32 row took 150 µs against NumPy's 5 µs, and greedy rounds take it per position, per row and per draft step.
+    Other tensors (another device or dtype) use ``torch.argmax``.
+    """
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.numel() and not x.requires_grad:
+        import numpy as np
+
+        return np.atleast_1d(x.detach().numpy().argmax(axis=-1)).reshape(-1).tolist()
+    return torch.argmax(x, dim=-1).reshape(-1).tolist()
+
+
+TOPK_CHUNK = 256  # ``top_k_rows``: entries per chunk of the first step (a vocabulary of 49 152: 192 chunks)
+
+
+def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(x, k, dim=-1)`` (largest first) of [R, V] ``x``, for the short lists a page shows.
+
+    Two steps: each row's chunks of ``TOPK_CHUNK`` entries and their maxima (``amax``, a fast reduction), then
+    ``torch.topk`` over the k chunks with the largest maxima only (the k largest entries lie in them: a chunk holding
+    one of them has a maximum at least as large, and at most k − 1 other chunks can have a larger one). Measured on
+    the Intel Xeon of session 28: ``torch.topk`` of 5 took 130 µs per 49 152-entry row. The values are exactly
+    ``torch.topk``'s; among exactly equal values which index comes first is unspecified, as for ``torch.topk``.
+    Rows shorter than 16 chunks, or not a multiple of the chunk, or k over 8, use ``torch.topk``.
+
+    Returns:
+        (values [R, k'], indices [R, k'] long) with k' = min(k, V).
+    """
+    r, v = x.shape
+    k = min(k, v)
+    if k > 8 or v % TOPK_CHUNK or v < 16 * TOPK_CHUNK or x.requires_grad:
+        return torch.topk(x, k, dim=-1)
+    chunks = x.reshape(r, v // TOPK_CHUNK, TOPK_CHUNK)
+    best = torch.topk(chunks.amax(dim=-1), k, dim=-1).indices  # [R, k]
+    cand = torch.gather(chunks, 1, best[:, :, None].expand(r, k, TOPK_CHUNK)).reshape(r, k * TOPK_CHUNK)
+    vals, local = torch.topk(cand, k, dim=-1)
+    idx = torch.gather(best, 1, local // TOPK_CHUNK) * TOPK_CHUNK + local % TOPK_CHUNK
+    return vals, idx
+
+
 def warp_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """The distribution a token is sampled from: temperature, top-k, top-p, softmax.
 

@@ -33,7 +33,9 @@ from engine.decoding.sampling import (
     ACCEPT_RULES,
     MAX_GAMMA,
     SamplingConfig,
+    argmax_rows,
     sample,
+    top_k_rows,
     verify_greedy,
     verify_sampling,
     verify_tree_greedy,
@@ -89,7 +91,7 @@ class _TokenText:
         top-k = 2 distribution or a residual with two tokens lists two, not three more at 0)."""
         if probs.shape[0] == 0:
             return []
-        vals, idx = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)
+        vals, idx = top_k_rows(probs, n)
         return [[TopToken(i, self(i), v) for v, i in zip(vr, ir) if v > 0]
                 for vr, ir in zip(vals.tolist(), idx.tolist())]
 
@@ -443,7 +445,7 @@ class SpeculativeDecoder:
             logits, tokens_verified, shared_ms = verified
         p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
         if cfg.greedy:
-            verdict = verify_greedy(draft, [int(i) for i in torch.argmax(logits, dim=-1)])
+            verdict = verify_greedy(draft, argmax_rows(logits))
         else:
             verdict = verify_sampling(draft, q, p, self.generator)
         verify_ms = (time.perf_counter() - t0) * 1000 + shared_ms
@@ -494,7 +496,7 @@ class SpeculativeDecoder:
         logits, tokens_verified = tree_verify_pass(self.target_lm, self.seq, tree)
         p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
         if cfg.greedy:
-            verdict = verify_tree_greedy(tree.tokens, tree.parents, [int(i) for i in torch.argmax(logits, -1)])
+            verdict = verify_tree_greedy(tree.tokens, tree.parents, argmax_rows(logits))
         elif self.accept == "typical":
             verdict = verify_tree_typical(tree.tokens, tree.parents, p, self.generator)
         else:
