@@ -194,8 +194,11 @@ n_layers = len(getattr(getattr(target.model, "model", None), "layers", [])) if t
 room = room_for(target) if target is not None else None
 if target is not None and target.compute is not None:
     with st.sidebar:  # which kernels every pass below runs (engine/decoding/compute.py)
-        st.caption(f"Compute path: {target.compute.label()}. CPU: {target.compute.cpu}, "
-                   f"{target.compute.threads} threads.", help=target.compute.reason)
+        st.caption(f"How this CPU runs each pass (the compute path): {target.compute.label()}. "
+                   f"CPU: {target.compute.cpu}, {target.compute.threads} threads.",
+                   help="At load the engine timed, on this CPU, the ways it can multiply the model's weights by a "
+                        "few tokens and uses the fastest for every pass (engine/decoding/compute.py). "
+                        + target.compute.reason)
 
 with st.sidebar:
     st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="lv_preset", on_change=_on_preset,
@@ -249,8 +252,9 @@ with st.sidebar:
                       "and is LOSSY: the output no longer follows p. Greedy runs are always judged exactly.")
     st.number_input("Seed", 0, 999_999, key="lv_seed")
     st.slider("Max new tokens", 1, MAX_NEW_UI, key="lv_max_new")
-    st.radio("Autoplay speed (Run to the end)", list(SPEEDS), key="lv_speed", horizontal=True,
-             help="instant: no animation; presenter: slow animation and a pause after each round.")
+    st.radio("Autoplay speed", list(SPEEDS), key="lv_speed", horizontal=True,
+             help="How the rounds of a whole run are shown. instant: no animation; presenter: slow animation and a "
+                  "pause after each round.")
 
 sync_url(URL_KEYS)
 # a custom prompt goes in the link too (a preset's is named by lv_preset), unless too long for a URL

@@ -396,7 +396,8 @@ def test_compute_path_shown_beside_the_model(tiny):
     from engine.decoding.compute import cpu_model
 
     at = _app(tiny)
-    caps = [c.value for c in at.sidebar.caption if c.value.startswith("Compute path:")]
+    caps = [c.value for c in at.sidebar.caption
+            if c.value.startswith("How this CPU runs each pass (the compute path):")]
     assert len(caps) == 1 and cpu_model() in caps[0]
     assert "oneDNN" in caps[0] or "PyTorch default" in caps[0]
     at.query_params["lv_target"] = tiny
