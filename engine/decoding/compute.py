@@ -418,14 +418,19 @@ def _compact_fresh(weight: torch.Tensor) -> bool:
 def compact_bytes(modules) -> int:
     """Bytes of the compact forms (``compact_weight``) held by the linear layers inside ``modules`` (and their
     fused weights)."""
-    seen, total = set(), 0
+    return sum(c.nbytes for c in _held(modules, COMPACT_ATTR, lambda c: c))
+
+
+def _held(modules, attr: str, key):
+    """Each distinct object (by ``id(key(obj))``) kept under ``attr`` on the weights of the linear layers inside
+    ``modules``, their fused weights included (the compact forms, the packed copies)."""
+    seen = set()
     for m in _linears(modules):
         for w in (m.weight, m.__dict__.get("_fused_weight")):
-            c = None if w is None else w.__dict__.get(COMPACT_ATTR)
-            if c is not None and id(c) not in seen:
-                seen.add(id(c))
-                total += c.nbytes
-    return total
+            obj = None if w is None else w.__dict__.get(attr)
+            if obj is not None and id(key(obj)) not in seen:
+                seen.add(id(key(obj)))
+                yield obj
 
 
 def prepare_weight(weight: torch.Tensor) -> None:
@@ -492,14 +497,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 def packed_bytes(modules) -> int:
     """Bytes of the packed copies (``_packed``) the linear layers inside ``modules`` hold now (made on first use)."""
-    seen, total = set(), 0
-    for m in _linears(modules):
-        for w in (m.weight, m.__dict__.get("_fused_weight")):
-            entry = None if w is None else w.__dict__.get(PACKED_ATTR)
-            if entry is not None and id(entry[2]) not in seen:
-                seen.add(id(entry[2]))
-                total += entry[2].numel() * 4
-    return total
+    return sum(entry[2].numel() * 4 for entry in _held(modules, PACKED_ATTR, lambda entry: entry[2]))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
