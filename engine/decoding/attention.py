@@ -214,8 +214,9 @@ def _stack_in_place(rows_kv: Sequence, lens: Sequence[int], c_max: int, room: in
     The layers are views into one [layers, B, heads, c_max + room, head_dim] tensor for the keys and one for the
     values, in ``scratch``'s memory when given; the cache keeps both as ``kv_blocks`` = (keys, values), so a row's
     entries for every layer can be read at once. Each row's entries are copied right-aligned into its first c_max
-    entries (one ``copy_`` of a ``CachedLM.kv_block`` row, or one ``torch.stack`` of its layers, into the row's slice for all layers) and its left padding is zeroed. The last
-    ``room`` entries are left for the pass to write (``StaticLayer.update``'s ``index_copy_``)."""
+    entries (one ``copy_`` of a ``CachedLM.kv_block`` row, or one ``torch.stack`` of its layers, into the row's slice
+    for all layers) and its left padding is zeroed. The last ``room`` entries are left for the pass to write
+    (``StaticLayer.update``'s ``index_copy_``)."""
     from transformers.cache_utils import Cache, StaticLayer
 
     b = len(lens)
