@@ -110,6 +110,53 @@ def test_one_reader_alone_in_the_room_is_bit_identical(tiny):
         room.close()
 
 
+def test_a_warmed_up_room_records_no_pass_freezes_the_heap_and_serves_exactly(tiny):
+    """``warm_up``: at the first request the worker runs its batched passes once (``Room._warm_up``: 16 rows), records
+    none of them, freezes the collector's heap (once per process), then serves; readers get exactly their alone
+    output, and each prefilled reader's cache is a block ready for shared passes (``CachedLM.reserve_block``)."""
+    import gc
+
+    want = [_alone(tiny, i) for i in range(4)]
+    room = Room(tiny, no_draft_above=None, warm_up=True)
+    try:
+        time.sleep(0.2)
+        assert room.warm_ms is None  # nothing asked yet: nothing computed
+        decs = [_decoder(tiny, i) for i in range(4)]
+        for d in decs:
+            room.prefill(d)
+            assert d.target_lm.kv_block() is not None  # the prefill left a block with room to spare
+        assert room.warm_ms is not None and room.warm_ms > 0
+        assert gc.get_freeze_count() > 0
+        got = _in_threads([(lambda d=d: room.run(d)) for d in decs])
+        for i in range(4):
+            assert got[i].token_ids == want[i].token_ids, f"reader {i} ({READERS[i]})"
+            _same_rounds(got[i].rounds, want[i].rounds)
+        assert room.pass_count == len(room.passes) > 0
+        assert all(p.rows <= 4 for p in room.passes)  # the warm-up's 16-row passes are not recorded
+        assert max(p.fed_rows for p in room.passes) >= 2
+    finally:
+        room.close()
+
+
+def test_a_failed_warm_up_leaves_a_room_that_serves(tiny, monkeypatch):
+    """A warm-up that raises only means no warm-up: warm_ms stays None and readers are served exactly."""
+    import engine.decoding.scheduler as scheduler
+
+    def broken(*a, **k):
+        raise RuntimeError("no warm-up here")
+
+    monkeypatch.setattr(scheduler, "SpeculativeDecoder", broken)
+    want = _alone(tiny, 0)
+    room = Room(tiny, no_draft_above=None, warm_up=True)
+    try:
+        d = _decoder(tiny, 0)
+        got = room.run(d)
+        assert room.warm_ms is None
+        assert got.token_ids == want.token_ids
+    finally:
+        room.close()
+
+
 def test_concurrent_readers_get_exactly_their_alone_output(tiny):
     """8 readers at once (greedy and sampled, four draft kinds): each gets the tokens, verdicts and uniforms
     of the same settings decoded alone, and the passes really were shared."""

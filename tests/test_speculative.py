@@ -588,6 +588,42 @@ def test_a_block_takes_new_entries_in_place_until_full_then_grows(tiny, monkeypa
     assert ptrs[0] == ptrs[1] == ptrs[2] != ptrs[3] == ptrs[4]
 
 
+def test_reserve_block_puts_the_cache_into_a_block_that_the_next_pass_fills_in_place(tiny):
+    """``CachedLM.reserve_block`` (the room calls it after a prefill): the same entries, now views of one block with
+    ``BLOCK_SPARE`` to spare, so the next absorbed pass writes into that block (same data pointer); an empty cache
+    is left alone."""
+    from engine.decoding.proposers import BLOCK_SPARE, CachedLM
+
+    model = tiny["target"].model
+    with torch.inference_mode():
+        empty = CachedLM(model, torch.device("cpu"))
+        assert empty.reserve_block() is False and empty.kv_block() is None
+        lm, ref = CachedLM(model, torch.device("cpu")), CachedLM(model, torch.device("cpu"))
+        for x in (lm, ref):
+            x.logits_for([5, 6, 7, 8, 9], 1)
+        assert lm.kv_block() is None  # a prefill leaves transformers' own layers
+        assert lm.reserve_block() is True
+        blk = lm.kv_block()
+        assert blk is not None and blk[0].shape[-2] == 5 and lm._block[0].shape[-2] == 5 + BLOCK_SPARE
+        for i, (a, b) in enumerate(zip(lm.cache.layers, ref.cache.layers)):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            assert torch.equal(blk[0][i], b.keys) and torch.equal(blk[1][i], b.values)
+        ptr = lm._block[0].data_ptr()
+        assert lm.reserve_block() is True and lm._block[0].data_ptr() == ptr  # already a block: nothing made
+        shape, n_layers = lm.cache.layers[0].keys.shape, len(lm.cache.layers)
+        gen = torch.Generator().manual_seed(2)
+        k = torch.randn(n_layers, 1, shape[1], 3, shape[3], generator=gen)
+        v = torch.randn(n_layers, 1, shape[1], 3, shape[3], generator=gen)
+        lm.absorb([10, 11, 12], k, v, None, torch.zeros(32))
+        ref.absorb([10, 11, 12], [k[i] for i in range(n_layers)], [v[i] for i in range(n_layers)], None,
+                   torch.zeros(32))
+        assert lm._block[0].data_ptr() == ptr and lm.kv_block()[0].shape[-2] == 8
+        for a, b in zip(lm.cache.layers, ref.cache.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert torch.equal(lm.logits_for([5, 6, 7, 8, 9, 10, 11, 12, 13], 1),
+                           ref.logits_for([5, 6, 7, 8, 9, 10, 11, 12, 13], 1))
+
+
 def _copy_cache(cache):
     from transformers import DynamicCache
 

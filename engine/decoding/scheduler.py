@@ -48,6 +48,7 @@ the same distribution but are no longer the same text as alone (fewer draws are 
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import json
 import math
@@ -79,9 +80,29 @@ STACK_IN_PLACE = True
 entries (``attention.stack_left_padded(room=...)``); False: a ``DynamicCache`` the forward concatenates onto (for
 A/B measurements; the same bits either way, tested)."""
 WINDOW_S = 10.0  # the room's recent tokens/s and rows per pass are over this many seconds of passes
+WARM_TOKENS = 64  # the warm-up's one-sequence forward: logits at every position, so the LM head's product has
+# more rows than the streaming kernel takes (its packed copy is made, ``engine.decoding.compute._packed``)
+WARM_ROWS = 16  # the warm-up's batched passes: rows (at most max_rows) ...
+WARM_PROMPT = 48  # ... each a prompt of this many tokens, prefilled together, then two plain-decoding rounds
 
 _threads_set = False
 _threads_lock = threading.Lock()
+_heap_frozen = False
+
+
+def _freeze_heap_once() -> bool:
+    """``gc.collect()`` then ``gc.freeze()``, once per process (the first warmed-up room; ``Room._warm_up``): what
+    is alive then stays out of later collections' walks. Once only: objects frozen are never freed by the cycle
+    collector, so freezing again later would keep readers' sessions of that moment (their cycles) for good.
+    Returns whether this call froze."""
+    global _heap_frozen
+    with _threads_lock:
+        if _heap_frozen:
+            return False
+        gc.collect()
+        gc.freeze()
+        _heap_frozen = True
+        return True
 
 
 def configure_threads(n: int | None = None) -> int:
@@ -266,13 +287,17 @@ class Room:
         abandon_s: a ticket not polled for this long is dropped.
         batch_drafts: rows whose drafts share a head draft in one batched call per step (``propose_many``);
             False: every row drafts alone (bit-identical drafts to alone; for A/B measurements).
+        warm_up: when the first request arrives, the worker first warms the room up, once (``_warm_up``: the
+            batched path's one-time costs, then the garbage collector's ``gc.freeze``); ``room_for`` (the app's rooms)
+            turns it on. Not before a request: a room made only to read its stats computes nothing.
+            ``warm_ms`` is how long it took (None: not run, or it failed; a failure never stops the room).
 
     Raises:
         InputError: a bad max_rows or no_draft_above.
     """
 
     def __init__(self, target: LoadedModel, max_rows: int | None = None, no_draft_above: int | None | str = "env",
-                 abandon_s: float = DEFAULT_ABANDON_S, batch_drafts: bool = True):
+                 abandon_s: float = DEFAULT_ABANDON_S, batch_drafts: bool = True, warm_up: bool = False):
         self.target = target
         if max_rows is None:
             max_rows = int(os.environ.get(MAX_ROWS_ENV) or DEFAULT_MAX_ROWS)
@@ -291,6 +316,8 @@ class Room:
         self.pass_count = 0
         self._closed = False
         self._scratch = KVScratch()  # the stacked passes' batch cache memory, reused (the worker's alone)
+        self.warm_up = warm_up
+        self.warm_ms: float | None = None
         self._worker = threading.Thread(target=self._loop, name=f"room-{target.name}", daemon=True)
         self._worker.start()
 
@@ -399,7 +426,51 @@ class Room:
         t.done.set()
         t.out.put(_DONE)
 
+    def _warm_up(self) -> None:
+        """Pay the batched path's one-time costs before the first reader does, in the worker's own thread.
+
+        Measured in the room benchmark's server (Intel Xeon, 16 readers, session 29): the room's first 16-row pass
+        took 559–599 ms against ~130 ms for the next ones, ~17 % of the room's run. About 160 ms of it was the target's
+        LM head being packed for oneDNN (``compute._packed``: a lone reader's passes never make a product that large);
+        most of the rest was memory touched for the first time (the stacked batch cache, the activations: page faults
+        in this thread's allocator) and each row's first KV block (now made at its prefill: ``reserve_block``). So,
+        once per room:
+
+        1. one forward of ``WARM_TOKENS`` tokens with logits at every position (packs the target's products, the
+           LM head's included);
+        2. ``WARM_ROWS`` plain-decoding rows of a ``WARM_PROMPT``-token prompt through ``_pass`` itself: their
+           prefills in one stacked pass, then two batched rounds (the stacking, the blocks, the judging);
+        3. ``gc.collect()`` then ``gc.freeze()``, the process's first warm-up only (``_freeze_heap_once``): what is
+           alive now (the modules, the model, the server) moves to the collector's permanent generation, so later
+           full collections walk only what came after. Why: in the Streamlit server a full collection walked
+           ~500 000 objects for 100–170 ms holding the GIL, which stalled the worker mid-pass (a 6-row pass took
+           261 ms, 197 of them judging). vLLM's engine freezes its heap after start-up for the same reason.
+
+        With both, the first pass took 240 ms and the room's ratio to one reader alone went 2.43× → 2.95×
+        (``benchmarks/results/room_s29.md``).
+        None of it is recorded as a pass. About 1 s on the embedded model (Intel Xeon); a failure only means no
+        warm-up (``warm_ms`` stays None)."""
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                dev = self.target.device
+                n = min(WARM_TOKENS, max(1, self.target.max_context - 1))
+                self.target.model(input_ids=torch.zeros(1, n, dtype=torch.long, device=dev), use_cache=False)
+                rows = min(WARM_ROWS, self.max_rows)
+                prompt = [self._pad_id()] * min(WARM_PROMPT, max(1, self.target.max_context - 3))
+                decs = [SpeculativeDecoder(self.target, None, prompt, max_new_tokens=2, stop_on_eos=False)
+                        for _ in range(rows)]
+                self._pass([Ticket(self, d, None, True) for d in decs], record=False)
+                for _ in range(2):
+                    self._pass([Ticket(self, d, 1, False) for d in decs], record=False)
+        except Exception:  # noqa: BLE001 - a warm-up is an optimisation: the room serves without one
+            return
+        finally:
+            _freeze_heap_once()
+        self.warm_ms = (time.perf_counter() - t0) * 1000
+
     def _loop(self) -> None:
+        cold = self.warm_up  # warmed up when the first request arrives: no computing before anyone asks for it
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not self._running:
@@ -408,7 +479,11 @@ class Room:
                     for t in list(self._waiting) + self._running:
                         self._finish(t, InputError("The room closed before this request ran."))
                     return
-                batch = self._collect()
+                batch = [] if cold else self._collect()
+            if cold:
+                self._warm_up()
+                cold = False
+                continue
             if not batch:
                 continue
             try:
@@ -420,7 +495,7 @@ class Room:
             with self._cond:
                 self._running = [t for t in self._running if not t.done.is_set()]
 
-    def _pass(self, batch: list[Ticket]) -> None:
+    def _pass(self, batch: list[Ticket], record: bool = True) -> None:
         t_pass = time.perf_counter()
         allow_draft = self.no_draft_above is None or len(batch) <= self.no_draft_above
         rec = PassRecord(t_end=0.0, ms=0.0, rows=len(batch), fed_rows=0, tokens=0, emitted=0, stack_ms=0.0,
@@ -493,6 +568,8 @@ class Room:
                 dec.lock.release()
         rec.ms = (time.perf_counter() - t_pass) * 1000
         rec.t_end = time.monotonic()
+        if not record:
+            return
         with self._cond:
             self.passes.append(rec)
             self.pass_count += 1
@@ -514,7 +591,8 @@ class Room:
             except Exception as e:
                 self._finish(t, e)
                 continue
-            if rnd is None:  # a prefill
+            if rnd is None:  # a prefill: its cache into a block now, ready for shared passes (``reserve_block``)
+                dec.target_lm.reserve_block()
                 if t.prefill_only:
                     self._finish(t)
                 continue
@@ -661,13 +739,14 @@ _rooms_lock = threading.Lock()
 
 
 def room_for(target: LoadedModel, **kw) -> Room:
-    """The process-wide room of ``target`` (created on first use; ``kw`` as ``Room``'s, first call only)."""
+    """The process-wide room of ``target`` (created on first use, warmed up: ``Room._warm_up``; ``kw`` as ``Room``'s,
+    first call only)."""
     with _rooms_lock:
         for key in [k for k, (ref, _) in _rooms.items() if ref() is None]:
             _rooms.pop(key)[1].close()
         got = _rooms.get(id(target))
         if got is not None and got[0]() is target:
             return got[1]
-        room = Room(target, **kw)
+        room = Room(target, **{"warm_up": True, **kw})
         _rooms[id(target)] = (weakref.ref(target), room)
         return room
