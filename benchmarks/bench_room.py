@@ -211,6 +211,32 @@ def _room_run(browser, url: str, readers, timeout_s: float, after_open=None, ser
                 r.page.context.close()
 
 
+def _in_thread(fn):
+    """``fn()`` in a thread of its own that ends before this returns (its result, or its exception raised here).
+
+    Why: with PyTorch's OpenMP (libgomp), once a thread that stays alive (this process's main thread) has run a
+    parallel op, every other thread's parallel ops ran ~1.6× slower here (Intel Xeon, 2 cores, session 29: one
+    target pass in the room's worker 41 instead of 25 ms), so the engine room below measured a slower engine than
+    the server's. A thread that has ended leaves no such trace, so all torch work of this process outside the room's
+    own worker runs in threads like this one."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller
+            box["err"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    if "err" in box:
+        raise box["err"]
+    return box.get("out")
+
+
 def engine_room(k: int, max_new: int) -> dict:
     """The same room in this process, without Streamlit: K decoders (the page's settings) prefilled, then submitted
     together to a ``Room`` (the clock runs from then to the last reader's end, as the page's runs start after their
@@ -226,13 +252,15 @@ def engine_room(k: int, max_new: int) -> dict:
     from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
     from engine.explain.presets import preset_text
 
-    target = load_model(EMBEDDED)
+    target = _in_thread(lambda: load_model(EMBEDDED))
     ids = encode_prompt(target.tokenizer, preset_text("chat"))
-    room = Room(target, no_draft_above=None)
+    room = Room(target, no_draft_above=None, warm_up=True)  # warmed up as the server's room (``room_for``)
     try:
-        decs = [SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma_here(EMBEDDED_HEAD)[0],
-                                   sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
-                                   max_new_tokens=max_new) for i in range(k)]
+        decs = _in_thread(lambda: [
+            SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids,
+                               gamma=default_gamma_here(EMBEDDED_HEAD)[0],
+                               sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
+                               max_new_tokens=max_new) for i in range(k)])
         # the prefills first, as the pages are prefilled before their Run is pressed; the clock starts after them
         ths = [threading.Thread(target=lambda d=d: room.prefill(d)) for d in decs]
         for th in ths:
@@ -325,7 +353,7 @@ def main() -> None:
                 n_before = n_before[0] if n_before else 0
                 server = _passes(pass_log)[n_before:]
                 alone_b = _room_run(browser, url, readers_for(1, args.max_new), args.timeout, server_pid=proc.pid)
-                want = alone_texts(readers)
+                want = _in_thread(lambda: alone_texts(readers))
                 same = [r.error is None and normalized(r.text) == normalized(w) for r, w in zip(readers, want)]
                 alone_tps = statistics.fmean(x["tokens_per_s"] for x in (alone_a, alone_b) if x["tokens_per_s"])
                 walls = [w for w in room["wall_s"] if w is not None]
@@ -355,7 +383,7 @@ def main() -> None:
                     "judge_ms_median": med([p.get("judge_ms", 0.0) for p in server]),
                     "judge_ms_max": max((p.get("judge_ms", 0.0) for p in server), default=None),
                     "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
-                rows[-1]["engine_room"] = engine_room(k, args.max_new)
+                rows[-1]["engine_room"] = _in_thread(lambda: engine_room(k, args.max_new))
                 print(json.dumps(rows[-1]), flush=True)
             if browser is not None:
                 browser.close()
