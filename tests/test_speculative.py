@@ -588,6 +588,23 @@ def test_a_block_takes_new_entries_in_place_until_full_then_grows(tiny, monkeypa
     assert ptrs[0] == ptrs[1] == ptrs[2] != ptrs[3] == ptrs[4]
 
 
+def test_token_text_memo_is_shared_by_the_decoders_of_one_tokenizer(tiny):
+    """``_TokenText``: one memo per tokenizer (a room's readers share what any of them decoded), each text exactly the
+    tokenizer's own decode of that one id; another tokenizer has its own memo."""
+    import copy
+
+    from engine.decoding.speculative import _TokenText
+
+    tok = tiny["target"].tokenizer
+    a, b = _TokenText(tok), _TokenText(tok)
+    assert a.memo is b.memo
+    for i in (3, 7, 11, 3):
+        assert a(i) == tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert 7 in b.memo and b(7) == a(7)
+    other = _TokenText(copy.copy(tok))
+    assert other.memo is not a.memo
+
+
 def test_reserve_block_puts_the_cache_into_a_block_that_the_next_pass_fills_in_place(tiny):
     """``CachedLM.reserve_block`` (the room calls it after a prefill): the same entries, now views of one block with
     ``BLOCK_SPARE`` to spare, so the next absorbed pass writes into that block (same data pointer); an empty cache
