@@ -39,6 +39,10 @@ retried row by row, so only the row that fails alone gets the error. Stacking pe
 shared batch cache) is what makes that cheap to guarantee: a row's cache is only written after its pass
 succeeded. What stacking costs is measured per pass (``PassRecord.stack_ms``; ``benchmarks/bench_room.py``).
 
+Warm-up: a room made by ``room_for`` (the app's) first warms up when its first request arrives (``Room._warm_up``:
+the batched path's one-time costs, then ``gc.freeze`` once per process), so the first room of readers does not pay
+them in its first pass.
+
 Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or ``Room(no_draft_above=B)``) drafts nothing in a pass of
 more than B rows, as serving engines switch speculation off under load (vLLM's
 ``speculative_disable_by_batch_size``). Off by default. Greedy outputs stay the same; sampled outputs then follow
@@ -430,8 +434,9 @@ class Room:
         """Pay the batched path's one-time costs before the first reader does, in the worker's own thread.
 
         Measured in the room benchmark's server (Intel Xeon, 16 readers, session 29): the room's first 16-row pass
-        took 559–599 ms against ~130 ms for the next ones, ~17 % of the room's run. About 160 ms of it was the target's
-        LM head being packed for oneDNN (``compute._packed``: a lone reader's passes never make a product that large);
+        took 559–599 ms against ~130 ms for the next ones, ~17 % of the room's run. About 160 ms of it was the
+        target's LM head being packed for oneDNN (``compute._packed``: a lone reader's passes never make a product
+        that large);
         most of the rest was memory touched for the first time (the stacked batch cache, the activations: page faults
         in this thread's allocator) and each row's first KV block (now made at its prefill: ``reserve_block``). So,
         once per room:
