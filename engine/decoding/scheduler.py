@@ -436,10 +436,9 @@ class Room:
         Measured in the room benchmark's server (Intel Xeon, 16 readers, session 29): the room's first 16-row pass
         took 559–599 ms against ~130 ms for the next ones, ~17 % of the room's run. About 160 ms of it was the
         target's LM head being packed for oneDNN (``compute._packed``: a lone reader's passes never make a product
-        that large);
-        most of the rest was memory touched for the first time (the stacked batch cache, the activations: page faults
-        in this thread's allocator) and each row's first KV block (now made at its prefill: ``reserve_block``). So,
-        once per room:
+        that large); most of the rest was memory touched for the first time (the stacked batch cache, the
+        activations: page faults in this thread's allocator) and each row's first KV block (now made at its prefill:
+        ``reserve_block``). So, once per room:
 
         1. one forward of ``WARM_TOKENS`` tokens with logits at every position (packs the target's products, the
            LM head's included);
