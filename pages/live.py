@@ -347,7 +347,9 @@ def _rebuild() -> None:
     S["lv_cfg"] = config
     try:
         S["lv_dec"] = _decoder(config)
-        with st.spinner("Prefilling the prompt…"):
+        # the room's first request waits for its warm-up (once per server: engine.decoding.scheduler.Room._warm_up)
+        with st.spinner("Prefilling the prompt…" if room.warm_done else
+                        "Warming up this server's room (once, about a second), then prefilling the prompt…"):
             room.prefill(S["lv_dec"])
     except SpeedupLabError as e:
         S["lv_error"] = str(e)

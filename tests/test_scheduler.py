@@ -120,12 +120,12 @@ def test_a_warmed_up_room_records_no_pass_freezes_the_heap_and_serves_exactly(ti
     room = Room(tiny, no_draft_above=None, warm_up=True)
     try:
         time.sleep(0.2)
-        assert room.warm_ms is None  # nothing asked yet: nothing computed
+        assert room.warm_ms is None and not room.warm_done  # nothing asked yet: nothing computed
         decs = [_decoder(tiny, i) for i in range(4)]
         for d in decs:
             room.prefill(d)
             assert d.target_lm.kv_block() is not None  # the prefill left a block with room to spare
-        assert room.warm_ms is not None and room.warm_ms > 0
+        assert room.warm_ms is not None and room.warm_ms > 0 and room.warm_done
         assert gc.get_freeze_count() > 0
         got = _in_threads([(lambda d=d: room.run(d)) for d in decs])
         for i in range(4):
@@ -151,8 +151,11 @@ def test_a_failed_warm_up_leaves_a_room_that_serves(tiny, monkeypatch):
     try:
         d = _decoder(tiny, 0)
         got = room.run(d)
-        assert room.warm_ms is None
+        assert room.warm_ms is None and room.warm_done
         assert got.token_ids == want.token_ids
+        plain = Room(tiny, warm_up=False)
+        assert plain.warm_done  # no warm-up: nothing to wait for
+        plain.close()
     finally:
         room.close()
 

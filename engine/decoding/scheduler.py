@@ -294,7 +294,8 @@ class Room:
         warm_up: when the first request arrives, the worker first warms the room up, once (``_warm_up``: the
             batched path's one-time costs, then the garbage collector's ``gc.freeze``); ``room_for`` (the app's rooms)
             turns it on. Not before a request: a room made only to read its stats computes nothing.
-            ``warm_ms`` is how long it took (None: not run, or it failed; a failure never stops the room).
+            ``warm_ms`` is how long it took (None: not run, or it failed; a failure never stops the room);
+            ``warm_done`` says it is over (a page can tell its reader the first request waits for it).
 
     Raises:
         InputError: a bad max_rows or no_draft_above.
@@ -322,6 +323,7 @@ class Room:
         self._scratch = KVScratch()  # the stacked passes' batch cache memory, reused (the worker's alone)
         self.warm_up = warm_up
         self.warm_ms: float | None = None
+        self.warm_done = not warm_up  # True once the warm-up has run (or failed), or when there is none
         self._worker = threading.Thread(target=self._loop, name=f"room-{target.name}", daemon=True)
         self._worker.start()
 
@@ -485,7 +487,10 @@ class Room:
                     return
                 batch = [] if cold else self._collect()
             if cold:
-                self._warm_up()
+                try:
+                    self._warm_up()
+                finally:
+                    self.warm_done = True
                 cold = False
                 continue
             if not batch:
