@@ -452,8 +452,10 @@ class Room:
            ~500 000 objects for 100–170 ms holding the GIL, which stalled the worker mid-pass (a 6-row pass took
            261 ms, 197 of them judging). vLLM's engine freezes its heap after start-up for the same reason.
 
-        With both, the first pass took 240 ms and the room's ratio to one reader alone went 2.43× → 2.95×
-        (``benchmarks/results/room_s29.md``).
+        With both, the first pass took 240 ms and the 16-reader room's ratio to one reader alone went 2.43× → 2.95×
+        (two scratch runs of ``benchmarks/bench_room.py`` in a row); with the token-text memo too, 3.07–3.31× in four
+        runs (``benchmarks/results/room_protocol_s29.md`` and the README's room table).
+
         None of it is recorded as a pass. About 1 s on the embedded model (Intel Xeon); a failure only means no
         warm-up (``warm_ms`` stays None)."""
         t0 = time.perf_counter()
