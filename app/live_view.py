@@ -283,9 +283,12 @@ def default_draft_kind(spec: str | None = None) -> str:
     return {EMBEDDED_HEAD: "head", EMBEDDED_DRAFT: "draft"}.get(spec, "ngram")
 
 
-def room_lines(stats) -> dict:
+def room_lines(stats, as_of: str | None = None) -> dict:
     """The Live page's room panel from ``engine.decoding.scheduler.RoomStats``: ``metrics`` as (label, value,
-    help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit)."""
+    help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit; with
+    ``as_of``, a clock time such as "21:52:03", when the numbers were read: the panel is drawn when the page runs,
+    so a page that finished while others decoded keeps that moment's numbers until its next click, which confused a
+    new-user trial)."""
     n = _or_dash
     metrics = [
         ("Readers now", f"{stats.readers_now}",
@@ -304,6 +307,8 @@ def room_lines(stats) -> dict:
         caption += (f" Operator setting: drafting is off in passes of more than {stats.no_draft_above} "
                     f"reader{'s' if stats.no_draft_above != 1 else ''} (SPEEDUP_LAB_NO_DRAFT_ABOVE), as serving "
                     "engines do under load; sampled texts then differ from a run alone (same distribution).")
+    if as_of:
+        caption += f" As of {as_of} (server clock); any click updates these numbers."
     return {"metrics": metrics, "caption": caption}
 
 

@@ -349,7 +349,7 @@ def _rebuild() -> None:
         S["lv_dec"] = _decoder(config)
         # the room's first request waits for its warm-up (once per server: engine.decoding.scheduler.Room._warm_up)
         with st.spinner("Prefilling the prompt…" if room.warm_done else
-                        "Warming up this server's room (once, about a second), then prefilling the prompt…"):
+                        "Warming up this server's room (once per server start), then prefilling the prompt…"):
             room.prefill(S["lv_dec"])
     except SpeedupLabError as e:
         S["lv_error"] = str(e)
@@ -425,7 +425,7 @@ def _run_area() -> None:
 
     def _draw_room() -> None:
         with room_box.container(border=True):
-            lines = room_lines(room.stats())
+            lines = room_lines(room.stats(), as_of=time.strftime("%H:%M:%S"))
             c = st.columns(len(lines["metrics"]))
             for col, (label, value, why) in zip(c, lines["metrics"]):
                 col.metric(label, value, help=why)

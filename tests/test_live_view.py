@@ -473,6 +473,9 @@ def test_room_lines_from_room_stats():
     empty = room_lines(RoomStats(0, 0, None, None, 0, None, 32, 2, None))
     assert [m[1] for m in empty["metrics"]] == ["0", "—", "—"]
     assert empty["caption"] == "No target pass has run in this room yet."
+    dated = room_lines(s, as_of="21:52:03")
+    assert dated["caption"] == ("The last target pass served 12 readers. As of 21:52:03 (server clock); any click "
+                                "updates these numbers.")
 
 
 def test_room_progress_line_carries_the_panels_numbers():
