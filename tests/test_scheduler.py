@@ -177,6 +177,82 @@ def test_concurrent_readers_get_exactly_their_alone_output(tiny):
         room.close()
 
 
+def _bits(rounds):
+    """Every number of a run's rounds that comes from the target's passes: each drafted token's p and the top-5 of p,
+    the next token's top-5, and the draft's q (exact floats)."""
+    out = []
+    for r in rounds:
+        out.append([(x.token_id, x.p, x.q, [(e.id, e.prob) for e in x.top_p]) for x in r.drafted])
+        out.append([(e.id, e.prob) for e in (r.next_top_p or [])])
+    return out
+
+
+def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory):
+    """``compute.batch_invariant``: a reader's rows in the room's shared passes get exactly the bits of its lone passes
+    (not only its tokens), so the room's texts are the texts alone even at a near tie. 8 readers of four draft kinds,
+    greedy and sampled, make passes of mixed widths (a call per row); 4 early-exit readers make passes whose rows all
+    feed γ + 1 tokens (one call). Drafts row by row (``batch_drafts=False``) so q is bit-identical too."""
+    path = save_tiny_llama(tmp_path_factory.mktemp("inv") / "m", layers=2, seed=5, init=0.5)
+    t = load_model(str(path), device="cpu", compute="stream")
+    if t.compute.path != "stream":
+        pytest.skip(f"no streaming kernel here ({t.compute.reason})")
+    mixed = [dict(), dict(), dict(), dict(), dict(), dict(), dict(), dict()]
+    same = [dict(kind="early-exit:1", temp=0.0), dict(kind="early-exit:1", temp=0.8, seed=1),
+            dict(kind="early-exit:1", temp=0.0, seed=2), dict(kind="early-exit:1", temp=0.8, seed=3)]
+    for settings in (mixed, same):
+        want = [_alone(t, i, **kw) for i, kw in enumerate(settings)]
+        room = Room(t, no_draft_above=None, batch_drafts=False)
+        try:
+            decs = [_decoder(t, i, **kw) for i, kw in enumerate(settings)]
+            for d in decs:  # prefilled first, as the page does (and ``_alone``)
+                room.prefill(d)
+            got = _in_threads([(lambda d=d: room.run(d)) for d in decs])
+            for i in range(len(settings)):
+                assert got[i].token_ids == want[i].token_ids, f"reader {i}"
+                assert _bits(got[i].rounds) == _bits(want[i].rounds), f"reader {i}"
+            assert max(p.fed_rows for p in room.passes) >= 2
+        finally:
+            room.close()
+
+
+def test_invariant_attention_gives_each_row_its_lone_bits():
+    """``compute.invariant_attention``: rows of a left-padded batch (a call per row, and one call when every row
+    feeds as many tokens as the pass) get the same bits as each row's lone sequence; and it is causal attention
+    (close to a plain softmax reference)."""
+    from engine.decoding.compute import KEY_ALIGN, invariant_attention
+
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, scale = 4, 2, 8, 8 ** -0.5
+    for widths in ([3, 3, 3], [3, 1, 2]):
+        q_len = max(widths)
+        caches = [5, 17, 30]
+        new_at = max(caches)
+        length = -(-(new_at + q_len) // KEY_ALIGN) * KEY_ALIGN
+        q = torch.randn(3, heads, q_len, dim, generator=gen)
+        k = torch.zeros(3, kv_heads, length, dim)
+        v = torch.zeros(3, kv_heads, length, dim)
+        lone_k, lone_v = [], []
+        for r, (n, w) in enumerate(zip(caches, widths)):
+            kr = torch.randn(1, kv_heads, n + w, dim, generator=gen)
+            vr = torch.randn(1, kv_heads, n + w, dim, generator=gen)
+            k[r:r + 1, :, new_at - n:new_at], v[r:r + 1, :, new_at - n:new_at] = kr[:, :, :n], vr[:, :, :n]
+            k[r:r + 1, :, new_at:new_at + w], v[r:r + 1, :, new_at:new_at + w] = kr[:, :, n:], vr[:, :, n:]
+            lone_k.append(kr)
+            lone_v.append(vr)
+        out = invariant_attention(q, k, v, scale, [(new_at - n, w) for n, w in zip(caches, widths)], new_at)
+        for r, (n, w) in enumerate(zip(caches, widths)):
+            alone = invariant_attention(q[r:r + 1, :, :w], lone_k[r], lone_v[r], scale)
+            assert torch.equal(out[r:r + 1, :, :w], alone), (widths, r)
+            # causal attention over the row's own keys, by hand
+            kk = lone_k[r].repeat_interleave(heads // kv_heads, 1)
+            vv = lone_v[r].repeat_interleave(heads // kv_heads, 1)
+            s = (q[r:r + 1, :, :w] @ kk.transpose(-1, -2)) * scale
+            j, c = torch.arange(w)[:, None], torch.arange(n + w)[None, :]
+            s = s.masked_fill(c > n + j, float("-inf"))
+            assert torch.allclose(alone, torch.softmax(s, -1) @ vv, atol=1e-5)
+            assert not out[r, :, w:].any()  # past what the row feeds: zeros
+
+
 def test_readers_join_and_leave_between_passes(tiny):
     want = {i: _alone(tiny, i) for i in range(5)}
     room = Room(tiny, no_draft_above=None)

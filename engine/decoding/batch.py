@@ -30,6 +30,7 @@ totals (tokens/s, target passes, tokens per pass with padding) are in ``BatchRes
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -41,6 +42,7 @@ from typing import Callable, Sequence
 import torch
 
 from engine.decoding.attention import fed_visibility, model_mask, stack_left_padded
+from engine.decoding.compute import batch_invariant
 from engine.decoding.models import LoadedModel
 from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
 from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, argmax_rows, verify_greedy, verify_sampling, warp_probs
@@ -395,12 +397,15 @@ class BatchDecoder:
             kw["attention_mask"] = mask.to(dev)
         if pos is not None:
             kw["position_ids"] = pos.to(dev)
-        if self.keep_hidden:
-            h = model.get_decoder()(input_ids=inp, cache=cache, use_cache=True, **kw).last_hidden_state
-            logits = model.get_output_embeddings()(h[:, -n_logits:]).float()
-            return logits.cpu(), h
-        out = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=n_logits, **kw)
-        return out.logits[:, -n_logits:].float().cpu(), None
+        # one sequence after its cache: the batch-invariant layout, as ``CachedLM._feed`` runs it
+        lone = inp.shape[0] == 1 and mask is None and cache.get_seq_length() > 0
+        with batch_invariant() if lone else contextlib.nullcontext():
+            if self.keep_hidden:
+                h = model.get_decoder()(input_ids=inp, cache=cache, use_cache=True, **kw).last_hidden_state
+                logits = model.get_output_embeddings()(h[:, -n_logits:]).float()
+                return logits.cpu(), h
+            out = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=n_logits, **kw)
+            return out.logits[:, -n_logits:].float().cpu(), None
 
     def _mask(self, new_visible: torch.Tensor, cached_valid: torch.Tensor) -> torch.Tensor:
         return model_mask(fed_visibility(new_visible, cached_valid), self.target.model)

@@ -59,6 +59,7 @@ weight tensor (a draft head's LM-head rows).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -303,7 +304,7 @@ def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     if op is None or k == 0 or not weight.is_contiguous():
         return None
     rows = x.numel() // k
-    if rows > _STREAM.get("max_rows", STREAM_MAX_ROWS):
+    if rows > _STREAM.get("max_rows", STREAM_MAX_ROWS) and not getattr(_INVARIANT, "on", False):
         return None
     c = weight.__dict__.get(COMPACT_ATTR)
     if c is not None and c.ptr == weight.data_ptr() and c.version == weight._version:  # _compact_fresh, inlined
@@ -704,7 +705,10 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
     kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what the attention module gets
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
-    if (_GQA_IN_SDPA and attention_mask is not None and q.shape[2] > 1 and attn.config._attn_implementation == "sdpa"
+    if cache is not None and getattr(_INVARIANT, "on", False) and q.device.type == "cpu":
+        # a decode pass in the batch-invariant layout (``batch_invariant``): the mask is built from the rows' spans
+        out = invariant_attention(q, k, v, attn.scaling, _INVARIANT.rows, _INVARIANT.new_at).transpose(1, 2)
+    elif (_GQA_IN_SDPA and attention_mask is not None and q.shape[2] > 1 and attn.config._attn_implementation == "sdpa"
             and getattr(attn, "num_key_value_groups", 1) > 1 and q.device.type == "cpu"):
         # a masked pass over several tokens (a verify pass, a tree, a padded batch): SDPA reads the grouped k and v
         # heads itself (enable_gqa) instead of transformers' repeat_kv copying them per query head, 2 copies per
@@ -725,6 +729,106 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
     gate, up = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
     down = mlp.down_proj
     return residual + _product(mlp.act_fn(gate) * up, down.weight, down.bias)
+
+
+_INVARIANT = threading.local()  # batch_invariant's settings, per thread (the room's worker, a page's own decoder)
+KEY_ALIGN = 16
+"""Decode passes in the batch-invariant layout give attention key lengths that are a multiple of this
+(``invariant_attention``): 16 fp32 lanes, the vector width of PyTorch's CPU attention kernel here."""
+
+
+@contextlib.contextmanager
+def batch_invariant(rows: list[tuple[int, int]] | None = None, new_at: int | None = None):
+    """Run decode passes (a pass after a cache, the target's or a draft's) so that each sequence's result is the same
+    bits whatever else shares its pass: the room's batched pass and a reader's lone pass give a row the same logits
+    and KV entries, so the room's texts are a reader's texts alone even at a near tie (issue 31; session 29).
+
+    Inside: every product takes the streaming kernel at any row count (its sums never depend on the rows beside
+    them, ``small_linear.cpp``; oneDNN's do), and ``_lean_forward``'s attention is ``invariant_attention``. Prefills
+    stay outside (one sequence each, so their bits never depend on others either).
+
+    Args:
+        rows: for a batched pass, each row's (first key column of its own cache, tokens it feeds): its cache is
+            columns [start, new_at) and its fed tokens' keys [new_at, new_at + fed) of the batch cache (left-padded,
+            ``engine.decoding.attention.stack_left_padded``). None: one sequence, keys from column 0.
+        new_at: the batch cache's column where the pass's fed tokens start (with ``rows``).
+    """
+    prev = (getattr(_INVARIANT, "on", False), getattr(_INVARIANT, "rows", None), getattr(_INVARIANT, "new_at", None))
+    _INVARIANT.on, _INVARIANT.rows, _INVARIANT.new_at = True, rows, new_at
+    try:
+        yield
+    finally:
+        _INVARIANT.on, _INVARIANT.rows, _INVARIANT.new_at = prev
+        _INVARIANT.mask_key = None
+
+
+def _aligned(n: int) -> int:
+    return (n + KEY_ALIGN - 1) // KEY_ALIGN * KEY_ALIGN
+
+
+def _padded(k: torch.Tensor, v: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, heads, n, dim] keys and values zero-padded to ``_aligned(n)`` entries (the same tensors when aligned)."""
+    m = _aligned(n)
+    if m == n == k.shape[2]:
+        return k, v
+    kk, vv = k.new_zeros(1, k.shape[1], m, k.shape[3]), v.new_zeros(1, v.shape[1], m, v.shape[3])
+    kk[:, :, :n], vv[:, :, :n] = k[:, :, :n], v[:, :, :n]
+    return kk, vv
+
+
+def _causal(n_keys: int, n_q: int, total: int, device) -> torch.Tensor:
+    """[1, 1, n_q, total] bool: query j (the last n_q of n_keys positions) sees keys [0, n_keys − n_q + j]."""
+    j = torch.arange(n_q, device=device)[:, None]
+    c = torch.arange(total, device=device)[None, :]
+    return (c <= n_keys - n_q + j)[None, None]
+
+
+def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        rows: list[tuple[int, int]] | None = None, new_at: int | None = None) -> torch.Tensor:
+    """Causal attention of a decode pass whose every query gets the same bits as in a lone pass of its sequence.
+
+    Measured on PyTorch's CPU SDPA (session 29, scratch scripts; README "A room of readers"): a query gets the same
+    bits with extra masked keys around its own only when the call's key length is a multiple of ``KEY_ALIGN`` (keys
+    in the scalar tail are computed differently) and, in calls of one or two queries, its own keys start at column
+    0 mod ``KEY_ALIGN``; calls of one or two queries also differ from calls of three or more. So a lone sequence's
+    keys are zero-padded to a multiple of ``KEY_ALIGN`` (an explicit bool mask); a batch whose rows all feed as many
+    tokens as the pass, three or more, with an aligned key length, is one call (its rows may start anywhere); any
+    other batch is one call per row, each laid out as that row's lone pass.
+
+    Args:
+        q: [B, query heads, Q, dim]; k, v: [B, kv heads, L, dim] (grouped heads: ``enable_gqa``).
+        scale: the softmax scale. rows, new_at: as ``batch_invariant``'s (None: B = 1, keys from column 0, the last
+            Q of them the queries' own).
+
+    Returns:
+        [B, query heads, Q, dim]; a row's positions past what it feeds are zeros.
+    """
+    b, _, n_q, _ = q.shape
+    if rows is None:
+        kk, vv = _padded(k, v, k.shape[2])
+        return F.scaled_dot_product_attention(q, kk, vv, attn_mask=_causal(k.shape[2], n_q, kk.shape[2], q.device),
+                                              scale=scale, enable_gqa=True)
+    length = k.shape[2]
+    if n_q >= 3 and length % KEY_ALIGN == 0 and all(w == n_q for _, w in rows):
+        key = (id(rows), length, n_q, new_at)  # one mask per pass, not per layer
+        if getattr(_INVARIANT, "mask_key", None) != key:
+            start = torch.tensor([s for s, _ in rows], device=q.device)[:, None, None, None]
+            j = torch.arange(n_q, device=q.device)[None, None, :, None]
+            c = torch.arange(length, device=q.device)[None, None, None, :]
+            _INVARIANT.mask = ((c >= start) & (c < new_at)) | ((c >= new_at) & (c <= new_at + j))
+            _INVARIANT.mask_key = key
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_INVARIANT.mask, scale=scale, enable_gqa=True)
+    out = q.new_zeros(q.shape)
+    for r, (s, w) in enumerate(rows):
+        if w == 0:
+            continue
+        n = new_at - s + w
+        kr = torch.cat([k[r:r + 1, :, s:new_at], k[r:r + 1, :, new_at:new_at + w]], 2)
+        vr = torch.cat([v[r:r + 1, :, s:new_at], v[r:r + 1, :, new_at:new_at + w]], 2)
+        kk, vv = _padded(kr, vr, n)
+        out[r:r + 1, :, :w] = F.scaled_dot_product_attention(q[r:r + 1, :, :w], kk, vv, scale=scale, enable_gqa=True,
+                                                             attn_mask=_causal(n, w, kk.shape[2], q.device))
+    return out
 
 
 _GQA_IN_SDPA = True

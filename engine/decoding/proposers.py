@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decoding.compute import batch_invariant
 from engine.decoding.models import LoadedModel, check_tokenizers_compatible
 from engine.decoding.sampling import SamplingConfig, argmax_rows, sample, warp_probs
 from engine.decoding.tree import MAX_BRANCHING, TokenTree, empty_tree
@@ -268,7 +269,15 @@ class CachedLM:
         return kb[:, :, :, :n], vb[:, :, :, :n]
 
     def _feed(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
-        """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits."""
+        """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits. A pass after a
+        cache (a decode pass) runs in the batch-invariant layout (``compute.batch_invariant``), so it gives the bits
+        the same sequence gets as a row of the room's batched pass; a prefill (empty cache) runs as it is."""
+        if common > 0:
+            with batch_invariant():
+                return self._feed_tokens(seq, common, n_logits)
+        return self._feed_tokens(seq, common, n_logits)
+
+    def _feed_tokens(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
         new = seq[common:]
         inp = torch.tensor([new], dtype=torch.long, device=self.device)
         if self.keep_hidden:

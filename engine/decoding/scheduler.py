@@ -30,9 +30,11 @@ session keeps its own ``SpeculativeDecoder`` (its KV cache, proposer, random gen
 
 Exactness: the generator of a row is consumed in the same order as in ``SpeculativeDecoder.step`` (draft draws,
 then the verification's uniforms and residual draw), so a reader's output is what the same settings give
-alone: greedy identical, sampled with the same seed the same text. The only difference a batched pass can make
-is floating-point rounding in the target's logits and the head's q (padding and a mask change the order of the
-sums), which changes a token only at a near tie (``batch.first_difference_gap`` shows such a case).
+alone: greedy identical, sampled with the same seed the same text. The target's pass is batch-invariant
+(``compute.batch_invariant``, session 29): each row gets the bits of its lone pass (logits and KV entries), so even a
+near tie goes the same way; prefills run alone. What a batch can still change is the rounding of the EAGLE-style
+head's q when its rows draft together (``propose_many``), which changes a token only at a near tie of q
+(``batch_drafts=False`` drafts row by row, bit-identical).
 
 Isolation: a reader's exception (bad input, a failing draft) goes to that reader only; a failing shared pass is
 retried row by row, so only the row that fails alone gets the error. Stacking per pass (rather than one
@@ -68,6 +70,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.decoding.attention import KVScratch, fed_visibility, model_mask, stack_left_padded
+from engine.decoding.compute import _aligned, batch_invariant
 from engine.decoding.models import LoadedModel
 from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
 from engine.decoding.trace import Round
@@ -352,7 +355,7 @@ class Room:
         return got[-1] if got else None
 
     def prefill(self, decoder: SpeculativeDecoder) -> None:
-        """``decoder.prefill()`` through the room (its prompt's pass shares the target pass with other rows)."""
+        """``decoder.prefill()`` through the room (in the worker, between shared passes; a prefill runs alone)."""
         self.submit(decoder, prefill_only=True).wait()
 
     def run(self, decoder: SpeculativeDecoder, on_round=None, should_stop=None) -> GenerationResult:
@@ -637,14 +640,27 @@ class Room:
 
     def _target_pass(self, fed: list[tuple[Ticket, SpeculativeDecoder, PendingPass]],
                      rec: PassRecord) -> dict[int, torch.Tensor | None]:
-        """The shared target pass; a failure retries each row alone, so only a row that fails alone errs."""
-        if len(fed) == 1:
-            t, dec, p = fed[0]
-            return {id(p): self._alone(dec, p, rec)}
+        """The shared target pass; a failure retries each row alone, so only a row that fails alone errs. Prefills
+        run alone, one after the other: a prefill is a lone sequence's pass wherever it runs, so its KV entries are
+        the same bits as alone (``compute.batch_invariant`` covers the passes after it)."""
+        out: dict[int, torch.Tensor | None] = {}
+        prefills = [x for x in fed if x[1].target_lm.cached_len == 0]
+        fed = [x for x in fed if x[1].target_lm.cached_len > 0]
+        for t, dec, p in prefills:
+            try:
+                out[id(p)] = self._alone(dec, p, rec)
+            except Exception as e:
+                self._finish(t, e)
+        if len(fed) <= 1:
+            for t, dec, p in fed:
+                try:
+                    out[id(p)] = self._alone(dec, p, rec)
+                except Exception as e:
+                    self._finish(t, e)
+            return out
         try:
-            return self._stacked(fed, rec)
+            return {**out, **self._stacked(fed, rec)}
         except Exception:
-            out = {}
             for t, dec, p in fed:
                 try:
                     out[id(p)] = self._alone(dec, p, rec)
@@ -666,7 +682,9 @@ class Room:
     def _stacked(self, fed: list[tuple[Ticket, SpeculativeDecoder, PendingPass]],
                  rec: PassRecord) -> dict[int, torch.Tensor | None]:
         """Stack the rows' caches (left-padded), feed every row's tokens (right-padded) in one pass, give each
-        row its new KV entries, hidden states and logits back."""
+        row its new KV entries, hidden states and logits back. The pass runs in the batch-invariant layout
+        (``compute.batch_invariant``: the key length a multiple of ``compute.KEY_ALIGN``, each row's span), so each
+        row gets the bits of its lone pass (``tests/test_scheduler.py``)."""
         model = self.target.model
         dev = self.target.device
         t0 = time.perf_counter()
@@ -675,10 +693,19 @@ class Room:
         widths = [len(p.feed) for _, _, p in fed]
         c_max, width, b = max(lens), max(widths), len(fed)
         # room for the pass's new entries: the forward writes them in place instead of concatenating the batch cache
+        # room for the pass's new entries up to a key length that is a multiple of KEY_ALIGN, the spare zeroed: the
+        # batch-invariant layout (``compute.batch_invariant``)
+        room = _aligned(c_max + width) - c_max
         cache, cached_valid = stack_left_padded(
             [(lm.kv_block() or [(layer.keys, layer.values) for layer in lm.cache.layers]) if n > 0 else None
              for lm, n in zip(lms, lens)],
-            lens, room=width if STACK_IN_PLACE else 0, scratch=self._scratch)
+            lens, room=room if STACK_IN_PLACE else 0, scratch=self._scratch)
+        if STACK_IN_PLACE:  # the spare past the fed tokens: zeros (masked out; a stale NaN would still poison a sum)
+            blocks = getattr(cache, "kv_blocks", None)
+            for keys, values in ([blocks] if blocks is not None else
+                                 [(layer.keys[None], layer.values[None]) for layer in cache.layers]):
+                keys[:, :, :, c_max + width:].zero_()
+                values[:, :, :, c_max + width:].zero_()
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         real = torch.stack([torch.arange(width) < w for w in widths])
         new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
@@ -689,14 +716,18 @@ class Room:
                            device=dev)
         rec.stack_ms += (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
-        h = model.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
-                                use_cache=True).last_hidden_state  # [b, width, H]
-        # the logits each row asked for: its feed's last n positions, gathered, one LM-head call
-        idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed) for j in range(p.n_fed_logits)]
-        logits_all = None
-        if idx:
-            sel = h[torch.tensor([i for i, _ in idx], device=dev), torch.tensor([j for _, j in idx], device=dev)]
-            logits_all = model.get_output_embeddings()(sel).float().cpu()
+        # each row gets the bits of its lone pass (``compute.batch_invariant``): what makes the room's texts the
+        # readers' texts alone at a near tie too
+        with batch_invariant([(c_max - n, w) for n, w in zip(lens, widths)], c_max):
+            h = model.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
+                                    use_cache=True).last_hidden_state  # [b, width, H]
+            # the logits each row asked for: its feed's last n positions, gathered, one LM-head call
+            idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed)
+                   for j in range(p.n_fed_logits)]
+            logits_all = None
+            if idx:
+                sel = h[torch.tensor([i for i, _ in idx], device=dev), torch.tensor([j for _, j in idx], device=dev)]
+                logits_all = model.get_output_embeddings()(sel).float().cpu()
         rec.target_ms += (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         out: dict[int, torch.Tensor | None] = {}
