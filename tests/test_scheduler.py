@@ -187,11 +187,12 @@ def _bits(rounds):
     return out
 
 
-def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory):
+def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory, monkeypatch):
     """``compute.batch_invariant``: a reader's rows in the room's shared passes get exactly the bits of its lone passes
     (not only its tokens), so the room's texts are the texts alone even at a near tie. 8 readers of four draft kinds,
-    greedy and sampled, make passes of mixed widths (a call per row); 4 early-exit readers make passes whose rows all
-    feed γ + 1 tokens (one call). Drafts row by row (``batch_drafts=False``) so q is bit-identical too."""
+    greedy and sampled, make passes of mixed widths (a call per row), their draft heads' rows drafting together
+    (``propose_many``: q bit-identical too); 4 early-exit readers make passes whose rows all feed γ + 1 tokens (one
+    call)."""
     path = save_tiny_llama(tmp_path_factory.mktemp("inv") / "m", layers=2, seed=5, init=0.5)
     t = load_model(str(path), device="cpu", compute="stream")
     if t.compute.path != "stream":
@@ -199,9 +200,20 @@ def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory):
     mixed = [dict(), dict(), dict(), dict(), dict(), dict(), dict(), dict()]
     same = [dict(kind="early-exit:1", temp=0.0), dict(kind="early-exit:1", temp=0.8, seed=1),
             dict(kind="early-exit:1", temp=0.0, seed=2), dict(kind="early-exit:1", temp=0.8, seed=3)]
+    import tests.test_scheduler as this
+
+    from engine.decoding.compute import apply_path
+
+    shared = _head(t).head  # every head reader's proposer on one head object: their rows draft together
+    apply_path(shared, "stream")  # the target's compute path, as ``load_head`` gives a head (fused, lean layers)
+    monkeypatch.setattr(this, "_head", lambda t_: FeatureHeadProposer(shared, t_))
+    together = []  # the jobs of each batched head draft
+    many = FeatureHeadProposer.propose_many
+    monkeypatch.setattr(FeatureHeadProposer, "propose_many",
+                        staticmethod(lambda jobs: together.append(len(jobs)) or many(jobs)))
     for settings in (mixed, same):
         want = [_alone(t, i, **kw) for i, kw in enumerate(settings)]
-        room = Room(t, no_draft_above=None, batch_drafts=False)
+        room = Room(t, no_draft_above=None)
         try:
             decs = [_decoder(t, i, **kw) for i, kw in enumerate(settings)]
             for d in decs:  # prefilled first, as the page does (and ``_alone``)
@@ -211,6 +223,8 @@ def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory):
                 assert got[i].token_ids == want[i].token_ids, f"reader {i}"
                 assert _bits(got[i].rounds) == _bits(want[i].rounds), f"reader {i}"
             assert max(p.fed_rows for p in room.passes) >= 2
+            if settings is mixed:
+                assert max(together) >= 2  # the heads' rows did draft together
         finally:
             room.close()
 

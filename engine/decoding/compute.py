@@ -748,9 +748,10 @@ def batch_invariant(rows: list[tuple[int, int]] | None = None, new_at: int | Non
     stay outside (one sequence each, so their bits never depend on others either).
 
     Args:
-        rows: for a batched pass, each row's (first key column of its own cache, tokens it feeds): its cache is
-            columns [start, new_at) and its fed tokens' keys [new_at, new_at + fed) of the batch cache (left-padded,
-            ``engine.decoding.attention.stack_left_padded``). None: one sequence, keys from column 0.
+        rows: for a batched pass, each row's (its cached keys, tokens it feeds): the cached keys are columns
+            [start, new_at) of the batch cache for an int start (left-padded, ``attention.stack_left_padded``), or the
+            columns a LongTensor lists, in order (a cache with holes: the head's batched drafting); its fed tokens'
+            keys are [new_at, new_at + fed). None: one sequence, keys from column 0.
         new_at: the batch cache's column where the pass's fed tokens start (with ``rows``).
     """
     prev = (getattr(_INVARIANT, "on", False), getattr(_INVARIANT, "rows", None), getattr(_INVARIANT, "new_at", None))
@@ -802,14 +803,19 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
 
     Returns:
         [B, query heads, Q, dim]; a row's positions past what it feeds are zeros.
+
+    Raises:
+        ValueError: a batch of several rows without their spans.
     """
     b, _, n_q, _ = q.shape
     if rows is None:
+        if b != 1:
+            raise ValueError(f"invariant_attention: a batch of {b} needs each row's span (rows, new_at)")
         kk, vv = _padded(k, v, k.shape[2])
         return F.scaled_dot_product_attention(q, kk, vv, attn_mask=_causal(k.shape[2], n_q, kk.shape[2], q.device),
                                               scale=scale, enable_gqa=True)
     length = k.shape[2]
-    if n_q >= 3 and length % KEY_ALIGN == 0 and all(w == n_q for _, w in rows):
+    if n_q >= 3 and length % KEY_ALIGN == 0 and all(w == n_q and isinstance(s, int) for s, w in rows):
         key = (id(rows), length, n_q, new_at)  # one mask per pass, not per layer
         if getattr(_INVARIANT, "mask_key", None) != key:
             start = torch.tensor([s for s, _ in rows], device=q.device)[:, None, None, None]
@@ -822,9 +828,10 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     for r, (s, w) in enumerate(rows):
         if w == 0:
             continue
-        n = new_at - s + w
-        kr = torch.cat([k[r:r + 1, :, s:new_at], k[r:r + 1, :, new_at:new_at + w]], 2)
-        vr = torch.cat([v[r:r + 1, :, s:new_at], v[r:r + 1, :, new_at:new_at + w]], 2)
+        cached = slice(s, new_at) if isinstance(s, int) else s
+        kr = torch.cat([k[r:r + 1, :, cached], k[r:r + 1, :, new_at:new_at + w]], 2)
+        vr = torch.cat([v[r:r + 1, :, cached], v[r:r + 1, :, new_at:new_at + w]], 2)
+        n = kr.shape[2]
         kk, vv = _padded(kr, vr, n)
         out[r:r + 1, :, :w] = F.scaled_dot_product_attention(q[r:r + 1, :, :w], kk, vv, scale=scale, enable_gqa=True,
                                                              attn_mask=_causal(n, w, kk.shape[2], q.device))

@@ -475,6 +475,12 @@ class FeatureHeadProposer(Proposer):
     @torch.inference_mode()
     def propose(self, seq: list[int], k: int, cfg: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
+        # the head's calls in the batch-invariant layout (``compute.batch_invariant``): the bits ``propose_many``
+        # gives this row when it drafts together with others
+        with batch_invariant():
+            return self._propose(seq, k, cfg, generator)
+
+    def _propose(self, seq: list[int], k: int, cfg: SamplingConfig, generator: torch.Generator) -> Proposal:
         synced = self._sync(seq) if k > 0 else None
         if synced is None:
             return Proposal([], torch.zeros(0, self.target_vocab))
@@ -554,9 +560,10 @@ class FeatureHeadProposer(Proposer):
         pass in ``scheduler.Room._stacked``); afterwards each row's new entries go back to its own cache, so
         its state is what ``propose`` alone leaves. Each row draws from its own generator in the same order as
         ``propose`` (one draw per draft token under sampling), with its own k, settings and confidence gate.
-        What a batch can change is floating-point rounding in ĥ and the head's logits (padding and a mask
-        change the order of sums), so q agrees with ``propose``'s to rounding and a token differs only at a
-        near tie (tests/test_proposers_batched.py). One job runs ``propose`` itself (bit-identical).
+        The head's calls run in the batch-invariant layout (``compute.batch_invariant``, each row's own cached
+        columns), as ``propose`` does alone, so where the streaming kernel and the lean layers run, each row's q and
+        ĥ are ``propose``'s bits (tests/test_scheduler.py); elsewhere they agree to rounding and a token differs only
+        at a near tie (tests/test_proposers_batched.py). One job runs ``propose`` itself (bit-identical).
 
         Args:
             jobs: (proposer, seq, k, cfg, generator) per row; every proposer's ``head`` is the same object.
@@ -604,8 +611,11 @@ class FeatureHeadProposer(Proposer):
             causal = torch.ones(w, w, dtype=torch.bool).tril()
             new_vis = (causal[None] & real[:, None, :]) | torch.eye(w, dtype=torch.bool)[None]
             mask = model_mask(fed_visibility(new_vis, valid), head.body).to(dev)
-            h = head(torch.tensor(tokens, dtype=torch.long, device=dev), feats, attention_mask=mask,
-                     position_ids=torch.tensor(pos, dtype=torch.long, device=dev), cache=stacked)
+            # each row's own cached columns and fed pairs: the bits ``propose`` alone gives it
+            spans = [(valid[r].nonzero().squeeze(1).to(dev), int(real[r].sum())) for r in range(b)]
+            with batch_invariant(spans, valid.shape[1]):
+                h = head(torch.tensor(tokens, dtype=torch.long, device=dev), feats, attention_mask=mask,
+                         position_ids=torch.tensor(pos, dtype=torch.long, device=dev), cache=stacked)
             valid = torch.cat([valid, real], dim=1)
             return h
 
@@ -632,41 +642,44 @@ class FeatureHeadProposer(Proposer):
                     new_true[r] = h[r:r + 1, w - 1:w]
         for r, p in enumerate(props):
             last[r] = (new_true[r] if new_true[r] is not None else p.last_true)[0, 0]
-        # the draft steps: one LM-head product and (while any row goes on) one head call per step
-        tokens: list[list[int]] = [[] for _ in range(b)]
-        qrows: list[list[torch.Tensor]] = [[] for _ in range(b)]
-        going = [True] * b
-        for t in range(max(jobs[i][2] for i, _ in rows)):
-            logits_all = head.logits(last).float().cpu()
-            nxt = []
-            for r, (i, n) in enumerate(rows):
-                p, _, k, cfg, g = jobs[i]
-                if not going[r] or t >= k:
-                    going[r] = False
-                    continue
-                logits = logits_all[r]
-                if p.confidence_threshold > 0 and float(torch.softmax(logits, -1).max()) < p.confidence_threshold:
-                    going[r] = False
-                    continue
-                q_red = warp_probs(logits, cfg)
-                j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, g)
-                x = int(p.vocab_ids[j])
-                q = torch.zeros(p.target_vocab)
-                q[p.vocab_ids] = q_red
-                tokens[r].append(x)
-                qrows[r].append(q)
-                if t < k - 1:
-                    nxt.append(r)
-                else:
-                    going[r] = False
-            if not nxt:
-                break
-            real = torch.zeros(b, 1, dtype=torch.bool)
-            real[nxt] = True
-            h = call([[tokens[r][-1] if real[r, 0] else 0] for r in range(b)], last[:, None],
-                     [[rows[r][1] + t] for r in range(b)], real)
-            for r in nxt:
-                last[r] = h[r, 0]
+        # the draft steps: one LM-head product and (while any row goes on) one head call per step; the products at
+        # any row count on the streaming kernel, as ``propose`` alone (``compute.batch_invariant``)
+        with batch_invariant():
+            tokens: list[list[int]] = [[] for _ in range(b)]
+            qrows: list[list[torch.Tensor]] = [[] for _ in range(b)]
+            going = [True] * b
+            for t in range(max(jobs[i][2] for i, _ in rows)):
+                logits_all = head.logits(last).float().cpu()
+                nxt = []
+                for r, (i, n) in enumerate(rows):
+                    p, _, k, cfg, g = jobs[i]
+                    if not going[r] or t >= k:
+                        going[r] = False
+                        continue
+                    logits = logits_all[r]
+                    if (p.confidence_threshold > 0
+                            and float(torch.softmax(logits, -1).max()) < p.confidence_threshold):
+                        going[r] = False
+                        continue
+                    q_red = warp_probs(logits, cfg)
+                    j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, g)
+                    x = int(p.vocab_ids[j])
+                    q = torch.zeros(p.target_vocab)
+                    q[p.vocab_ids] = q_red
+                    tokens[r].append(x)
+                    qrows[r].append(q)
+                    if t < k - 1:
+                        nxt.append(r)
+                    else:
+                        going[r] = False
+                if not nxt:
+                    break
+                real = torch.zeros(b, 1, dtype=torch.bool)
+                real[nxt] = True
+                h = call([[tokens[r][-1] if real[r, 0] else 0] for r in range(b)], last[:, None],
+                         [[rows[r][1] + t] for r in range(b)], real)
+                for r in nxt:
+                    last[r] = h[r, 0]
         # each row's new entries (its catch-up pairs, then its drafted pairs) back to its own cache
         new_cols = valid[:, c_max:]
         for r, p in enumerate(props):

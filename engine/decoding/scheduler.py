@@ -30,11 +30,12 @@ session keeps its own ``SpeculativeDecoder`` (its KV cache, proposer, random gen
 
 Exactness: the generator of a row is consumed in the same order as in ``SpeculativeDecoder.step`` (draft draws,
 then the verification's uniforms and residual draw), so a reader's output is what the same settings give
-alone: greedy identical, sampled with the same seed the same text. The target's pass is batch-invariant
-(``compute.batch_invariant``, session 29): each row gets the bits of its lone pass (logits and KV entries), so even a
-near tie goes the same way; prefills run alone. What a batch can still change is the rounding of the EAGLE-style
-head's q when its rows draft together (``propose_many``), which changes a token only at a near tie of q
-(``batch_drafts=False`` drafts row by row, bit-identical).
+alone: greedy identical, sampled with the same seed the same text. The passes are batch-invariant
+(``compute.batch_invariant``, session 29): each row of the target's shared pass, and of the EAGLE-style head's
+drafting together (``propose_many``), gets the bits of its lone pass (logits, q, KV entries), so even a near tie goes
+the same way; prefills run alone. That holds on the CPU where the streaming kernel runs and the layers take the lean
+path (``compute._lean_forward``: the embedded model and its head); elsewhere a batched pass can still differ by
+rounding, which changes a token only at a near tie (``batch.first_difference_gap`` shows such a case).
 
 Isolation: a reader's exception (bad input, a failing draft) goes to that reader only; a failing shared pass is
 retried row by row, so only the row that fails alone gets the error. Stacking per pass (rather than one
