@@ -88,10 +88,8 @@ STACK_IN_PLACE = True
 entries (``attention.stack_left_padded(room=...)``); False: a ``DynamicCache`` the forward concatenates onto (for
 A/B measurements; the same bits either way, tested)."""
 WINDOW_S = 10.0  # the room's recent tokens/s and rows per pass are over this many seconds of passes
-WARM_TOKENS = 64  # the warm-up's one-sequence forward: logits at every position, so the LM head's product has
-# more rows than the streaming kernel takes (its packed copy is made, ``engine.decoding.compute._packed``)
 WARM_ROWS = 16  # the warm-up's batched passes: rows (at most max_rows) ...
-WARM_PROMPT = 48  # ... each a prompt of this many tokens, prefilled together, then two plain-decoding rounds
+WARM_PROMPT = 48  # ... each a prompt of this many tokens, prefilled (one by one), then two plain-decoding rounds
 
 _threads_set = False
 _threads_lock = threading.Lock()
@@ -446,11 +444,11 @@ class Room:
         activations: page faults in this thread's allocator) and each row's first KV block (now made at its prefill:
         ``reserve_block``). So, once per room:
 
-        1. one forward of ``WARM_TOKENS`` tokens with logits at every position (packs the target's products, the
-           LM head's included);
-        2. ``WARM_ROWS`` plain-decoding rows of a ``WARM_PROMPT``-token prompt through ``_pass`` itself: their
-           prefills in one stacked pass, then two batched rounds (the stacking, the blocks, the judging);
-        3. ``gc.collect()`` then ``gc.freeze()``, the process's first warm-up only (``_freeze_heap_once``): what is
+        1. ``WARM_ROWS`` plain-decoding rows of a ``WARM_PROMPT``-token prompt through ``_pass`` itself: their
+           prefills (the first packs the products a prefill makes), then two batched rounds (the stacking, the
+           blocks, the judging). Since the room's passes are batch-invariant (``compute.batch_invariant``: every
+           product on the streaming kernel), the LM head's packed copy is no longer made here: nothing uses it;
+        2. ``gc.collect()`` then ``gc.freeze()``, the process's first warm-up only (``_freeze_heap_once``): what is
            alive now (the modules, the model, the server) moves to the collector's permanent generation, so later
            full collections walk only what came after. Why: in the Streamlit server a full collection walked
            ~500 000 objects for 100–170 ms holding the GIL, which stalled the worker mid-pass (a 6-row pass took
@@ -465,9 +463,6 @@ class Room:
         t0 = time.perf_counter()
         try:
             with torch.inference_mode():
-                dev = self.target.device
-                n = min(WARM_TOKENS, max(1, self.target.max_context - 1))
-                self.target.model(input_ids=torch.zeros(1, n, dtype=torch.long, device=dev), use_cache=False)
                 rows = min(WARM_ROWS, self.max_rows)
                 prompt = [self._pad_id()] * min(WARM_PROMPT, max(1, self.target.max_context - 3))
                 decs = [SpeculativeDecoder(self.target, None, prompt, max_new_tokens=2, stop_on_eos=False)
