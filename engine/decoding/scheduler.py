@@ -639,30 +639,25 @@ class Room:
         """The shared target pass; a failure retries each row alone, so only a row that fails alone errs. Prefills
         run alone, one after the other: a prefill is a lone sequence's pass wherever it runs, so its KV entries are
         the same bits as alone (``compute.batch_invariant`` covers the passes after it)."""
-        out: dict[int, torch.Tensor | None] = {}
-        prefills = [x for x in fed if x[1].target_lm.cached_len == 0]
+        prefills = [x for x in fed if x[1].target_lm.cached_len == 0]  # (split before any of them is fed)
         fed = [x for x in fed if x[1].target_lm.cached_len > 0]
-        for t, dec, p in prefills:
+        out = self._each_alone(prefills, rec)
+        if len(fed) > 1:
+            try:
+                return {**out, **self._stacked(fed, rec)}
+            except Exception:  # noqa: BLE001 - retried row by row below
+                pass
+        return {**out, **self._each_alone(fed, rec)}
+
+    def _each_alone(self, fed, rec: PassRecord) -> dict[int, torch.Tensor | None]:
+        """Each row's pass alone (``_alone``); a row that fails gets its own error."""
+        out: dict[int, torch.Tensor | None] = {}
+        for t, dec, p in fed:
             try:
                 out[id(p)] = self._alone(dec, p, rec)
             except Exception as e:
                 self._finish(t, e)
-        if len(fed) <= 1:
-            for t, dec, p in fed:
-                try:
-                    out[id(p)] = self._alone(dec, p, rec)
-                except Exception as e:
-                    self._finish(t, e)
-            return out
-        try:
-            return {**out, **self._stacked(fed, rec)}
-        except Exception:
-            for t, dec, p in fed:
-                try:
-                    out[id(p)] = self._alone(dec, p, rec)
-                except Exception as e:
-                    self._finish(t, e)
-            return out
+        return out
 
     def _alone(self, dec: SpeculativeDecoder, p: PendingPass, rec: PassRecord) -> torch.Tensor:
         """A row alone: exactly the single-sequence code (``CachedLM._feed``)."""
