@@ -195,8 +195,7 @@ class CachedLM:
         object's own, and nothing else keeps views of it. Falls back to ``update`` where the cache is not yet
         filled."""
         layers = self.cache.layers
-        if (len(layers) != keys.shape[0] or not all(getattr(la, "is_initialized", False) for la in layers)
-                or any(la.keys.dim() != 4 for la in layers)):
+        if len(layers) != keys.shape[0] or not self._filled():
             for i in range(keys.shape[0]):
                 self.cache.update(keys[i], values[i], i)
             return
@@ -207,6 +206,11 @@ class CachedLM:
         vb[:, :, :, n:n + w].copy_(values)
         for la, k, v in zip(layers, kb[:, :, :, :n + w].unbind(0), vb[:, :, :, :n + w].unbind(0)):
             la.keys, la.values = k, v
+
+    def _filled(self) -> bool:
+        """Whether every layer of the cache holds [1, heads, n, head dim] entries (what a block can take)."""
+        layers = self.cache.layers
+        return bool(layers) and all(getattr(la, "is_initialized", False) and la.keys.dim() == 4 for la in layers)
 
     def _ensure_block(self, w: int) -> None:
         """Make the block (``_append_block``) hold the cache with room for ``w`` more entries: nothing when it
@@ -236,9 +240,7 @@ class CachedLM:
         new entries in place, instead of building the block then (16 new blocks took 52–82 ms of the room's first
         pass, memory touched for the first time: ``engine.decoding.scheduler``, session 29). The same entries, views
         of the block. Returns whether the cache is a block now (False: an empty or non-standard cache, left as is)."""
-        layers = self.cache.layers
-        if (not layers or not all(getattr(la, "is_initialized", False) for la in layers)
-                or any(la.keys.dim() != 4 for la in layers)):
+        if not self._filled():
             return False
         self._ensure_block(0)
         return True
