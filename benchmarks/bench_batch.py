@@ -3,7 +3,8 @@ against batch size, the target pass time against tokens in the pass, and the mea
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_batch.py --batches 1,2,4,8,16,32 --reps 2
 
-Writes benchmarks/results/batch.json and batch.md (``--out NAME`` for others). Every cell is
+Writes benchmarks/results/batch.json and batch.md (``--out NAME`` for others; the shipped results name their machine,
+``batch_amd-epyc``, ``batch_xeon``). Every cell is
 ``engine.decoding.batch.batch_sweep``: for each batch B the first B of its 32 prompts are decoded together
 (greedy, one target pass per round); below B = ``--min-prompts`` (default 8) a run decodes the first 8 prompts
 in groups of B one after another, so B = 1 is not one prompt's luck; the methods alternate between repetitions (A B C, C B A), and the

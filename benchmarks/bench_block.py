@@ -19,7 +19,8 @@ block of B) against one target decode step, medians (``engine.training.train_blo
 
     .venv/bin/python benchmarks/bench_block.py [--prompts 6] [--max-new-tokens 64] [--threads 2] [--blocks 4,8,16]
 
-Writes benchmarks/results/block.json (read by What-if's sequential-vs-parallel tab) and block.md.
+Writes benchmarks/results/block.json and block.md (``--out PATH`` for others). What-if's sequential-vs-parallel tab
+reads the shipped ``benchmarks/results/block_amd-epyc.json`` (written with ``--out benchmarks/results/block_amd-epyc``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Measures, alternating the paths rep by rep (``engine/decoding/compute.py``'s ``a
 
     python benchmarks/bench_compute.py [--reps 7] [--threads N] [--out PATH_WITHOUT_SUFFIX]
 
-Writes benchmarks/results/compute.json and compute.md. Run it with nothing else running.
+Writes benchmarks/results/compute.json and compute.md (``--out`` for others; the shipped results name their machine,
+``compute_amd-epyc``, ``compute_xeon``). Run it with nothing else running.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ training. Everything runs through the engine, alternating methods prompt by prom
     .venv/bin/python benchmarks/bench_head.py [--prompts 12] [--max-new-tokens 96] [--gammas 1,2,3,4]
         [--threads N] [--head embedded-head]
 
-Writes benchmarks/results/head.json and head.md.
+Writes benchmarks/results/head.json and head.md (``--out PATH`` for others; the shipped results name their machine,
+``head_amd-epyc``, ``head_xeon``). ``--verify-only`` writes ``--verify-out`` (default ``verify_cost``); the app's
+shipped fallback curve is ``verify_cost_amd-epyc.json``.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def main() -> int:
                     help="greedy α̂ only (no timing) of --head (and --other-head) at each γ; writes "
                          "head_acceptance.json/.md")
     ap.add_argument("--verify-only", action="store_true",
-                    help="only measure the target pass cost by tokens verified (results/verify_cost.*)")
+                    help="only measure the target pass cost by tokens verified (--verify-out .json and .md)")
     ap.add_argument("--verify-out", default=str(OUT.parent / "verify_cost"),
                     help="with --verify-only: output path without suffix (another machine: another name)")
     args = ap.parse_args()

@@ -15,7 +15,7 @@ run in a rotating order (A B C D E, then E D C B A, ...) so machine noise hits a
     flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_peer.py [--reps 3] [--max-new-tokens 96]
         [--threads 2] [--out benchmarks/results/peer]
 
-Writes benchmarks/results/peer.json and peer.md.
+Writes benchmarks/results/peer.json and peer.md (``--out`` for others; the shipped result is ``peer_amd-epyc``).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ the same client, so the ratio compares like with like.
 
 Usage (an idle machine; ``flock -x /tmp/speedup-cpu.lock`` keeps the team's test runs off the cores meanwhile):
 ``flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_room.py --readers 16 30``
-writes benchmarks/results/room.json and room.md;
-``... bench_room.py --client protocol --readers 16 30 --out room_protocol`` the browserless room.
+writes benchmarks/results/room.json and room.md (``--out NAME`` for others: the shipped results name the client and
+the machine, ``room_chromium_amd-epyc``, ``room_protocol_xeon``);
+``... bench_room.py --client protocol --readers 16 30 --out room_protocol_16_30_xeon`` the browserless room.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Methods: our plain decoding (baseline through the same KV-cache code), transform
 ``--split`` times every top-level forward call of the target and draft models (hooks) and reports
 each method's time outside them.
 
-Writes benchmarks/results/speculative.json and speculative.md (or ``--out`` + .json / .md).
+Writes benchmarks/results/speculative.json and speculative.md (or ``--out`` + .json / .md; the shipped results name
+their machine, ``speculative_amd-epyc``, ``speculative_h200``).
 """
 
 from __future__ import annotations

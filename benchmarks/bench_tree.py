@@ -16,7 +16,8 @@ method:
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_tree.py [--prompts 6] [--max-new-tokens 64]
         [--threads 1] [--quick]   (2 threads on a loaded 2-core machine were ~20× slower)
 
-Writes benchmarks/results/tree.json and tree.md.
+Writes benchmarks/results/tree.json and tree.md (``--out`` for others; the shipped results name their machine,
+``tree_amd-epyc``, ``tree_xeon``).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ URL_KEYS += ["wi_tree_sib", "wi_tree_decay", "wi_tree_branch", "wi_tree_n", "wi_
 
 # the Sequential vs parallel drafting tab's settings (its section is _section_block)
 BLOCK_COSTS = {"flat": "One pass, same cost at any B: c_block = c0", "linear": "Grows with the block: c0 + c1·B",
-               "measured": "Measured block passes (benchmarks/results/block.json)"}
+               "measured": "Measured block passes (benchmarks/results/block_amd-epyc.json)"}
 BLOCK_CURVES = {k: TREE_CURVES[k] for k in ("cpu", "slope")}
 url_param("wi_block_decay", 0.90, float, lo=0.0, hi=1.0, step=0.01)
 url_param("wi_block_seq_decay", 1.0, float, lo=0.0, hi=1.0, step=0.01)
@@ -833,7 +833,8 @@ def _block_cost(results) -> tuple[BlockCost, str]:
             here = "this machine" if results.cpu == cpu_model() else "another machine than this one"
             cost = results.block_cost()
             return cost, f"{cost.describe()} ({results.label()}: {here})"
-        st.info("No measured block passes yet: run benchmarks/bench_block.py to write benchmarks/results/block.json. "
+        st.info("No measured block passes yet: `benchmarks/bench_block.py --out benchmarks/results/block_amd-epyc` writes "
+                "the file this tab reads (benchmarks/results/block_amd-epyc.json). "
                 "Using one pass at the same cost for any B (c0) instead.")
         choice = "flat"
     cost = BlockCost.linear(c0, c1) if choice == "linear" else BlockCost.constant(c0)

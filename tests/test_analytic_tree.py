@@ -110,7 +110,7 @@ def test_branching_1_is_the_chain_model(alpha, c, slope):
     assert cur.best_chain_n == cur.best_n
 
 
-# a measured pass-cost curve (ms by tokens fed: benchmarks/results/verify_cost.json of late November)
+# a measured pass-cost curve (ms by tokens fed: benchmarks/results/verify_cost_amd-epyc.json of late November)
 CPU_MS = {1: 63.47, 2: 68.04, 3: 71.83, 4: 89.72, 5: 90.16, 6: 97.28, 7: 104.5, 8: 107.72}
 
 

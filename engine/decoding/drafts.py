@@ -123,7 +123,7 @@ def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = No
         return FeatureHeadProposer(head, target, name=label)
     if kind == "ngram":
         # adaptive length: measured faster than a fixed γ on chat and code edits
-        # (benchmarks/results/speculative.md, "adaptive length" rows)
+        # (benchmarks/results/speculative_amd-epyc.md, "adaptive length" rows)
         return PromptLookupProposer(output_vocab_size(target), adaptive=True, stop_ids=target.eos_token_ids)
     if kind.startswith("early-exit"):
         try:

@@ -42,7 +42,7 @@ EMBEDDED_HEAD_DIR = ASSETS_DIR / "smollm2-head"
 EMBEDDED_HEAD_IS_DEFAULT = True
 """Whether the shipped EAGLE-style draft head (``engine.decoding.draft_head``, assets/smollm2-head) is the default
 draft. On: on held-out chat prompts it is faster than plain decoding and than prompt lookup, with
-identical greedy output (assets/smollm2-head/README.md, benchmarks/results/head.md)."""
+identical greedy output (assets/smollm2-head/README.md, benchmarks/results/head_amd-epyc.md)."""
 EMBEDDED_HEAD_GAMMA = 2
 """γ for the shipped head before this machine's pass cost is measured. Once it is (``python -m engine
 prepare``), the CLI and the Live page use ``engine.explain.analytic.default_gamma_here``: the best γ for the head

@@ -10,7 +10,7 @@ oneDNN's (``engine.decoding.compute``), against 1.13 on the machine of late Nove
 compute path, torch threads and version and the model's shape, kept in ``<user cache>/pass_cost.json``.
 The first call measures (~3–5 s for the embedded target, with progress; ``python -m engine prepare`` does
 it at setup). Where nothing was measured and measuring is not wanted, ``shipped_pass_cost`` reads the
-repo's ``benchmarks/results/verify_cost.json``, labelled with the machine it came from.
+repo's ``benchmarks/results/verify_cost_amd-epyc.json``, labelled with the machine it came from.
 
 Measurement: prefill ``context`` random tokens once; then, for each rep and each size n (sizes interleaved
 so a noisy moment hits all sizes alike), one forward over n new tokens (``logits_to_keep=n``, as a verify
@@ -35,7 +35,7 @@ from engine.decoding.models import LoadedModel, cache_root
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
 """Tokens per pass measured: chains up to γ = 15 and trees up to 15 nodes (+ the bonus/correction token)."""
-SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "verify_cost.json"
+SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "verify_cost_amd-epyc.json"
 
 
 @dataclass
@@ -198,7 +198,7 @@ def current_pass_cost(spec: str = "embedded") -> PassCost:
 
 
 def shipped_pass_cost() -> PassCost:
-    """The repo's shipped curve (``benchmarks/results/verify_cost.json``), labelled with its machine.
+    """The repo's shipped curve (``benchmarks/results/verify_cost_amd-epyc.json``), labelled with its machine.
 
     Raises:
         FileNotFoundError / ValueError: the file is missing or unreadable.
@@ -211,7 +211,7 @@ def shipped_pass_cost() -> PassCost:
                     threads=int(meta.get("threads", 0)), date=meta.get("date", "?"), context=int(d.get("context", 0)),
                     reps=int(d.get("reps", 0)), measured_here=False,
                     source=f"shipped fallback, measured on another machine ({cpu}, {path} kernels, "
-                           f"{meta.get('date', '?')}; benchmarks/results/verify_cost.json)")
+                           f"{meta.get('date', '?')}; benchmarks/results/verify_cost_amd-epyc.json)")
 
 
 def _stream_rows(target: LoadedModel) -> int | None:

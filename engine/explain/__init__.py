@@ -4,7 +4,7 @@ hand-computed values.
 - ``analytic``: expected tokens per pass E(α, γ), speedup, best γ, break-even α, batch roofline, predicted
   vs measured.
 - ``drafting``: sequential vs parallel (block) drafting: round cost and speedup by γ, acceptance by position
-  with a decay, an oracle confidence cut; the measured block-drafter results (``benchmarks/results/block.json``).
+  with a decay, an oracle confidence cut; the measured block-drafter results (``benchmarks/results/block_amd-epyc.json``).
 - ``toy``: the reference text's two-word toy target and draft, for exact distribution checks.
 - ``prefix_cache``: paged KV blocks with a hash chain and an LRU pool; measured TTFT with reuse.
 - ``flash``: tiled attention with online softmax, HBM-traffic model, measured naive vs fused.

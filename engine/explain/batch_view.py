@@ -31,8 +31,8 @@ from engine.explain.analytic import batch_speedup_curve, roofline_step_s
 
 SHIPPED_SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_xeon.json"
 """The shipped sweep: the newest one measured with the current cell definition (a batch below ``min_prompts``
-decodes 8 prompts in groups of B; session 24, Intel Xeon, labelled so on the pages). ``batch.json`` (AMD EPYC,
-2026-12-02) predates it: its B = 1 cell is one code-edit prompt alone, on which the head accepts little (0.88×)."""
+decodes 8 prompts in groups of B; Intel Xeon, labelled so on the pages). ``batch_amd-epyc.json`` (2026-12-02)
+predates that definition: its B = 1 cell is one code-edit prompt alone, on which the head accepts little (0.88×)."""
 METHOD_LABELS = {PLAIN: "plain decoding", "ngram": "prompt lookup", "embedded-head": "draft head (EAGLE-style)",
                  "embedded-draft": "draft model"}
 

@@ -50,7 +50,7 @@ from engine.explain.analytic import (
     verify_cost_ratio,
 )
 
-BLOCK_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "block.json"
+BLOCK_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "block_amd-epyc.json"
 """Where ``benchmarks/bench_block.py`` writes the measured block-drafter results (see :func:`load_block_results`)."""
 BLOCK_COST_MAX = 10.0  # the largest drafter-pass cost (in target steps) any function accepts
 
@@ -96,7 +96,7 @@ class BlockCost:
     - linear: c_block(B) = c0 + c1·B (c1 = what each extra position adds);
     - measured: {B: ratio} read by linear interpolation between measured sizes and extended linearly from
       the last (or first) two points, flat with one point, never below 0 (as ``engine.explain.analytic``
-      reads the measured verify-cost curve); the ratios of ``benchmarks/results/block.json``'s ``block_pass``.
+      reads the measured verify-cost curve); the ratios of ``benchmarks/results/block_amd-epyc.json``'s ``block_pass``.
 
     Calling the object, ``cost(B)``, returns c_block(B) (≥ 0).
     """
@@ -400,7 +400,7 @@ class MeasuredDraft:
 
 @dataclass
 class BlockResults:
-    """``benchmarks/results/block.json`` read and checked.
+    """``benchmarks/results/block_amd-epyc.json`` read and checked.
 
     Attributes:
         cpu, compute: the machine's CPU model and compute path (label every number with them).
@@ -500,7 +500,7 @@ def parse_block_results(data: object, path: str = "block.json") -> BlockResults:
 
 
 def load_block_results(path: str | Path | None = None) -> BlockResults | None:
-    """Read ``benchmarks/results/block.json`` (or ``path``, else the file named by the environment variable
+    """Read ``benchmarks/results/block_amd-epyc.json`` (or ``path``, else the file named by the environment variable
     ``SPEEDUP_LAB_BLOCK_RESULTS``, which the browser tests use for a fixture): None when the file does not exist.
 
     Raises:

@@ -21,7 +21,7 @@ data and feature caches with ``engine.training.train_head`` (same ``--work-dir``
    empirical acceptance of each tree path (all its candidates right at once);
 5. the static tree (Medusa §2.3.3, ``engine.decoding.medusa.choose_tree``): the N paths of highest
    estimated acceptance Π_j a_j(i_j), N chosen to maximise estimated tokens per unit of pass time with the
-   measured verify cost per fed token (``benchmarks/results/verify_cost.json``);
+   measured verify cost per fed token (``benchmarks/results/verify_cost_amd-epyc.json``);
 6. saved (fp16) to ``--out`` (default ``assets/smollm2-medusa``); ``make_proposer("embedded-medusa",
    target)`` loads it.
 """
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-bf16", action="store_true",
                     help="bf16 autocast while training (fast only on CPUs with AMX / AVX512-BF16; default fp32)")
     ap.add_argument("--max-tree", type=int, default=7, help="largest static tree considered (nodes)")
-    ap.add_argument("--verify-cost", default=str(ROOT / "benchmarks" / "results" / "verify_cost.json"),
+    ap.add_argument("--verify-cost", default=str(ROOT / "benchmarks" / "results" / "verify_cost_amd-epyc.json"),
                     help="measured pass cost per fed token, for choosing the tree size")
     ap.add_argument("--choose-tree-only", action="store_true",
                     help="only re-choose the static tree of the heads in --out for --verify-cost (no training)")

@@ -120,7 +120,7 @@ def test_whatif_shows_where_a_live_runs_gap_comes_from(page, app_url):
 
 def test_whatif_sequential_vs_parallel_tab(page, app_url):
     """The Sequential vs parallel drafting tab (engine/explain/drafting.py): opened by a click, its metrics and
-    three charts, a radio written into the link; without benchmarks/results/block.json a caption says how to get
+    three charts, a radio written into the link; without benchmarks/results/block_amd-epyc.json a caption says how to get
     measured points, with it the points are drawn (both are fine here: the app reads the repo's file)."""
     import re
 
