@@ -287,8 +287,7 @@ def room_lines(stats, as_of: str | None = None) -> dict:
     """The Live page's room panel from ``engine.decoding.scheduler.RoomStats``: ``metrics`` as (label, value,
     help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit; with
     ``as_of``, a clock time such as "21:52:03", when the numbers were read: the panel is drawn when the page runs,
-    so a page that finished while others decoded keeps that moment's numbers until its next click, which confused a
-    new-user trial)."""
+    so a page that finished while others decoded keeps that moment's numbers until its next click; the time says so)."""
     n = _or_dash
     metrics = [
         ("Readers now", f"{stats.readers_now}",
@@ -319,7 +318,7 @@ def _or_dash(x: float | None, fmt: str) -> str:
 
 def room_progress_line(stats) -> str:
     """The room panel's three numbers in one line, for the progress bar's text while other readers decode: one
-    element redrawn instead of the panel's ten (issue 31: each element a page redraws is a message the reader's
+    element redrawn instead of the panel's ten (each element a page redraws is a message the reader's
     browser renders; 16 pages rendering the panel's elements every few seconds took a core of a 2-core server
     that also ran the browsers)."""
     n = _or_dash

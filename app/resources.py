@@ -16,8 +16,8 @@ from engine.decoding.pass_cost import refresh_stale_pass_cost
 def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """Load ``spec`` once per process (see ``engine.decoding.models.load_model``); raises ModelLoadError."""
     bar = st.progress(0.0, text="Loading the embedded model…" if spec == "embedded" else f"Loading {spec}…")
-    # one bar for both stages: loading 0–70 %, then this machine's pass-cost curve 70–100 % (it went from 100 %
-    # back to 17 % when the curve was measured after the load: a new-user trial)
+    # one bar for both stages: loading 0–70 %, then this machine's pass-cost curve 70–100 % (two bars would
+    # jump from 100 % back to 17 % when the curve is measured after the load)
     show = (lambda lo, hi: lambda msg, frac: bar.progress(lo + (hi - lo) * min(max(frac, 0.0), 1.0), text=msg))
     try:
         target = load_model(spec, device=device, dtype=dtype, progress=show(0.0, 0.7))

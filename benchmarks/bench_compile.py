@@ -1,4 +1,4 @@
-"""Would ``torch.compile`` make the engine's target pass pay on this CPU? (A question from issue 2: the
+"""Would ``torch.compile`` make the engine's target pass pay on this CPU? (The
 only part of a prompt-lookup round left to speed up is the target pass, which transformers runs too.)
 
 Compiles the embedded target's decoder with ``torch.compile(dynamic=True)`` (the LM head stays eager

@@ -43,7 +43,7 @@ from engine.explain.presets import PROMPT_PRESETS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # γ per kind: the Live page's defaults (engine.decoding.models.default_gamma: 2 for the head, else 4),
-# except prompt lookup at 8, the case (its adaptive length rarely reaches 8)
+# except prompt lookup at 8, a long reach for code edits (its adaptive length rarely reaches 8)
 GAMMAS = {"embedded-head": 2, "embedded-draft": 4, "ngram": 8}
 DEFAULT_KINDS = "embedded-head,embedded-draft,ngram,early-exit:8"
 

@@ -216,7 +216,7 @@ def _in_thread(fn):
     """``fn()`` in a thread of its own that ends before this returns (its result, or its exception raised here).
 
     Why: with PyTorch's OpenMP (libgomp), once a thread that stays alive (this process's main thread) has run a
-    parallel op, every other thread's parallel ops ran ~1.6× slower here (Intel Xeon, 2 cores, session 29: one
+    parallel op, every other thread's parallel ops ran ~1.6× slower here (Intel Xeon, 2 cores: one
     target pass in the room's worker 41 instead of 25 ms), so the engine room below measured a slower engine than
     the server's. A thread that has ended leaves no such trace, so all torch work of this process outside the room's
     own worker runs in threads like this one."""

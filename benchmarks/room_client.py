@@ -4,7 +4,7 @@ protocol (``BackMsg`` out, ``ForwardMsg`` in, the protobufs shipped in the ``str
 
 What it stands for: a room whose readers' browsers run on their own laptops. The server does all it does for a
 Chromium page (a session, the script and its fragment reruns, every delta, the websocket), but nothing renders
-on the server's cores. ``bench_room`` runs the issue's setup (headless Chromium on the server's own cores) by
+on the server's cores. ``bench_room`` runs headless Chromium on the server's own cores by
 default; this client measures the server alone.
 
 What it sends is what Chromium sends (captured from the Live page with Playwright's websocket events):

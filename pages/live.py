@@ -75,7 +75,7 @@ ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
 INSTANT_REDRAW_S = 0.5  # "instant" autoplay redraws at most this often
 ROOM_REDRAW_S = 0.5  # with other readers in the room, Run to the end updates its progress bar (the room's numbers in
 # its text) at most every 0.5 s per other reader and draws the round, the text and the room panel only when the run
-# ends (issue 31: 16 pages redrawing every 3 s kept a 16-row pass at 3.9 s median, 1.3 s with no redraws; the
+# ends (bench_room.py, 16 readers in headless Chromium: 16 pages redrawing every 3 s kept a 16-row pass at 3.9 s median, 1.3 s with no redraws; the
 # target's forward was 0.8 s. Each element drawn is a message every page's browser renders: the panel is ten)
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
@@ -91,7 +91,7 @@ st.title("🔴 Live speculative decoding")
 # the page's Stop button ends a run between rounds and redraws everything. And the indicator redraws while a script
 # runs (its running man 5 times a second, its label), and a page waiting on the room's worker runs for the whole
 # room: 16 such pages in headless Chromium used 7.9 CPU s in 15.5 s with the indicator's icon hidden, 5.8 s with
-# the whole indicator hidden and 4.5 s with Streamlit's top bar off (a bare Streamlit app; issue 31's benchmark
+# the whole indicator hidden and 4.5 s with Streamlit's top bar off (a bare Streamlit app; bench_room.py
 # runs the readers' browsers on the server's 2 cores). The page's own progress bar says it is running; other pages
 # keep the indicator and its Stop (their long work has no Stop of its own).
 st.html("<style>[data-testid='stStatusWidget'] { display: none; }</style>")
@@ -384,7 +384,7 @@ with st.container(horizontal=True):  # a row of buttons, packed to the left
 @st.fragment
 def _run_area() -> None:
     """The buttons that decode, the round, the text, the statistics and charts: a fragment, so Step, Run to the end
-    and Run baseline rerun only this part of the page, not the sidebar's settings (issue 31: a room of 16 readers
+    and Run baseline rerun only this part of the page, not the sidebar's settings (measured with a room of 16 readers
     in headless Chromium on the server's 2 cores; re-rendering the sidebar's widgets on every click was about a
     quarter of the browsers' CPU time)."""
     dec: SpeculativeDecoder | None = S.get("lv_dec")
@@ -737,7 +737,7 @@ def _run_area() -> None:
 
     # with other readers decoding on this server, the charts and the round inspector wait for a click: building them
     # costs the server's Python (the worker's pass waits on it) and drawing them costs the browser more than a whole
-    # run's decoding (issue 31: 16 pages drawing them at the end of their runs took most of a 2-core server)
+    # run's decoding (bench_room.py: 16 pages drawing them at the end of their runs took most of a 2-core server)
     others_busy = room.readers() if dec.rounds else 0  # other readers' runs in flight (this page's run has ended)
     if others_busy:
         st.caption(f"{others_busy} other reader{'s are' if others_busy > 1 else ' is'} decoding on this server: the "

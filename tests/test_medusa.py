@@ -483,10 +483,10 @@ def test_shipped_heads_exact_on_the_embedded_target(embedded):
 @pytest.mark.slow
 @pytest.mark.skipif(not _shipped(), reason="no shipped Medusa heads")
 def test_shipped_heads_first_round_root_is_not_the_prompts_last_token(embedded):
-    """"Tell me a short story." with the chat template: round 0's tree root used to be '\\n' (the prompt's own
-    last token, which head 1 repeated from h_{P-2}, outside its training range) with target probability ~0, so
-    round 0 never accepted anything. Drafted from h_{P-1} the root is the target's own token, and the heads'
-    next guess is read there too."""
+    """"Tell me a short story." with the chat template: round 0 drafts from h_{P-1}, so the tree
+    root is the target's own token and the heads' next guess is read there too. Drafted from h_{P-2} (outside the
+    heads' training range) head 1 repeats the prompt's last token '\\n', whose target probability is ~0, and
+    round 0 accepts nothing."""
     from engine.decoding.speculative import encode_prompt
 
     ids = encode_prompt(embedded.tokenizer, "Tell me a short story.")

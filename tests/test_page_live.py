@@ -289,8 +289,8 @@ def test_embedded_head_confidence_gate_from_the_url():
 
 
 def test_typing_another_target_switches_the_head_draft(tiny):
-    """The shipped head reads the embedded target's features only: typing another target used to keep it
-    and show an error; now the draft follows the new target's default (prompt lookup, γ 4), as in the
+    """The shipped head reads the embedded target's features only: typing another target switches the
+    draft to the new target's default (prompt lookup, γ 4), as in the
     CLI, and the page says so."""
     at = AppTest.from_file(PAGE, default_timeout=180)
     at.run()
@@ -425,7 +425,7 @@ def test_room_panel_counts_the_pass_that_served_this_reader(tiny):
 
 def test_run_to_end_among_other_readers_ends_with_the_view_alone(tiny, monkeypatch):
     """With other readers in the room, Run to the end draws only its progress bar and room panel while it runs
-    (issue 31: every page's redraws took the CPU from the room's passes); what the reader sees at the end is what
+    (every page's redraws take the CPU from the room's passes); what the reader sees at the end is what
     a run alone shows: the same text, round, status and statistics."""
     alone = _click(_app(tiny), "lv_run")
     from engine.decoding.scheduler import Room

@@ -166,7 +166,7 @@ def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
     # α 0.6, c 0.1: γ=1 1.6/1.1 = 1.455; γ=2 1.96/1.2 = 1.633; γ=3 2.176/1.3 = 1.674; γ=4 2.306/(0.4 + 2) = 0.96
     g, why = analytic.default_gamma_here("embedded-head")
     assert g == 3 and "this machine's measured pass cost" in why and "1.67×" in why
-    # within 2 % the shorter γ (session 24's Xeon curve, rounded): γ=2 0.784/(0.4·1.26) = 1.556; γ=3
+    # within 2 % the shorter γ (an Intel Xeon's measured curve, rounded): γ=2 0.784/(0.4·1.26) = 1.556; γ=3
     # 0.8704/(0.4·1.39) = 1.565 (0.6 % more); γ=4 0.92224/(0.4·1.53) = 1.507
     near = _curve({1: 10.0, 2: 10.0, 3: 10.6, 4: 10.9, 5: 11.3, 9: 13.0})
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: near)

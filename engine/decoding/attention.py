@@ -185,7 +185,7 @@ class KVScratch:
 
     Why: a batch cache made in new memory every pass (transformers' ``StaticLayer`` allocates zeroed tensors)
     page-faults all of it in again each time: measured in the room's 16-reader target pass (Intel Xeon, 2 threads,
-    session 27, torch profiler), zeroing the 60 new key/value tensors took 12 ms of a ~200 ms forward. Kept memory is
+    torch profiler), zeroing the 60 new key/value tensors took 12 ms of a ~200 ms forward. Kept memory is
     already mapped; only each row's left padding is zeroed.
 
     One user at a time (the room's worker thread); a cache made in it is overwritten by the next ``take``.

@@ -203,7 +203,7 @@ class FeatureHead(nn.Module):
         (``tests/test_draft_head.py`` checks ``torch.equal`` against the body's forward). Why: a draft step of one
         pair of the shipped 2-layer head took
         1.77 ms through ``LlamaModel.forward`` and 1.45 ms this way (AMD EPYC, 2 threads, medians of 15 × 50 calls
-        after 100 cached pairs, session 21); in whole decoding (γ 2, 4 held-out prompts × 96 tokens, 4 alternating
+        after 100 cached pairs); in whole decoding (γ 2, 4 held-out prompts × 96 tokens, 4 alternating
         reps) drafting took 3.80 against 4.01 ms a round and the head decoded 66.3 against 65.2 tokens/s; with the
         catch-up of several pairs and the token tree's masked steps taking it too, 4.67 against 5.21 ms a round
         (55.5 against 53.5 tokens/s, a busier hour), and a 4-node tree's drafting 7.96 → 7.48 ms a round.

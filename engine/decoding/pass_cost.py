@@ -261,8 +261,8 @@ def refresh_stale_pass_cost(target: LoadedModel, progress: Callable[[str, float]
     the first one) or when it is current. Returns the new curve, or None when nothing was measured.
 
     Why: the head's default γ, the Medusa tree and What-if's curve read the stored curve without a model
-    (``cached_pass_cost``); on the Intel Xeon in session 24 the stored curve had been measured under an 8-row
-    limit (a 9-token pass 2.25× one token) while the passes ran under a 24-row one (1.30×, measured again)."""
+    (``cached_pass_cost``); a curve measured under an 8-row limit on an Intel Xeon gave
+    a 9-token pass 2.25× one token while the passes ran under a 24-row one (1.30×, measured again)."""
     stored = _stored(target.spec, str(target.device.type))
     if stored is None or stored.compute != _path(target) or _current_for(stored, target):
         return None

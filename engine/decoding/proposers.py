@@ -189,7 +189,7 @@ class CachedLM:
         the new entries fit, they are written in place after the cached ones, two small copies per pass; otherwise a
         new pair is made and the cache copied into it once. Why: the room (``engine.decoding.scheduler``) hands every
         reader its new entries after each shared pass; copying the whole cache each time took 18 ms of a 16-reader
-        pass (Intel Xeon, session 27), and 960 per-layer ``torch.cat`` s before that 19 ms. The same entries as
+        pass (Intel Xeon, 2026-12-03), and 960 per-layer ``torch.cat`` s before that 19 ms. The same entries as
         ``DynamicCache.update`` layer by layer; the layers stay transformers' ``DynamicLayer`` s (a later ``update``
         concatenates onto the views, which ends the sharing). Entries past a crop are overwritten: the block is this
         object's own, and nothing else keeps views of it. Falls back to ``update`` where the cache is not yet
@@ -238,7 +238,7 @@ class CachedLM:
         """Put the cache into a block now (``_append_block``), with ``BLOCK_SPARE`` entries to spare: the room does
         this right after a reader's prefill, so the reader's first shared pass stacks it with one copy and writes its
         new entries in place, instead of building the block then (16 new blocks took 52–82 ms of the room's first
-        pass, memory touched for the first time: ``engine.decoding.scheduler``, session 29). The same entries, views
+        pass, memory touched for the first time: ``engine.decoding.scheduler``, Intel Xeon). The same entries, views
         of the block. Returns whether the cache is a block now (False: an empty or non-standard cache, left as is)."""
         if not self._filled():
             return False
@@ -555,7 +555,7 @@ class FeatureHeadProposer(Proposer):
         """``propose(seq, k, cfg, generator)`` of several sequences whose proposers share one head, with the
         head's calls batched across them: per pass one head call for every row's catch-up pairs (ragged,
         right-padded) and one per draft step, and one LM-head product per step, instead of a call per row
-        each (the scheduler's rows, issue 31).
+        each (the room's rows, ``engine.decoding.scheduler``).
 
         Each row's head KV cache is stacked into one batch cache for these calls (left-padded, padding and the
         other rows' entries masked out, per-row position ids: ``engine.decoding.attention``, as the target's

@@ -60,7 +60,7 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     """``torch.argmax(x, dim=-1)`` as a list of ints: [V] gives one, [R, V] gives R.
 
     The same rule (the first index of the largest value; a NaN counts as the largest), through NumPy for float32 and
-    float64 CPU tensors: measured on the Intel Xeon of session 28 (2 threads), ``torch.argmax`` of one 49 152-entry
+    float64 CPU tensors: measured on a 2-core Intel Xeon (2 threads), ``torch.argmax`` of one 49 152-entry
     float32 row took 150 µs against NumPy's 5 µs, and greedy rounds take it per position, per row and per draft step.
     Other tensors (another device or dtype) use ``torch.argmax``.
     """
@@ -80,7 +80,7 @@ def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     Two steps: each row's chunks of ``TOPK_CHUNK`` entries and their maxima (``amax``, a fast reduction), then
     ``torch.topk`` over the k chunks with the largest maxima only (the k largest entries lie in them: a chunk holding
     one of them has a maximum at least as large, and at most k − 1 other chunks can have a larger one). Measured on
-    the Intel Xeon of session 28: ``torch.topk`` of 5 took 130 µs per 49 152-entry row. The values are exactly
+    a 2-core Intel Xeon: ``torch.topk`` of 5 took 130 µs per 49 152-entry row. The values are exactly
     ``torch.topk``'s; among exactly equal values which index comes first is unspecified, as for ``torch.topk``.
     Rows shorter than 16 chunks, or not a multiple of the chunk, or k over 8, use ``torch.topk``.
 

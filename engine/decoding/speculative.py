@@ -77,7 +77,7 @@ class _TokenText:
 
     The memo is one per tokenizer, shared by every decoder of it: in a room of 16 readers each reader's own memo
     missed on what the others had decoded already (~170 ``decode`` calls a 16-row pass, ~2 ms of its judging;
-    session 29). A token's text depends only on the tokenizer, and a dict's get/set is atomic, so sharing it
+    Intel Xeon). A token's text depends only on the tokenizer, and a dict's get/set is atomic, so sharing it
     across the worker and the pages' threads is safe."""
 
     def __init__(self, tokenizer):

@@ -222,7 +222,7 @@ def keep_accepted_path(lm, context_len: int, path: list[int], path_logits: torch
         # Only the tree's part moves: the path's entries are copied into the slots right after the context and
         # the rest is cut off (a view, as DynamicLayer.crop leaves). Gathering every position instead
         # (index_select over context + tree) copied the whole cache each round: 2.1 ms a round of a 3-node
-        # tree (Intel Xeon, session 23, cProfile of 3 held-out prompts × 48 tokens).
+        # tree (Intel Xeon, cProfile of 3 held-out prompts × 48 tokens).
         moved = path != list(range(len(path)))
         for layer in lm.cache.layers:
             if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicSlidingWindowLayer):

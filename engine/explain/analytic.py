@@ -252,7 +252,7 @@ HEAD_CARD_C = 0.10
 HEAD_GAMMA_MAX = 8
 GAMMA_TIE_TOL = 0.02
 """``default_gamma_here`` takes the shortest γ whose expected speedup is within this fraction of the best: closer
-than this, two γ are not told apart by the measured curve (on the Intel Xeon, session 24, two curves measured 4 h
+than this, two γ are not told apart by the measured curve (on the Intel Xeon, 2026-12-03, two curves measured 4 h
 apart gave t(4)/t(1) 1.05 and 1.09, γ = 3 expecting 1.61× and 1.56×), and the shorter draft makes smaller passes
 when readers share them (``engine.decoding.scheduler``: 16 readers in one process served 54.4 tok/s at γ 2
 against 45.1 at γ 3)."""

@@ -13,7 +13,7 @@ bandwidth and FLOP/s (``engine.decoding.batch.measure_machine``) into what the p
 ``shipped_sweep()`` reads the benchmark's result file (``SHIPPED_SWEEP``), for pages that show a
 measured sweep before the reader has run one. ``save_machine_sweep`` / ``machine_sweep`` remember the last complete
 sweep measured on this machine in the user cache (``<cache>/batch_sweeps.json``, keyed by the CPU model, torch
-threads and version, the streaming kernel's build and the target), so a later session shows this machine's
+threads and version, the streaming kernel's build and the target), so a later run of the app shows this machine's
 measurement, not the shipped one from another machine.
 """
 

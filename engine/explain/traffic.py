@@ -1204,7 +1204,7 @@ def settings_for(gamma: int) -> list[EngineSetting]:
 
 
 def profile_json(profile: AcceptanceProfile, c: float = DEFAULT_DRAFT_COST, slope: float = 0.0) -> dict:
-    """The JSON that ``python -m engine traffic --json`` prints (field names as in the issue)."""
+    """The JSON that ``python -m engine traffic --json`` prints (its field names are part of the command's interface)."""
     pred = predict(profile, c, slope)
     return {"engine": profile.engine, "model": profile.model, "window": profile.window,
             "drafts": profile.drafts, "draft_tokens": profile.draft_tokens,

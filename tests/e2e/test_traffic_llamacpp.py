@@ -67,7 +67,7 @@ def test_page_starts_llamacpp_and_reads_its_counters(page, live_app_url):
     start = page.get_by_role("button", name="Start a local llama.cpp server")
     # the panel folds once no server runs, or keeps the reader's open state: open it if it is folded. A click toggles
     # the fold, so click only a folded panel (clicking whenever the button was not drawn yet closed an open panel
-    # on a slow rerun: a CI failure, session 20)
+    # on a slow rerun)
     panel = page.locator('[data-testid="stExpander"]', has_text="A real server on this machine: llama.cpp").first
     for _ in range(3):
         try:
