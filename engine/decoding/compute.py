@@ -15,7 +15,7 @@ Paths:
 - ``"onednn"``: ``torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], "")`` on the layer's own dense
   weight for products of fewer than ``PACK_MIN_ROWS`` (17) rows (measured on the AMD EPYC, a weight packed with
   ``_reorder_linear_weight`` was no faster for 1–3 rows), and on a copy packed once into oneDNN's layout for larger
-  ones (a prefill, the room's batched passes: ``_packed``; the same bits, and on the Intel Xeon of session 27 the
+  ones (a prefill, the room's batched passes: ``_packed``; the same bits, and on an Intel Xeon (Sapphire Rapids) the
   room's 48-row target forward in 190 instead of 290 ms; the copies cost 4 bytes a parameter, made on first use:
   ``packed_bytes``). fp32 math is pinned: ``torch.backends.mkldnn.matmul.fp32_precision`` is set to ``"ieee"``
   (never bf16/tf32 rounding).
@@ -86,6 +86,10 @@ STREAM_ROW_CANDIDATES = (8, 12, 16, 24)
 passes are not slower than oneDNN's (4 when even 8 rows are: the 4-token pass of the path choice already
 showed the kernel ahead there)."""
 KERNEL_SOURCE = Path(__file__).with_name("small_linear.cpp")
+ATTENTION_SOURCE = Path(__file__).with_name("invariant_attention.cpp")
+KERNEL_SOURCES = (KERNEL_SOURCE, ATTENTION_SOURCE)
+"""The streaming kernel's extension: the products (``small_linear.cpp``) and the batch-invariant decode attention
+(``invariant_attention.cpp``), built together once per machine."""
 CHOICES = ("auto",) + PATHS
 TOLERANCE = 1e-4
 """Self-check tolerance: max |oneDNN − F.linear| ÷ max(1, max |F.linear|), fp32 (observed ≤ 2e-6 relative)."""
@@ -215,7 +219,7 @@ def kernel_name() -> str:
     measured again."""
     import hashlib
 
-    src = KERNEL_SOURCE.read_text() if KERNEL_SOURCE.exists() else ""
+    src = "".join(f.read_text() if f.exists() else "" for f in KERNEL_SOURCES)
     key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
                        .encode()).hexdigest()[:12]
     return f"speedup_lab_small_linear_{key}"
@@ -265,9 +269,10 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
                     lock.unlink(missing_ok=True)
                 if progress is not None:
                     progress("Building this CPU's streaming kernel (once per machine, about 40 s)…")
-                mod = cpp_extension.load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=STREAM_CFLAGS,
+                mod = cpp_extension.load(name=name, sources=[str(f) for f in KERNEL_SOURCES], extra_cflags=STREAM_CFLAGS,
                                          extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
             _STREAM["op"] = mod.small_linear
+            _STREAM["attention"] = getattr(mod, "invariant_attention", None)
             if getattr(mod, "compact_supported", lambda: False)():
                 _STREAM["compact"] = {"f16": mod.small_linear_f16, "q8": mod.small_linear_q8}
         except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
@@ -350,7 +355,7 @@ def compact_weight(weight: torch.Tensor) -> str | None:
     token embedding, which is also its LM head: 1.125 bytes a value instead of 4). The form is checked value by
     value (each value, its sign bit included, must come back exactly), so the kernel's products are bit for bit
     those on the fp32 weight: the compact form changes the bytes read, never a result. Why: decoding is memory-
-    bound, and on the Intel Xeon of session 23 a draft-head call read its 31 MB of fp32 layers at ~10 GB/s.
+    bound, and on an Intel Xeon (Sapphire Rapids) a draft-head call read its 31 MB of fp32 layers at ~10 GB/s.
 
     The fp32 weight is kept (training, the other paths, the state dict); the compact form costs its bytes
     beside it (``CompactWeight.nbytes``). Inference tensors (made under ``torch.inference_mode``) have no version
@@ -389,8 +394,8 @@ def _exact_q8(w: torch.Tensor, rows: int = 1024):
     """(int8 values [n, k], scales [n, k / 32]) when every block of 32 is exactly int8 × scale, else None.
 
     Checked ``rows`` rows at a time (cache-sized pieces, stopping at the first piece that fails): the embedded
-    LM head (49152 × 576) took 1.3 s as one piece and 0.45 s in pieces of 1024 rows, on one thread of the Intel
-    Xeon of session 25, which kept a cached model load near the 3 s bound of tests/test_models.py."""
+    LM head (49152 × 576) took 1.3 s as one piece and 0.45 s in pieces of 1024 rows, on one thread of an Intel
+    Xeon (Sapphire Rapids), which kept a cached model load near the 3 s bound of tests/test_models.py."""
     n, k = w.shape
     if k % Q8_BLOCK:
         return None
@@ -480,7 +485,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
     a 48-row product reads and writes the weight once more than it multiplies it. On the packed copy the product is
     bit for bit the same (the same kernel on the same layout: ``tests/test_compute.py``) and, measured in the room's
     16-reader passes (48 rows, Intel Xeon, 2 threads), the target forward took 190 instead of 290 ms
-    (``benchmarks/bench_room.py``'s engine room; session 27's note). Cost: one packed copy per weight (4 bytes a
+    (``benchmarks/bench_room.py``'s engine room). Cost: one packed copy per weight (4 bytes a
     parameter: ``packed_bytes``)."""
     entry = weight.__dict__.get(PACKED_ATTR)
     if weight.is_inference() or _REORDER_OP is None:
@@ -733,19 +738,22 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
 
 _INVARIANT = threading.local()  # batch_invariant's settings, per thread (the room's worker, a page's own decoder)
 KEY_ALIGN = 16
-"""Decode passes in the batch-invariant layout give attention key lengths that are a multiple of this
-(``invariant_attention``): 16 fp32 lanes, the vector width of PyTorch's CPU attention kernel here."""
+"""Where ``invariant_attention`` falls back to PyTorch's SDPA (no kernel built), each row's keys are zero-padded to a
+multiple of this (16 fp32 lanes), as its lone pass's are, so the row's call has its lone call's shapes; the room's
+batch cache is allocated to a multiple of it too."""
 
 
 @contextlib.contextmanager
 def batch_invariant(rows: list[tuple[int, int]] | None = None, new_at: int | None = None):
     """Run decode passes (a pass after a cache, the target's or a draft's) so that each sequence's result is the same
     bits whatever else shares its pass: the room's batched pass and a reader's lone pass give a row the same logits
-    and KV entries, so the room's texts are a reader's texts alone even at a near tie (issue 31; session 29).
+    and KV entries, so the room's texts are a reader's texts alone even at a near tie.
 
     Inside: every product takes the streaming kernel at any row count (its sums never depend on the rows beside
-    them, ``small_linear.cpp``; oneDNN's do), and ``_lean_forward``'s attention is ``invariant_attention``. Prefills
-    stay outside (one sequence each, so their bits never depend on others either).
+    them, ``small_linear.cpp``; oneDNN's do), and ``_lean_forward``'s attention is ``invariant_attention`` (each
+    row's softmax from its own keys in a fixed order, ``invariant_attention.cpp``). Prefills stay outside (one
+    sequence each, so their bits never depend on others either). ``engine.decoding.invariance`` checks on the
+    machine that a shared pass gives each row its lone bits.
 
     Args:
         rows: for a batched pass, each row's (its cached keys, tokens it feeds): the cached keys are columns
@@ -760,7 +768,7 @@ def batch_invariant(rows: list[tuple[int, int]] | None = None, new_at: int | Non
         yield
     finally:
         _INVARIANT.on, _INVARIANT.rows, _INVARIANT.new_at = prev
-        _INVARIANT.mask_key = None
+        _INVARIANT.span_key = None
 
 
 def _aligned(n: int) -> int:
@@ -784,20 +792,39 @@ def _causal(n_keys: int, n_q: int, total: int, device) -> torch.Tensor:
     return (c <= n_keys - n_q + j)[None, None]
 
 
+def _spans(rows: list[tuple] | None, length: int, n_q: int, new_at: int | None, device) -> tuple:
+    """(cols [B, C] int64, n_cols [B], n_fed [B]) for ``invariant_attention``'s kernel: each row's key columns in
+    order, its cached columns then its fed tokens' ``[new_at, new_at + fed)``; rows None: one sequence whose
+    ``length`` keys are all its own, the last ``n_q`` of them fed."""
+    if rows is None:
+        return (torch.arange(length, device=device)[None], torch.tensor([length], device=device),
+                torch.tensor([n_q], device=device))
+    per = []
+    for s, w in rows:
+        cached = torch.arange(s, new_at, device=device) if isinstance(s, int) else s.to(device=device, dtype=torch.long)
+        per.append(torch.cat([cached, torch.arange(new_at, new_at + w, device=device)]))
+    cols = torch.zeros(len(per), max(1, max(len(c) for c in per)), dtype=torch.long, device=device)
+    for r, c in enumerate(per):
+        cols[r, :len(c)] = c
+    return (cols, torch.tensor([len(c) for c in per], device=device),
+            torch.tensor([w for _, w in rows], device=device))
+
+
 def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                         rows: list[tuple[int, int]] | None = None, new_at: int | None = None) -> torch.Tensor:
-    """Causal attention of a decode pass whose every query gets the same bits as in a lone pass of its sequence.
+    """Causal attention of a decode pass whose every query gets the same bits as in a lone pass of its sequence,
+    on any CPU, by construction.
 
-    Measured on PyTorch's CPU SDPA (session 29, scratch scripts; README "A room of readers"): a query gets the same
-    bits with extra masked keys around its own only when the call's key length is a multiple of ``KEY_ALIGN`` (keys
-    in the scalar tail are computed differently) and, in calls of one or two queries, its own keys start at column
-    0 mod ``KEY_ALIGN``; calls of one or two queries also differ from calls of three or more. So a lone sequence's
-    keys are zero-padded to a multiple of ``KEY_ALIGN`` (an explicit bool mask); a batch whose rows all feed as many
-    tokens as the pass, three or more, with an aligned key length, is one call (its rows may start anywhere); any
-    other batch is one call per row, each laid out as that row's lone pass.
+    With the streaming kernel's extension built (``stream_kernel``), the kernel ``invariant_attention.cpp`` computes
+    each (row, head, query) from the row's own keys only, in a summation order fixed by this project (16-lane
+    partial sums in key and dimension order, a fixed pairwise tree, one exp polynomial): nothing depends on the other
+    rows, on where a row's keys sit in the batch cache, or on the thread split. Without it (no compiler here), each
+    row is one PyTorch SDPA call laid out exactly as its lone pass (its keys copied out and zero-padded to a multiple
+    of ``KEY_ALIGN``, the same shapes and values as alone), which relies only on SDPA giving equal inputs equal
+    outputs; ``invariance_check`` says which holds on this machine.
 
     Args:
-        q: [B, query heads, Q, dim]; k, v: [B, kv heads, L, dim] (grouped heads: ``enable_gqa``).
+        q: [B, query heads, Q, dim]; k, v: [B, kv heads, L, dim] (grouped heads, query heads a multiple of kv heads).
         scale: the softmax scale. rows, new_at: as ``batch_invariant``'s (None: B = 1, keys from column 0, the last
             Q of them the queries' own).
 
@@ -808,31 +835,28 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
         ValueError: a batch of several rows without their spans.
     """
     b, _, n_q, _ = q.shape
+    if rows is None and b != 1:
+        raise ValueError(f"invariant_attention: a batch of {b} needs each row's span (rows, new_at)")
+    op = _STREAM.get("attention") if q.device.type == "cpu" and q.dtype == torch.float32 else None
+    if op is not None and k.stride(-1) == 1 and v.stride(-1) == 1:
+        key = (id(rows), k.shape[2], n_q, new_at)  # one set of spans per pass, not per layer
+        if getattr(_INVARIANT, "span_key", None) != key:
+            _INVARIANT.spans, _INVARIANT.span_key = _spans(rows, k.shape[2], n_q, new_at, q.device), key
+        return op(q, k, v, *_INVARIANT.spans, scale)
     if rows is None:
-        if b != 1:
-            raise ValueError(f"invariant_attention: a batch of {b} needs each row's span (rows, new_at)")
         kk, vv = _padded(k, v, k.shape[2])
         return F.scaled_dot_product_attention(q, kk, vv, attn_mask=_causal(k.shape[2], n_q, kk.shape[2], q.device),
                                               scale=scale, enable_gqa=True)
-    length = k.shape[2]
-    if n_q >= 3 and length % KEY_ALIGN == 0 and all(w == n_q and isinstance(s, int) for s, w in rows):
-        key = (id(rows), length, n_q, new_at)  # one mask per pass, not per layer
-        if getattr(_INVARIANT, "mask_key", None) != key:
-            start = torch.tensor([s for s, _ in rows], device=q.device)[:, None, None, None]
-            j = torch.arange(n_q, device=q.device)[None, None, :, None]
-            c = torch.arange(length, device=q.device)[None, None, None, :]
-            _INVARIANT.mask = ((c >= start) & (c < new_at)) | ((c >= new_at) & (c <= new_at + j))
-            _INVARIANT.mask_key = key
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=_INVARIANT.mask, scale=scale, enable_gqa=True)
     out = q.new_zeros(q.shape)
     for r, (s, w) in enumerate(rows):
         if w == 0:
             continue
         cached = slice(s, new_at) if isinstance(s, int) else s
-        kr = torch.cat([k[r:r + 1, :, cached], k[r:r + 1, :, new_at:new_at + w]], 2)
-        vr = torch.cat([v[r:r + 1, :, cached], v[r:r + 1, :, new_at:new_at + w]], 2)
-        n = kr.shape[2]
-        kk, vv = _padded(kr, vr, n)
+        n = (new_at - s if isinstance(s, int) else len(s)) + w
+        kk = k.new_zeros(1, k.shape[1], _aligned(n), k.shape[3])
+        vv = v.new_zeros(1, v.shape[1], _aligned(n), v.shape[3])
+        kk[:, :, :n - w], vv[:, :, :n - w] = k[r:r + 1, :, cached], v[r:r + 1, :, cached]
+        kk[:, :, n - w:n], vv[:, :, n - w:n] = k[r:r + 1, :, new_at:new_at + w], v[r:r + 1, :, new_at:new_at + w]
         out[r:r + 1, :, :w] = F.scaled_dot_product_attention(q[r:r + 1, :, :w], kk, vv, scale=scale, enable_gqa=True,
                                                              attn_mask=_causal(n, w, kk.shape[2], q.device))
     return out
@@ -1008,7 +1032,7 @@ def _own_memory(modules) -> int:
 
     Why: after ``_fuse_siblings`` the q/k/v and gate/up weights live in their stacked copies, but the mapping stays
     while the other weights (o, down, norms, the embedding) point into it, and every page read from it so far stays
-    resident: measured with the embedded model (Intel Xeon, session 27), 381 MB of the checkpoint's mapping were
+    resident: measured with the embedded model (Intel Xeon, Sapphire Rapids), 381 MB of the checkpoint's mapping were
     resident beside the stacked copies (``/proc/self/smaps``); copying the 0.16 GB still mapped gave it back. Called
     before the compact and packed copies are made (they are keyed by the weight's address)."""
     ranges = _file_ranges()
@@ -1029,6 +1053,12 @@ def _own_memory(modules) -> int:
 
 
 _OURS = (nn.Linear, OneDNNLinear, FusedLeadLinear, FusedFollowerLinear)
+
+
+def lean_layer_count(module: nn.Module) -> int:
+    """How many of ``module``'s decoder layers run ``_lean_forward`` (the layers whose decode passes can run in the
+    batch-invariant layout: ``batch_invariant``)."""
+    return sum(type(m) in _LEAN_CLASSES_INV for m in module.modules())
 
 
 def path_of(module: nn.Module) -> str:

@@ -3,7 +3,7 @@ batching, in the spirit of vLLM v1's ``Scheduler.schedule``: collect what waits,
 hand out the results).
 
 Why: a workshop serves the Live page to a room. With one decoder thread per reader, 16 readers' PyTorch
-thread pools fought over 2 cores (aggregate 0.95× one reader, the slowest reader 48.8 s, issue 31). Here each
+thread pools fought over 2 cores (aggregate 0.95× one reader, the slowest reader 48.8 s). Here each
 session keeps its own ``SpeculativeDecoder`` (its KV cache, proposer, random generator and settings) and
 *submits* work to the target's ``Room``; a single worker thread does all the computing:
 
@@ -31,11 +31,15 @@ session keeps its own ``SpeculativeDecoder`` (its KV cache, proposer, random gen
 Exactness: the generator of a row is consumed in the same order as in ``SpeculativeDecoder.step`` (draft draws,
 then the verification's uniforms and residual draw), so a reader's output is what the same settings give
 alone: greedy identical, sampled with the same seed the same text. The passes are batch-invariant
-(``compute.batch_invariant``, session 29): each row of the target's shared pass, and of the EAGLE-style head's
-drafting together (``propose_many``), gets the bits of its lone pass (logits, q, KV entries), so even a near tie goes
-the same way; prefills run alone. That holds on the CPU where the streaming kernel runs and the layers take the lean
-path (``compute._lean_forward``: the embedded model and its head); elsewhere a batched pass can still differ by
-rounding, which changes a token only at a near tie (``batch.first_difference_gap`` shows such a case).
+(``compute.batch_invariant``): each row of the target's shared pass, and of the EAGLE-style head's drafting together
+(``propose_many``), gets the bits of its lone pass (logits, q, KV entries), so even a near tie goes the same way;
+prefills run alone. By construction, on any CPU where the streaming kernel's extension runs the products
+(``small_linear.cpp``) and the attention (``invariant_attention.cpp``) and the layers take the lean path
+(``compute._lean_forward``: the embedded model and its head): every sum a row's result depends on is computed from
+that row alone in an order this project fixes. ``engine.decoding.invariance`` checks it on the machine when the
+Live page first shows the room (and for the CLI's ``--json``) and the room panel says what it found; elsewhere (CUDA,
+no compiler, other architectures) a batched pass can differ by rounding, which changes a token only at a near tie
+(``batch.first_difference_gap`` shows such a case).
 
 Isolation: a reader's exception (bad input, a failing draft) goes to that reader only; a failing shared pass is
 retried row by row, so only the row that fails alone gets the error. Stacking per pass (rather than one
@@ -437,7 +441,7 @@ class Room:
     def _warm_up(self) -> None:
         """Pay the batched path's one-time costs before the first reader does, in the worker's own thread.
 
-        Measured in the room benchmark's server (Intel Xeon, 16 readers, session 29): the room's first 16-row pass
+        Measured in the room benchmark's server (Intel Xeon, Sapphire Rapids, 16 readers): the room's first 16-row pass
         took 559–599 ms against ~130 ms for the next ones, ~17 % of the room's run. About 160 ms of it was the
         target's LM head being packed for oneDNN (``compute._packed``: a lone reader's passes never make a product
         that large); most of the rest was memory touched for the first time (the stacked batch cache, the
@@ -674,8 +678,8 @@ class Room:
                  rec: PassRecord) -> dict[int, torch.Tensor | None]:
         """Stack the rows' caches (left-padded), feed every row's tokens (right-padded) in one pass, give each
         row its new KV entries, hidden states and logits back. The pass runs in the batch-invariant layout
-        (``compute.batch_invariant``: the key length a multiple of ``compute.KEY_ALIGN``, each row's span), so each
-        row gets the bits of its lone pass (``tests/test_scheduler.py``)."""
+        (``compute.batch_invariant``, each row's span), so each row gets the bits of its lone pass
+        (``tests/test_scheduler.py``, ``engine.decoding.invariance``)."""
         model = self.target.model
         dev = self.target.device
         t0 = time.perf_counter()
@@ -683,9 +687,8 @@ class Room:
         lens = [lm.cached_len for lm in lms]
         widths = [len(p.feed) for _, _, p in fed]
         c_max, width, b = max(lens), max(widths), len(fed)
-        # room for the pass's new entries: the forward writes them in place instead of concatenating the batch cache
-        # room for the pass's new entries up to a key length that is a multiple of KEY_ALIGN, the spare zeroed: the
-        # batch-invariant layout (``compute.batch_invariant``)
+        # room for the pass's new entries (the forward writes them in place instead of concatenating the batch
+        # cache), up to a key length that is a multiple of compute.KEY_ALIGN, the spare zeroed
         room = _aligned(c_max + width) - c_max
         cache, cached_valid = stack_left_padded(
             [(lm.kv_block() or [(layer.keys, layer.values) for layer in lm.cache.layers]) if n > 0 else None

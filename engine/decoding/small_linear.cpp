@@ -41,19 +41,19 @@ static inline float lanes_sum(v16 v) {
 // 1-16 rows; a prefetch past the end of the weight is harmless, prefetches never fault), into the outer
 // caches (locality 1: prefetcht2), not as non-temporal data (locality 0: prefetchnta). Measured on the AMD
 // EPYC, 2 threads, 512 MiB of weights cycled so every read comes from memory: nta streamed 18-21 GB/s, t2
-// 28-33 GB/s, a plain torch sum of the same weights 31-42 GB/s (/tmp kernel variants, session 17's note).
+// 28-33 GB/s, a plain torch sum of the same weights 31-42 GB/s (scratch kernel variants).
 constexpr int kPrefetchBlocks = 2;
 constexpr int kPrefetchLocality = 1;
 
 // Register blocking. With AVX-512 (32 vector registers): 3 weight rows × 8 input rows = 24 accumulators, which
 // for 9-16 input rows (a verify pass, a batch) did 8-21 % less time than 4 × 4 on the AMD EPYC and the same for
-// 1-4 rows (session 17's kernel variants, 2 threads). Without AVX-512 a 16-float vector takes two of 16
+// 1-4 rows (scratch kernel variants, 2 threads). Without AVX-512 a 16-float vector takes two of 16
 // registers, so 4 × 4 stays. The blocking does not change any output's summation order (bit-identical results).
 //
 // One pass (AVX-512, M ≤ 16; `one_pass`): every input row in ONE block, so each weight row is read once and
 // multiplied with all M rows while it is in registers. Splitting M into blocks (8 + 1 for 9 rows, 4 + 1 for 5)
 // runs the weights through the core again for each block; measured on the Intel Xeon (Sapphire Rapids, 2
-// threads, session 22, /tmp kernel variants with 600 MB of weights cycled), the LM head product cost, × one row:
+// threads, scratch kernel variants with 600 MB of weights cycled), the LM head product cost, × one row:
 // 5 rows 2.02 split (4 + 1) against 1.14 in one pass of 2 weight rows, 9 rows 2.32 (8 + 1) against 1.19 in one pass
 // of 1 weight row, 16 rows 3.12 (8 + 8) against 1.85. The weight rows per block fall as M grows so the
 // accumulators (MM × RR) stay within 24 registers: 3 for 1-2 rows, 2 for 3-12 rows (fewer registers than 3 × 8
@@ -298,9 +298,15 @@ torch::Tensor small_linear_q8(torch::Tensor x, torch::Tensor q, torch::Tensor sc
 #endif
 }
 
+// invariant_attention.cpp (built into this extension): a decode pass's attention in a fixed summation order.
+torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cols,
+                                  torch::Tensor n_cols, torch::Tensor n_fed, double scale);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (fp32, CPU)");
   m.def("small_linear_f16", &small_linear_f16, "small_linear for weights stored exactly as fp16");
   m.def("small_linear_q8", &small_linear_q8, "small_linear for weights stored exactly as int8 x fp32 scale per 32");
+  m.def("invariant_attention", &invariant_attention,
+        "causal decode attention whose every row is computed in a fixed order from its own keys (batch-invariant)");
   m.def("compact_supported", &compact_supported, "whether the compact-weight entries work in this build");
 }
