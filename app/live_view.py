@@ -283,11 +283,13 @@ def default_draft_kind(spec: str | None = None) -> str:
     return {EMBEDDED_HEAD: "head", EMBEDDED_DRAFT: "draft"}.get(spec, "ngram")
 
 
-def room_lines(stats, as_of: str | None = None) -> dict:
+def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
     """The Live page's room panel from ``engine.decoding.scheduler.RoomStats``: ``metrics`` as (label, value,
     help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit; with
     ``as_of``, a clock time such as "21:52:03", when the numbers were read: the panel is drawn when the page runs,
-    so a page that finished while others decoded keeps that moment's numbers until its next click; the time says so)."""
+    so a page that finished while others decoded keeps that moment's numbers until its next click; the time says so;
+    what the room promises each reader's text, from ``invariance``: the machine's self-check
+    (``engine.decoding.invariance.InvarianceCheck``), ``CHECKING`` while it runs, None to say nothing)."""
     n = _or_dash
     metrics = [
         ("Readers now", f"{stats.readers_now}",
@@ -306,9 +308,26 @@ def room_lines(stats, as_of: str | None = None) -> dict:
         caption += (f" Operator setting: drafting is off in passes of more than {stats.no_draft_above} "
                     f"reader{'s' if stats.no_draft_above != 1 else ''} (SPEEDUP_LAB_NO_DRAFT_ABOVE), as serving "
                     "engines do under load; sampled texts then differ from a run alone (same distribution).")
+    if invariance is not None:
+        caption += " " + invariance_line(None if invariance == CHECKING else invariance)
     if as_of:
         caption += f" As of {as_of} (server clock); any click updates these numbers."
     return {"metrics": metrics, "caption": caption}
+
+
+CHECKING = "checking"
+"""``room_lines``' invariance while the self-check runs (``engine.decoding.invariance.check_in_background``)."""
+
+
+def invariance_line(check) -> str:
+    """One sentence: what a reader's text in the room is, compared with the same settings alone on this machine
+    (``engine.decoding.invariance``)."""
+    if check is None:
+        return ("Checking on this machine that a shared pass gives each reader the bits of its lone pass "
+                "(a few seconds, once per server)…")
+    if check.holds:
+        return f"Each reader's text in the room: {check.label()}."
+    return f"Each reader's text in the room: {check.label()}; a token can then differ from alone only at a near tie."
 
 
 def _or_dash(x: float | None, fmt: str) -> str:

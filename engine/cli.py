@@ -83,6 +83,15 @@ def compute_settings(lm) -> dict:
     return {"path": c.path, "reason": c.reason, "cpu": c.cpu, "threads": c.threads} if c else {}
 
 
+def batch_invariance_settings(lm) -> dict:
+    """The room's batch-invariance self-check on this machine (``engine.decoding.invariance``), for ``--json``
+    settings: whether a row of a shared pass gets the bits of its lone pass here, and why not where it does not."""
+    from engine.decoding.invariance import invariance_check
+
+    c = invariance_check(lm)
+    return {**c.to_dict(), "label": c.label()}
+
+
 def add_tree_options(p) -> None:
     """--tree, --tree-branching, --accept (token trees, ``engine.decoding.tree``)."""
     from engine.decoding.tree import MAX_BRANCHING, MAX_TREE, TREE_DEFAULT_DEPTH
@@ -283,7 +292,8 @@ def run_generate(args: argparse.Namespace) -> int:
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
                            "draft_confidence": getattr(proposer, "confidence_threshold", None),
-                           "compute": compute_settings(target)}
+                           "compute": compute_settings(target),
+                           "batch_invariance": batch_invariance_settings(target)}
         if args.tree:  # chain runs keep their settings as they were
             out["settings"].update(tree=args.tree, tree_branching=getattr(proposer, "branching", None),
                                    accept="typical (lossy)" if args.accept == "typical" else "exact")
@@ -436,7 +446,8 @@ def _run_generate_batch(args, prompts, target, proposer, draft_spec, sampling) -
                               "seed": args.seed, "seeds": [args.seed + i for i in range(len(ids))],
                               "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
                               "no_draft_above": limit, "drafting_off_by_limit": drafting_off,
-                              "compute": compute_settings(target)}
+                              "compute": compute_settings(target),
+                              "batch_invariance": batch_invariance_settings(target)}
         json.dump({"results": [r.to_dict() for r in res.results], "batch": totals}, sys.stdout, ensure_ascii=False)
         print()
         return 0

@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.live_view import (
+    CHECKING,
     room_lines,
     room_progress_line,
     chart_labels,
@@ -45,6 +46,7 @@ from engine.decoding.block_drafter import check_block_size
 from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
                                     default_draft_spec)
 from engine.decoding.drafts import make_proposer
+from engine.decoding.invariance import check_in_background
 from engine.decoding.scheduler import room_for
 from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
@@ -425,7 +427,8 @@ def _run_area() -> None:
 
     def _draw_room() -> None:
         with room_box.container(border=True):
-            lines = room_lines(room.stats(), as_of=time.strftime("%H:%M:%S"))
+            lines = room_lines(room.stats(), as_of=time.strftime("%H:%M:%S"),
+                               invariance=check_in_background(target) or CHECKING)
             c = st.columns(len(lines["metrics"]))
             for col, (label, value, why) in zip(c, lines["metrics"]):
                 col.metric(label, value, help=why)

@@ -172,6 +172,9 @@ def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):
     assert st["baseline_tokens_per_s"] == pytest.approx(1000 / statistics.median(t["base_ms_per_token"]))
     compute = out["settings"].pop("compute")  # the compute path the run used (engine/decoding/compute.py)
     assert compute["path"] in ("default", "onednn", "stream") and compute["reason"] and compute["cpu"]
+    inv = out["settings"].pop("batch_invariance")  # the room's self-check on this machine (engine/decoding/invariance.py)
+    assert inv["label"] and inv["readers"] > 0 and inv["holds"] == (inv["by_construction"] and not inv["mismatched"])
+    assert inv["holds"] == (compute["path"] == "stream")  # the tiny Llama takes the lean layers: invariant on "stream"
     assert out["settings"] == {"target": tiny_dir, "draft": "ngram", "gamma": 3, "temperature": 1.5, "top_k": 0,
                                "top_p": 1.0, "seed": seed, "max_new_tokens": 12, "chat": False,
                                "draft_confidence": None}

@@ -38,6 +38,7 @@ def test_several_prompts_are_one_batch_in_json(tiny_dir, capsys):
     rounds_with_pass = {x["index"] for r in data["results"] for x in r["rounds"] if x["tokens_verified"] > 0}
     assert b["target_passes"] == 1 + len(rounds_with_pass)
     assert b["settings"]["seeds"] == [0, 1, 2]
+    assert b["settings"]["batch_invariance"]["label"]  # the room's self-check on this machine
 
 
 def test_prompts_file_and_text_output(tiny_dir, capsys, tmp_path):

@@ -478,6 +478,27 @@ def test_room_lines_from_room_stats():
                                 "updates these numbers.")
 
 
+def test_room_panel_says_what_the_self_check_found():
+    """The panel's promise about each reader's text follows the machine's self-check: "checking" while it runs,
+    bit for bit where it held, up to rounding (with the reason) where it did not; nothing without a check."""
+    from app.live_view import CHECKING, room_lines
+    from engine.decoding.invariance import InvarianceCheck
+    from engine.decoding.scheduler import RoomStats
+
+    s = RoomStats(2, 2, 2.0, 5.0, 3, None, 32, 2, None)
+    assert "Checking on this machine" in room_lines(s, invariance=CHECKING)["caption"]
+    ok = InvarianceCheck(holds=True, by_construction=True, attention="kernel", readers=3, rounds=21,
+                         shared_passes=7, cpu="AMD EPYC")
+    assert room_lines(s, invariance=ok)["caption"] == (
+        "The last target pass served 2 readers. Each reader's text in the room: bit for bit equal to alone, checked "
+        "here (3 readers greedy and sampled, 21 rounds, 7 shared passes on AMD EPYC).")
+    bad = InvarianceCheck(holds=False, by_construction=False, attention="not invariant", readers=3, rounds=21,
+                          shared_passes=7, reason="the target runs on CUDA")
+    assert ("equal to alone up to rounding here: the target runs on CUDA; a token can then differ from alone only "
+            "at a near tie.") in room_lines(s, invariance=bad)["caption"]
+    assert "alone" not in room_lines(s)["caption"]
+
+
 def test_room_progress_line_carries_the_panels_numbers():
     from app.live_view import room_progress_line
     from engine.decoding.scheduler import RoomStats

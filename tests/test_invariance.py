@@ -1,0 +1,77 @@
+"""engine.decoding.invariance: the room's self-check reports what holds on this machine, and catches a shared pass
+that does not give a row its lone bits."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from engine.decoding import compute, invariance
+from engine.decoding.models import load_model
+from tests.tiny_models import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return save_tiny_llama(tmp_path_factory.mktemp("invariance") / "m", layers=2, seed=5, init=0.5)
+
+
+def test_the_check_holds_by_construction_on_the_streaming_kernel(path):
+    t = load_model(str(path), device="cpu", compute="stream")
+    assert t.compute.path == "stream", (
+        f"the streaming kernel must build where the suite runs (make installs a compiler): {t.compute.reason}")
+    c = invariance.run_check(t)
+    assert c.holds and c.by_construction and c.attention == "kernel", c
+    assert c.mismatched == [] and c.shared_passes > 0 and c.rounds > 0 and c.readers == invariance.READERS
+    assert c.label().startswith("bit for bit equal to alone, checked here")
+
+
+def test_the_check_catches_one_ulp_of_difference_in_a_shared_pass(path, monkeypatch):
+    """A shared pass whose logits for one row are one ulp off what its lone pass gives: the check sees it and says
+    so instead of promising equality (the check compares bits, not tokens)."""
+    import torch
+
+    from engine.decoding import scheduler
+
+    t = load_model(str(path), device="cpu", compute="stream")
+    real = scheduler.Room._stacked
+
+    def nudged(self, fed, rec):
+        out = real(self, fed, rec)
+        for lg in out.values():
+            if lg is not None:
+                lg[0] = torch.nextafter(lg[0], torch.full_like(lg[0], float("inf")))
+                break
+        return out
+
+    monkeypatch.setattr(scheduler.Room, "_stacked", nudged)
+    c = invariance.run_check(t)
+    assert not c.holds and c.mismatched, c
+    assert "got other bits in the shared pass than alone" in c.reason
+    assert c.label().startswith("equal to alone up to rounding here")
+
+
+def test_without_the_kernels_attention_the_promise_is_not_made(path, monkeypatch):
+    t = load_model(str(path), device="cpu", compute="stream")
+    monkeypatch.setitem(compute._STREAM, "attention", None)
+    c = invariance.run_check(t)
+    assert c.attention == "sdpa per row" and not c.by_construction and not c.holds
+    assert "not by construction" in c.reason or c.mismatched
+
+
+def test_on_the_default_path_the_promise_is_not_made(path):
+    t = load_model(str(path), device="cpu", compute="default")
+    c = invariance.run_check(t)
+    assert c.attention == "not invariant" and not c.holds and not c.by_construction
+    assert "the streaming kernel does not run its products" in c.reason
+
+
+def test_the_result_is_kept_per_target_and_shown_in_the_background(path, monkeypatch):
+    t = load_model(str(path), device="cpu", compute="stream")
+    calls = []
+    real = invariance.run_check
+    monkeypatch.setattr(invariance, "run_check", lambda target: calls.append(1) or real(target))
+    first = invariance.invariance_check(t)
+    assert invariance.invariance_check(t) is first and len(calls) == 1
+    assert invariance.check_in_background(t) is first
