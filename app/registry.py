@@ -22,6 +22,8 @@ PAGES: list[PageInfo] = [
     PageInfo("home.py", "Home", ":material/home:", "home", "What each page shows."),
     PageInfo("live.py", "Live speculative decoding", ":material/play_circle:", "live",
              "Real speculative decoding on the embedded model, round by round, every probability visible."),
+    PageInfo("race.py", "The race: plain vs speculative", ":material/sports_score:", "race",
+             "Plain and speculative decoding of one prompt, measured on this server and replayed side by side."),
     PageInfo("whatif.py", "What-if: how much faster?", ":material/query_stats:", "whatif",
              "The analytic speedup model, a step simulator and the distribution check."),
     PageInfo("traffic.py", "Your traffic", ":material/monitoring:", "your-traffic",

@@ -410,9 +410,21 @@ def _lane_from_dict(d: dict) -> Lane:
     return Lane(**d)
 
 
+def _rounded(x, digits: int = 4):
+    if isinstance(x, float):
+        return round(x, digits)
+    if isinstance(x, dict):
+        return {k: _rounded(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v, digits) for v in x]
+    return x
+
+
 def save_race(race: Race, path: str | Path) -> None:
-    """Write ``race`` as JSON (UTF-8, indented)."""
-    Path(path).write_text(json.dumps(race.to_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    """Write ``race`` as JSON (UTF-8; times in ms and probabilities rounded to 4 decimals, far below the clock's
+    resolution that matters here)."""
+    Path(path).write_text(json.dumps(_rounded(race.to_dict()), ensure_ascii=False, separators=(",", ":")) + "\n",
+                          encoding="utf-8")
 
 
 def load_race(path: str | Path) -> Race:

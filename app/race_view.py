@@ -1,0 +1,346 @@
+"""Presentation of the Race page: the player that replays a recorded race (``engine.decoding.race``) in the browser,
+and the lines said about it (pure functions, unit-tested without a browser).
+
+The player is one HTML document with a small script, drawn once by the page (``st.iframe``): it
+animates the recorded timeline on the browser's clock (requestAnimationFrame), so playback costs the server nothing
+and no rerun per token. Every number it shows at the end comes from the engine's record; while playing it shows
+what the playback model (``engine.decoding.race.lane_at``) gives at that moment: tokens with t ≤ now, passes ended
+by now, tokens ÷ elapsed.
+
+Model text is untrusted: it reaches the script only as JSON inside a ``<script type="application/json">`` element
+with ``<``, ``>``, ``&`` and the JavaScript line separators escaped (so no token can close the element), and the
+script puts it into the page with ``textContent`` and ``title``, never as HTML.
+"""
+
+from __future__ import annotations
+
+import json
+
+from app.live_view import visible
+from engine.decoding.race import PASS_KINDS, Lane, LaneRound, Race, Span
+
+SPEEDS = {1.0: "the measured pace", 0.5: "½ of the measured pace (slow motion)",
+          0.25: "¼ of the measured pace (slow motion)"}
+"""Playback speeds offered: 1 = the measured pace."""
+
+ORIGIN_WORDS = {"accepted": "accepted draft", "correction": "correction", "bonus": "bonus", "plain": "plain step"}
+VERDICT_MARK = {"accepted": "✓", "rejected": "✗", "discarded": "–", "after the end": "–"}
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f} ms" if x >= 10 else f"{x:.1f} ms"
+
+
+def round_hover(lane: Lane, rnd: LaneRound) -> str:
+    """The hover text of a round's bars: its draft with verdicts, p and q, the target's own token and its times
+    (plain text; the player sets it as a ``title``, never as HTML)."""
+    spans = [s for s in lane.spans if s.round == rnd.index]
+    draft_ms = sum(s.ms for s in spans if s.kind == "draft")
+    pass_ms = sum(s.ms for s in spans if s.kind in PASS_KINDS)
+    head = f"Round {rnd.index + 1}"
+    if not rnd.draft:
+        what = f"{head}: one target pass ({_ms(pass_ms)})" if pass_ms else f"{head}: p from the prefill's pass"
+        if rnd.next_text:
+            what += f" → {visible(rnd.next_text)!r} ({ORIGIN_WORDS.get(rnd.next_kind, rnd.next_kind)})"
+        if lane.kind != "plain" and rnd.next_kind == "plain":
+            what += "; no draft this round"
+        return what
+    steps = {0: "a lookup, no model call", 1: "1 draft call"}.get(rnd.draft_steps, f"{rnd.draft_steps} draft calls")
+    lines = [f"{head}: drafted {len(rnd.draft)} ({steps}, {_ms(draft_ms)}), verified in one target pass "
+             f"({_ms(pass_ms)}), kept {rnd.n_accepted} + 1"]
+    for i, m in enumerate(rnd.draft):
+        lines.append(f"  {i + 1}. {visible(m.text)!r} {VERDICT_MARK.get(m.verdict, '?')} {m.verdict}"
+                     f"  (p {m.p:.3f}, q {m.q:.3f})")
+    if rnd.next_text:
+        lines.append(f"  then {visible(rnd.next_text)!r}: the target's {rnd.next_kind}")
+    return "\n".join(lines)
+
+
+def span_hover(lane: Lane, span: Span) -> str:
+    """The hover text of a span that belongs to no round (the prompt's prefill pass)."""
+    return f"Prefill: the prompt's {span.tokens} tokens in one target pass ({_ms(span.ms)})"
+
+
+def lane_title(lane: Lane) -> str:
+    return "Plain decoding" if lane.kind == "plain" else f"Speculative: {lane.label}"
+
+
+def verdict_line(race: Race) -> str:
+    """The race's final verdict (plain text): whether the texts are identical, the measured wall-clock ratio and the
+    tokens per pass of each lane."""
+    sp = race.speedup
+    ratio = "—" if sp is None else f"{sp:.2f}×"
+    tpp = (f"{race.spec.tokens_per_pass:.2f} tokens per target pass against "
+           f"{race.plain.tokens_per_pass:.2f}") if race.spec.tokens_per_pass and race.plain.tokens_per_pass else ""
+    if race.identical:
+        head = f"TEXT IDENTICAL ({race.spec.new_tokens} tokens) · {ratio} wall-clock"
+    elif race.greedy:
+        head = (f"TEXT DIFFERS at token {race.first_difference + 1} (greedy: a near tie rounded differently by a "
+                f"pass over several tokens) · {ratio} wall-clock")
+    else:
+        head = (f"Sampled texts differ from token {race.first_difference + 1} (expected: the two runs draw different "
+                f"random numbers; both follow the target's distribution) · {ratio} wall-clock")
+    return head + (f" · {tpp}" if tpp else "")
+
+
+def identical_words(race: Race) -> dict:
+    """The live line's words: what the player says while the texts agree and once they differ."""
+    same = "texts identical so far ({n} tokens)"
+    differ = ("texts differ from token {k} (sampling: different random draws)" if not race.greedy
+              else "TEXT DIVERGED at token {k}")
+    return {"same": same, "differ": differ}
+
+
+def honesty_line(race: Race, speed: float, recorded: bool = False) -> str:
+    """What the page says about how the lanes were measured and are played (plain text)."""
+    pace = SPEEDS.get(speed, f"{speed:g}× the measured pace")
+    where = f"measured on {race.machine}" + (f", {race.measured_at[:10]}" if race.measured_at else "")
+    runs = len(race.order)
+    what = ("A recorded race, " + where if recorded else "Measured on this server (" + race.machine + ")")
+    return (f"{what}: the lanes ran one after the other, alone, warm, in alternating order "
+            f"({' '.join('A' if k == 'spec' else 'B' for k in race.order)}: {runs} timed runs, A speculative, B "
+            f"plain), and each kind's run at the median is replayed here at {pace} on one shared clock. Racing them "
+            "at the same time on one CPU would slow both.")
+
+
+def room_line(race: Race) -> str | None:
+    """A line when other readers decoded on the server while the race ran (None when nobody did)."""
+    n = race.others_max
+    if not n:
+        return None
+    return (f"While this race ran, up to {n} other reader{'s' if n != 1 else ''} decoded on this server: their "
+            "passes shared its cores with the lanes, so both lanes ran slower than alone and the ratio is unsure. "
+            "Race again when the room is quiet, or play the recorded race.")
+
+
+def _lane_data(lane: Lane) -> dict:
+    hovers = {r.index: round_hover(lane, r) for r in lane.rounds}
+    return {
+        "kind": lane.kind,
+        "title": lane_title(lane),
+        "wall": lane.wall_ms,
+        "ttft": lane.ttft_ms,
+        "tokens": [[m.t_ms, m.text, m.origin, m.round] for m in lane.tokens],
+        "spans": [[s.kind, s.start_ms, s.end_ms, s.round, s.tokens] for s in lane.spans],
+        "steps": {str(r.index): r.draft_steps for r in lane.rounds},
+        "hover": {str(k): v for k, v in hovers.items()},
+        "prefill_hover": [span_hover(lane, s) for s in lane.spans if s.kind == "prefill"],
+        "final": {"tokens_per_s": lane.tokens_per_s, "passes": lane.target_passes,
+                  "tokens_per_pass": lane.tokens_per_pass, "tokens": lane.new_tokens, "wall": lane.wall_ms},
+    }
+
+
+def player_data(race: Race, speed: float = 1.0, present: bool = False) -> dict:
+    """Everything the player's script reads (JSON-ready): both lanes' timelines, their final numbers, the shared
+    clock's length, the speed, the verdict and the live line's words."""
+    fd = race.first_difference
+    return {"speed": float(speed), "duration": race.duration_ms, "present": bool(present),
+            "lanes": [_lane_data(race.plain), _lane_data(race.spec)],
+            "first_difference": fd, "verdict": verdict_line(race), "words": identical_words(race),
+            "pace": SPEEDS.get(speed, f"{speed:g}× the measured pace")}
+
+
+def json_for_script(data) -> str:
+    """``data`` as JSON that can sit inside an HTML ``<script>`` element: ``<``, ``>``, ``&``, U+2028 and U+2029
+    escaped, so no string in it can end the element or break the script."""
+    s = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return (s.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def player_height(present: bool) -> int:
+    """The player's height in px (it fits a 1280×720 projector under the page's title and buttons in presenter
+    mode)."""
+    return 440 if present else 500
+
+
+def player_html(race: Race, speed: float = 1.0, present: bool = False, nonce: int = 0) -> str:
+    """The player: a self-contained HTML document (fixed style and script; the race only as escaped JSON).
+    ``nonce`` changes the document so a new race (or a Replay from the page) starts a fresh player."""
+    data = json_for_script(player_data(race, speed, present))
+    return (_PLAYER.replace("__FONT__", "17px" if present else "14px")
+            .replace("__TEXT_H__", "74px" if present else "92px")
+            .replace("__NONCE__", str(int(nonce)))
+            .replace("__DATA__", data))
+
+
+# A fixed document: the only variable parts are the font size, a box height, an integer and the escaped JSON.
+_PLAYER = """<!doctype html><html><head><meta charset="utf-8"><style>
+:root { --font: __FONT__; }
+body { margin: 0; font-family: "Source Sans Pro", "Source Sans 3", system-ui, sans-serif; font-size: var(--font);
+  color: #31333f; background: transparent; }
+.bar { display: flex; align-items: center; gap: 0.8em; margin-bottom: 6px; flex-wrap: wrap; }
+button { font: inherit; padding: 3px 12px; border: 1px solid #d0d3da; border-radius: 6px; background: #fff;
+  cursor: pointer; }
+button:hover { border-color: #ff4b4b; color: #ff4b4b; }
+.clock { font-variant-numeric: tabular-nums; color: #555; }
+.same { font-weight: 600; color: #1a7f37; }
+.same.diff { color: #b42318; }
+.lane { border: 1px solid #e6e8ec; border-radius: 8px; padding: 5px 8px 4px; margin-bottom: 6px; }
+.head { display: flex; justify-content: space-between; gap: 1em; flex-wrap: wrap; }
+.title { font-weight: 700; }
+.stats { font-variant-numeric: tabular-nums; color: #444; }
+.prog { height: 5px; background: #eef0f3; border-radius: 3px; margin: 3px 0; overflow: hidden; }
+.prog > div { height: 100%; width: 0; background: #8a8f98; }
+.lane.spec .prog > div { background: #2e9b5b; }
+.text { height: __TEXT_H__; overflow-y: auto; white-space: pre-wrap; word-break: break-word; line-height: 1.35;
+  font-family: "Source Code Pro", ui-monospace, monospace; font-size: 0.86em; background: #fafbfc; padding: 2px 4px;
+  border-radius: 4px; }
+.tok { border-radius: 2px; }
+.tok.accepted { background: #c9f0d3; } .tok.correction { background: #ffd8a8; } .tok.bonus { background: #cfe3ff; }
+.tok.plain { background: #eceef1; }
+.timeline { position: relative; height: 20px; margin-top: 4px; background: #f6f7f9; border-radius: 3px; }
+.tokrow { position: relative; height: 14px; }
+.span { position: absolute; top: 2px; bottom: 2px; border-radius: 2px; min-width: 1px; }
+.span.prefill { background: #6b7280; } .span.step { background: #9aa3ae; } .span.verify { background: #2e9b5b; }
+.span.draft { background: #f2b84b; }
+.span.draft i { position: absolute; top: 0; bottom: 0; border-left: 1px solid rgba(255,255,255,0.9); }
+.dot { position: absolute; width: 4px; border-radius: 1px; }
+.dot.accepted { background: #2e9b5b; } .dot.correction { background: #f08c00; } .dot.bonus { background: #3b82f6; }
+.dot.plain { background: #9aa3ae; }
+.cursor { position: absolute; top: 0; bottom: 0; width: 2px; background: #ff4b4b; left: 0; }
+.axis { position: relative; height: 14px; font-size: 0.72em; color: #777; }
+.axis span { position: absolute; transform: translateX(-50%); }
+.legend { font-size: 0.8em; color: #555; display: flex; gap: 1em; flex-wrap: wrap; margin-top: 2px; }
+.legend b { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px;
+  vertical-align: -1px; }
+.verdict { font-weight: 700; font-size: 1.05em; margin-top: 4px; min-height: 1.4em; }
+</style></head><body data-state="loading" data-nonce="__NONCE__">
+<script type="application/json" id="race-data">__DATA__</script>
+<div class="bar"><button id="replay" type="button">↻ Replay</button>
+<span class="clock" id="clock"></span><span class="same" id="same"></span></div>
+<div id="lanes"></div>
+<div class="legend">
+<span><b style="background:#c9f0d3"></b>accepted draft token</span><span><b style="background:#ffd8a8"></b>target
+ correction</span><span><b style="background:#cfe3ff"></b>bonus token</span><span><b style="background:#eceef1"></b>plain
+ step</span><span><b style="background:#6b7280"></b>prefill pass</span><span><b style="background:#9aa3ae"></b>plain
+ pass</span><span><b style="background:#f2b84b"></b>draft steps</span><span><b style="background:#2e9b5b"></b>verify
+ pass</span></div>
+<div class="verdict" id="verdict"></div>
+<script>
+(() => {
+  const D = JSON.parse(document.getElementById("race-data").textContent);
+  const dur = Math.max(D.duration, 1e-6);
+  const pct = (ms) => (100 * ms / dur) + "%";
+  const el = (tag, cls, parent) => { const e = document.createElement(tag); if (cls) e.className = cls;
+    if (parent) parent.appendChild(e); return e; };
+  const fmt = (x, d) => (x === null || x === undefined) ? "—" : x.toFixed(d);
+  const lanesBox = document.getElementById("lanes");
+  let lanes = [];
+  function build() {
+    lanesBox.textContent = "";
+    lanes = D.lanes.map((L) => {
+      const box = el("div", "lane " + (L.kind === "plain" ? "plain" : "spec"), lanesBox);
+      const head = el("div", "head", box);
+      el("span", "title", head).textContent = L.title;
+      const stats = el("span", "stats", head);
+      const prog = el("div", "prog", box); const progIn = el("div", "", prog);
+      const text = el("div", "text", box);
+      const tl = el("div", "timeline", box);
+      const rows = el("div", "tokrow", box);
+      const cursor = el("div", "cursor", tl);
+      const perRound = {};
+      L.tokens.forEach((t) => { perRound[t[3]] = (perRound[t[3]] || 0) + 1; });
+      const most = Math.max(1, ...Object.values(perRound));
+      return {L, stats, progIn, text, tl, rows, cursor, ti: 0, si: 0, open: null, passes: 0, most,
+              stack: {}, prefillSeen: 0};
+    });
+    const axis = el("div", "axis", lanesBox);
+    const step = [0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 20].find((s) => dur / 1000 / s <= 8) || 50;
+    for (let s = 0; s * 1000 <= dur + 1e-6; s += step) {
+      const a = el("span", "", axis); a.style.left = pct(s * 1000); a.textContent = (+s.toFixed(2)) + " s";
+    }
+  }
+  function addSpan(lane, s) {
+    const [kind, start, end, round] = s;
+    const d = el("div", "span " + kind, lane.tl);
+    d.style.left = pct(start);
+    d.title = round === null ? (lane.L.prefill_hover[lane.prefillSeen++] || "prefill")
+                             : (lane.L.hover[String(round)] || "");
+    const steps = kind === "draft" ? (lane.L.steps[String(round)] || 0) : 0;
+    for (let i = 1; i < steps; i++) { const tick = el("i", "", d); tick.style.left = (100 * i / steps) + "%"; }
+    return d;
+  }
+  function closeSpan(lane) {
+    const [kind, start, end] = lane.open.s;
+    lane.open.d.style.width = pct(end - start);
+    if (kind !== "draft") lane.passes++;
+    lane.open = null;
+  }
+  function addToken(lane, t) {
+    const [tms, text, origin, round] = t;
+    const s = el("span", "tok " + origin, lane.text);
+    s.textContent = text;
+    s.title = origin === "plain" ? "plain target step" : origin === "accepted" ? "accepted draft token"
+            : origin === "bonus" ? "bonus token" : "target correction";
+    const h = 14 / lane.most;
+    const k = lane.stack[round] || 0; lane.stack[round] = k + 1;
+    const dot = el("div", "dot " + origin, lane.rows);
+    dot.style.left = "calc(" + pct(tms) + " - 4px)";
+    dot.style.height = Math.max(h - 0.5, 1) + "px";
+    dot.style.top = (14 - (k + 1) * h) + "px";
+    dot.title = lane.L.hover[String(round)] || "";
+  }
+  const words = D.words, fd = D.first_difference;
+  const same = document.getElementById("same"), clock = document.getElementById("clock");
+  const verdict = document.getElementById("verdict");
+  let t0 = null, frames = 0, raf = 0, done = false;
+  function draw(now) {
+    if (t0 === null) t0 = now;
+    frames++;
+    const t = Math.min((now - t0) * D.speed, dur);
+    const shown = [];
+    lanes.forEach((lane) => {
+      const L = lane.L;
+      while (lane.ti < L.tokens.length && L.tokens[lane.ti][0] <= t) addToken(lane, L.tokens[lane.ti++]);
+      while (lane.si < L.spans.length && L.spans[lane.si][1] <= t) {
+        if (lane.open) closeSpan(lane);  // spans run one after the other: the one before has ended
+        const s = L.spans[lane.si++];
+        lane.open = {d: addSpan(lane, s), s};
+      }
+      if (lane.open) {
+        const [, start, end] = lane.open.s;
+        if (t >= end) closeSpan(lane); else lane.open.d.style.width = pct(Math.max(t - start, 0));
+      }
+      const lt = Math.min(t, L.wall);
+      const n = lane.ti;
+      lane.cursor.style.left = pct(lt);
+      lane.progIn.style.width = (100 * n / Math.max(L.tokens.length, 1)) + "%";
+      lane.text.scrollTop = lane.text.scrollHeight;
+      const fin = t >= L.wall;
+      const F = L.final;
+      const tps = fin ? F.tokens_per_s : (n && lt > 0 ? n / (lt / 1000) : null);
+      const passes = fin ? F.passes : lane.passes;
+      const tpp = fin ? F.tokens_per_pass : (passes ? n / passes : null);
+      lane.stats.textContent = (lt / 1000).toFixed(2) + " s · " + n + " tokens · " + fmt(tps, 1) + " tok/s · TTFT "
+        + (n ? fmt(L.ttft, 0) + " ms" : "—") + " · " + passes + " passes · " + fmt(tpp, 2) + " tokens/pass"
+        + (fin ? " · done" : "");
+      shown.push(n);
+    });
+    const n = Math.min(...shown);
+    const ok = fd === null || n <= fd;
+    same.textContent = ok ? words.same.replace("{n}", n) : words.differ.replace("{k}", fd + 1);
+    same.className = ok ? "same" : "same diff";
+    clock.textContent = "shared clock " + (t / 1000).toFixed(2) + " s of " + (dur / 1000).toFixed(2) + " s · played at "
+      + D.pace;
+    document.body.dataset.frames = frames;
+    if (t >= dur) {
+      done = true;
+      verdict.textContent = D.verdict;
+      const secs = (now - t0) / 1000;
+      document.body.dataset.fps = secs > 0 ? (frames / secs).toFixed(1) : "";
+      document.body.dataset.state = "done";
+      return;
+    }
+    document.body.dataset.state = "playing";
+    raf = requestAnimationFrame(draw);
+  }
+  function start() {
+    cancelAnimationFrame(raf);
+    build(); t0 = null; frames = 0; done = false; verdict.textContent = "";
+    raf = requestAnimationFrame(draw);
+  }
+  document.getElementById("replay").addEventListener("click", start);
+  start();
+})();
+</script></body></html>"""

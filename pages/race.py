@@ -1,0 +1,289 @@
+"""The race: plain and speculative decoding of one prompt on the embedded model, measured one after the other on this
+server and replayed side by side at their measured pace.
+
+The engine races (``engine.decoding.race.run_race``: a warm-up, then A B B A with nothing drawn in between) and
+records every token's and pass's time; ``app.race_view`` turns the record into a player that animates in the
+browser (no rerun per token). Decoders are built as the Live page builds them (``app.decoders``).
+"""
+
+import itertools
+import os
+from pathlib import Path
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.charts import show_chart
+from app.decoders import DRAFT_KINDS, draft_spec, make_decoder, target_layers
+from app.join import join_address, qr_png
+from app.live_view import default_draft_kind, default_preset, escape_markdown
+from app.race_view import SPEEDS, honesty_line, player_height, player_html, room_line
+from app.resources import get_model
+from app.state import stage_text, stop_page, sync_url, url_param
+from app.tour import intro, presenting
+from engine.decoding.models import EMBEDDED, default_draft_spec
+from engine.decoding.race import RaceStopped, load_race, run_race, survival
+from engine.decoding.scheduler import room_for
+from engine.errors import InputError, SpeedupLabError
+from engine.explain.analytic import TREE_MAX_NODES, default_gamma_here
+from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
+
+RECORDED = Path(__file__).resolve().parent.parent / "assets" / "race_recorded.json"
+GAMMA_MAX = 16
+MAX_NEW_UI = 256
+PROMPT_MAX_CHARS = 8000
+PROMPT_URL_MAX = 2000
+URL_KEYS = ["rc_target", "rc_preset", "rc_draft", "rc_k", "rc_draft_model", "rc_gamma", "rc_tree", "rc_temp", "rc_seed",
+            "rc_max_new", "rc_speed"]
+S = st.session_state
+present = presenting()
+
+st.title("🏁 The race: plain vs speculative")
+intro("The same prompt decoded twice on the embedded model: **plain decoding** (one target pass per token) and "
+      "**speculative decoding** (a draft guesses γ tokens, the target checks them in one pass and keeps the agreed "
+      "prefix plus one token of its own). Press **Race**: both run on this server, then play back side by side at "
+      "the pace they were measured, with every target pass drawn to scale. Under greedy decoding the two texts are "
+      "identical token for token: speculation changes how fast, not what.")
+
+# ------------------------------------------------------------------------------------------ settings (the URL)
+url_param("rc_target", EMBEDDED, str)
+TARGET = S["rc_target"].strip() or EMBEDDED
+_default_kind = default_draft_kind(default_draft_spec(TARGET))
+url_param("rc_preset", default_preset(_default_kind), str, choices=list(PROMPT_PRESETS) + [CUSTOM])
+url_param("rc_draft", _default_kind, str, choices=list(DRAFT_KINDS))
+url_param("rc_k", 8, int, lo=1, hi=256)
+url_param("rc_draft_model", "", str)
+url_param("rc_gamma", default_gamma_here(draft_spec(S["rc_draft"]), TARGET)[0], int, lo=1, hi=GAMMA_MAX)
+url_param("rc_tree", 0, int, lo=0, hi=TREE_MAX_NODES)
+url_param("rc_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
+url_param("rc_seed", 0, int, lo=0, hi=999_999)
+url_param("rc_max_new", 64, int, lo=8, hi=MAX_NEW_UI)
+url_param("rc_speed", 1.0, float, choices=list(SPEEDS))
+if "rc_prompt" not in S:
+    S["rc_prompt"] = (preset_text(S["rc_preset"]) if S["rc_preset"] != CUSTOM
+                      else str(st.query_params.get("rc_prompt", ""))[:PROMPT_URL_MAX])
+
+
+def _on_preset() -> None:
+    if S["rc_preset"] != CUSTOM:
+        S["rc_prompt"] = preset_text(S["rc_preset"])
+
+
+def _on_prompt_edit() -> None:
+    if S["rc_preset"] != CUSTOM and S["rc_prompt"] != preset_text(S["rc_preset"]):
+        S["rc_preset"] = CUSTOM
+
+
+def _on_draft() -> None:  # γ follows the draft's default on this machine (a block's γ is its length − 1)
+    S["rc_gamma"] = min(default_gamma_here(draft_spec(S["rc_draft"], S["rc_k"]), TARGET)[0], GAMMA_MAX)
+
+
+with st.sidebar:
+    st.header("Race settings")
+    st.text_input("Target model", key="rc_target",
+                  help="`embedded` (SmolLM2-135M-Instruct), a Hugging Face id in the local cache, or a folder.")
+    st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="rc_preset", on_change=_on_preset,
+                 format_func=lambda k: PROMPT_PRESETS[k].label if k in PROMPT_PRESETS else "Custom (edited)")
+    st.text_area("Prompt (one user turn)", key="rc_prompt", height=120, max_chars=PROMPT_MAX_CHARS,
+                 on_change=_on_prompt_edit)
+    st.selectbox("Draft", list(DRAFT_KINDS), key="rc_draft", format_func=DRAFT_KINDS.get, on_change=_on_draft)
+    if S["rc_draft"] == "early-exit":
+        st.slider("Early exit after k layers", 1, 29, key="rc_k")
+    elif S["rc_draft"] == "model":
+        st.text_input("Draft model (HF id or local folder)", key="rc_draft_model",
+                      help="Must share the target's tokenizer.")
+    _g, _why = default_gamma_here(draft_spec(S["rc_draft"], S["rc_k"]), TARGET)
+    st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="rc_gamma",
+              help=f"Default for this draft {_g}: {_why}.")
+    st.slider("Tree size (nodes; 0 = chain)", 0, TREE_MAX_NODES, key="rc_tree",
+              help="0: one chain of γ draft tokens a round (Medusa heads: their shipped tree). N ≥ 1: a token tree "
+                   "of at most N nodes, verified in one target pass (the draft head, prompt lookup, Medusa, block).")
+    st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="rc_temp",
+              help="Greedy: the texts are identical token for token. Sampling: each lane draws its own random "
+                   "numbers from the seed, so the texts differ; both follow the target's distribution.")
+    st.number_input("Seed", 0, 999_999, key="rc_seed")
+    st.slider("Max new tokens", 8, MAX_NEW_UI, key="rc_max_new")
+    st.select_slider("Playback speed", list(SPEEDS), key="rc_speed",
+                     format_func=lambda v: "1× (measured)" if v == 1 else f"{v:g}×",
+                     help="1×: the lanes play at the pace they were measured. Slower speeds stretch both lanes "
+                          "alike, so the ratio between them stays the measured one.")
+
+sync_url(URL_KEYS)
+if not stage_text("rc_prompt", S["rc_prompt"] if S["rc_preset"] == CUSTOM else None, PROMPT_URL_MAX):
+    st.sidebar.warning(f"This prompt is over {PROMPT_URL_MAX} characters, too long for the page's link.")
+
+# ------------------------------------------------------------------------------------------ layout
+controls = st.container()
+status = st.empty()
+player = st.empty()
+notes = st.empty()
+
+
+@st.cache_data(show_spinner=False)
+def _recorded():
+    return load_race(RECORDED) if RECORDED.is_file() else None
+
+
+_draws = itertools.count()  # a race drawn twice in one run (after a click) needs new chart keys
+
+
+def _draw(race, recorded: bool) -> None:
+    """The player and what is said under it, with the charts after the race (each replaces what was there)."""
+    nonce = S.get("rc_nonce", 0)
+    with player.container():
+        # our own document; model text rides in it only as escaped JSON, put in with textContent (app/race_view.py)
+        st.iframe(player_html(race, S["rc_speed"], present=present, nonce=nonce), height=player_height(present))
+    with notes.container():
+        st.caption(honesty_line(race, S["rc_speed"], recorded=recorded))
+        if recorded and not S.get("rc_race"):
+            st.caption("Press **Race** to race on this server now.")
+        if line := room_line(race):
+            st.warning(line)
+        if race.spread > 1.5:
+            st.warning(f"The timed runs of one kind differed by up to {race.spread:.1f}× (the machine was busy): the "
+                       "ratio is unsure. Race again with nothing else running.")
+        _after_race(race, next(_draws))
+
+
+def _draw_current(recorded_race) -> None:
+    race = S.get("rc_race") if S.get("rc_show", "session") == "session" else None
+    if race is not None:
+        _draw(race, recorded=False)
+    elif recorded_race is not None:
+        _draw(recorded_race, recorded=True)
+    else:
+        player.info("Press **Race** to race plain against speculative decoding on this server.")
+
+
+def _after_race(race, n: int) -> None:
+    with st.expander("After the race: acceptance by position and tokens per pass", expanded=not present):
+        a, b = st.columns(2)
+        surv = survival(race.spec)
+        if surv:
+            fig = go.Figure(go.Bar(x=list(range(1, len(surv) + 1)), y=surv))
+            fig.update_layout(title="Survival: rounds whose first i draft tokens were all accepted",
+                              xaxis_title="draft position i", yaxis_title="share of drafting rounds",
+                              yaxis_range=[0, 1.05], height=280, margin={"t": 40, "b": 10})
+            fig.update_xaxes(tickmode="linear", dtick=1)
+            show_chart(fig, key=f"rc_fig_surv_{n}", where=a)
+        else:
+            a.caption("No round drafted anything (prompt lookup found nothing to copy).")
+        fig = go.Figure()
+        for lane, name in ((race.plain, "plain"), (race.spec, "speculative")):
+            counts = lane.tokens_per_pass_counts()
+            fig.add_bar(x=list(counts), y=list(counts.values()), name=name)
+        fig.update_layout(title="Tokens per target pass (passes)", xaxis_title="tokens a pass yielded",
+                          yaxis_title="passes", barmode="group", height=280, margin={"t": 40, "b": 10})
+        fig.update_xaxes(tickmode="linear", dtick=1)
+        show_chart(fig, key=f"rc_fig_tpp_{n}", where=b)
+        st.caption(f"Timed runs, ms per token, in the order they ran ({', '.join(race.order)}): speculative "
+                   + ", ".join(f"{x:.1f}" for x in race.spec_ms_per_token) + "; plain "
+                   + ", ".join(f"{x:.1f}" for x in race.base_ms_per_token)
+                   + (f". Median ratio over all timed runs: {race.ab_speedup:.2f}×" if race.ab_speedup else "")
+                   + f". Warm-up {race.warm_ms / 1000:.1f} s, timed runs {race.measure_ms / 1000:.1f} s.")
+
+
+# an interrupted race (Stop, or any other click while it ran) leaves this flag behind
+if S.pop("rc_running", False):
+    status.info("The race was stopped before it ended; the last race (or the recorded one) is shown.")
+
+recorded = _recorded()
+# drawn before the model loads: on a server's first visit the recorded race plays while the model is loading
+_draw_current(recorded)
+
+target = None
+try:
+    target = get_model(TARGET)
+except SpeedupLabError as e:
+    st.error(str(e))
+
+with controls:
+    row = st.container(horizontal=True)
+    race_clicked = row.button("🏁 Race", type="primary", key="rc_race_btn", disabled=target is None,
+                              help="Warm up, then time speculative and plain decoding alone, alternating "
+                                   "(A B B A), with nothing drawn meanwhile; then play both back.")
+    row.button("Stop", key="rc_stop", help="Ends a race in progress after the run it is timing.")
+    recorded_clicked = row.button(
+        "Play the recorded race", key="rc_recorded_btn", disabled=recorded is None,
+        help="A race measured earlier and shipped with the app"
+             + (f" (on {recorded.machine}, {recorded.measured_at[:10]})" if recorded is not None else "")
+             + ": for when this server is busy or still loading the model.")
+    join_clicked = present and row.button("📱 Join card", key="rc_join_btn",
+                                          help="The app's address in large type and as a QR code, for the room.")
+
+
+def _settings() -> dict:
+    return {"prompt": S["rc_prompt"], "preset": S["rc_preset"], "draft": S["rc_draft"],
+            "draft_label": DRAFT_KINDS[S["rc_draft"]], "gamma": int(S["rc_gamma"]), "tree": int(S["rc_tree"]),
+            "temperature": float(S["rc_temp"]), "seed": int(S["rc_seed"]), "max_new_tokens": int(S["rc_max_new"])}
+
+
+def _make(baseline: bool):
+    kw = dict(baseline=baseline, gamma=int(S["rc_gamma"]), temperature=float(S["rc_temp"]), seed=int(S["rc_seed"]),
+              max_new_tokens=int(S["rc_max_new"]), tree=int(S["rc_tree"]), early_exit_k=int(S["rc_k"]),
+              draft_model=S["rc_draft_model"].strip(), load=get_model)
+    prompt, kind = S["rc_prompt"], S["rc_draft"]
+    return lambda: make_decoder(target, prompt, kind, **kw)
+
+
+if recorded_clicked and recorded is not None:
+    S["rc_show"] = "recorded"
+    S["rc_nonce"] = S.get("rc_nonce", 0) + 1
+    _draw(recorded, recorded=True)
+
+if race_clicked and target is not None:
+    room = room_for(target)
+    if S["rc_draft"] == "early-exit" and S["rc_k"] >= target_layers(target):
+        S["rc_k"] = max(target_layers(target) - 1, 1)
+    player.empty()  # nothing animates in the browser while the lanes are timed (the browser may share the CPU)
+    notes.empty()
+    bar = status.progress(0.0, text="Building the decoders…")
+    what = {"warm-up": "warming both up (thrown away)", "spec": "speculative decoding", "base": "plain decoding"}
+
+    def _progress(done: int, total: int, part: str) -> None:
+        bar.progress(done / total, text=f"Part {done + 1} of {total}: {what[part]}. Nothing is drawn until the runs "
+                                        "end, so the page does not slow what it measures. Stop ends the race.")
+
+    S["rc_running"] = True  # left set when a click interrupts the race (the next run says so)
+    machine = (f"{target.compute.cpu} ({os.cpu_count()} cores, {target.compute.threads} threads)"
+               if target.compute is not None else "this server's CPU")
+    label = DRAFT_KINDS[S["rc_draft"]].split(" (")[0] + f", γ = {S['rc_gamma']}"
+    try:
+        race = run_race(_make(False), _make(True), label, settings=_settings(), machine=machine,
+                        greedy=float(S["rc_temp"]) == 0, on_progress=_progress, busy=room.readers)
+    except RaceStopped as e:
+        race = None
+        status.info(str(e))
+    except SpeedupLabError as e:  # bad settings (InputError), a draft that cannot load: a message, no traceback
+        race = None
+        status.error(str(e))
+    S["rc_running"] = False
+    if race is not None:
+        S["rc_race"], S["rc_show"] = race, "session"
+        S["rc_nonce"] = S.get("rc_nonce", 0) + 1
+        status.empty()
+    _draw_current(recorded)
+
+if join_clicked:
+    @st.dialog("Join on your own device", width="large")
+    def _join_card() -> None:
+        try:
+            url = st.context.url
+        except Exception:  # noqa: BLE001 - no browser context (a test run)
+            url = None
+        try:
+            addr = join_address(url)
+        except InputError as e:
+            st.error(str(e))
+            return
+        st.markdown(f"# {escape_markdown(addr.url)}")
+        st.image(qr_png(addr.url, scale=12), width=360)
+        if addr.local_only:
+            st.warning("This address opens only on this machine: open the app by its network address, or set "
+                       "SPEEDUP_LAB_PUBLIC_URL to the address the room can reach.")
+        st.caption("Set by the operator (SPEEDUP_LAB_PUBLIC_URL)." if addr.source == "setting"
+                   else "The address this browser opened the app at.")
+    _join_card()
+
+if target is None:
+    stop_page()

@@ -1,0 +1,105 @@
+"""AppTest for pages/race.py on a tiny random Llama: the recorded race before any race, a race with prompt lookup,
+settings in the URL, bad input as a message, presenter mode's join card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.join import PUBLIC_URL_ENV
+from tests.tiny_models import WORDS, save_tiny_llama
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "race.py")
+PROMPT = " ".join(WORDS[:10] * 3)  # repeats itself: prompt lookup finds matches
+RECORDED = Path(__file__).resolve().parent.parent / "assets" / "race_recorded.json"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(save_tiny_llama(tmp_path_factory.mktemp("race_page") / "tiny", layers=2))
+
+
+def _app(target: str, prompt: str | None = PROMPT, present: bool = False, **params) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params.update({"rc_target": target, "rc_draft": "ngram", "rc_max_new": "12",
+                            **{k: str(v) for k, v in params.items()}})
+    if prompt is not None:
+        at.session_state["rc_prompt"] = prompt
+    if present:
+        at.session_state["present"] = True
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _captions(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.caption)
+
+
+def test_before_any_race_the_recorded_race_is_shown(tiny):
+    at = _app(tiny)
+    assert not at.error
+    labels = [b.label for b in at.button]
+    assert labels[:3] == ["🏁 Race", "Stop", "Play the recorded race"]
+    assert "📱 Join card" not in labels  # presenter mode only
+    if RECORDED.is_file():
+        assert "A recorded race, measured on" in _captions(at)
+        assert at.session_state["rc_show"] if "rc_show" in at.session_state else True
+
+
+def test_a_race_replaces_it_and_keeps_the_settings_in_the_url(tiny):
+    at = _app(tiny, rc_gamma=3, rc_seed=5)
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    race = at.session_state["rc_race"]
+    assert race.order == ["spec", "base", "base", "spec"]
+    assert race.identical and race.spec.new_tokens == 12 == race.plain.new_tokens
+    assert race.settings["draft"] == "ngram" and race.settings["gamma"] == 3 and race.settings["seed"] == 5
+    caps = _captions(at)
+    assert "Measured on this server" in caps and "one after the other" in caps
+    assert "A recorded race" not in caps
+    assert f"Median ratio over all timed runs: {race.ab_speedup:.2f}×" in caps
+    assert at.query_params["rc_draft"] == "ngram" and at.query_params["rc_gamma"] == "3"
+    assert at.query_params["rc_seed"] == "5"
+    assert "rc_prompt" not in at.query_params or at.session_state["rc_preset"] == "custom"
+    # the recorded race on request, then back to a new race of this server
+    if RECORDED.is_file():
+        at.button(key="rc_recorded_btn").click().run()
+        assert "A recorded race, measured on" in _captions(at)
+
+
+def test_sampled_race(tiny):
+    at = _app(tiny, rc_temp=0.8, rc_seed=1)
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception and not at.error
+    race = at.session_state["rc_race"]
+    assert not race.greedy and race.settings["temperature"] == 0.8
+
+
+def test_bad_input_is_a_message_not_a_traceback(tiny):
+    at = _app(tiny, prompt="   ")
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception
+    assert any("prompt is empty" in e.value for e in at.error)
+    assert "rc_race" not in at.session_state or at.session_state["rc_race"] is None
+    at = _app(tiny, rc_draft="model")  # no draft model typed
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception
+    assert any("Type a draft model" in e.value for e in at.error)
+
+
+def test_presenter_join_card(tiny, monkeypatch):
+    monkeypatch.setenv(PUBLIC_URL_ENV, "http://192.168.1.20:8501/")
+    at = _app(tiny, present=True)
+    at.button(key="rc_join_btn").click().run()
+    assert not at.exception, at.exception
+    md = "\n".join(m.value for m in at.markdown)
+    assert "192\\.168\\.1\\.20" in md  # the address, escaped, in large type
+    assert len(at.get("image")) == 1  # the QR code
+    monkeypatch.setenv(PUBLIC_URL_ENV, "ftp://nowhere")
+    at.button(key="rc_join_btn").click().run()
+    assert not at.exception
+    assert any(PUBLIC_URL_ENV in e.value for e in at.error)
