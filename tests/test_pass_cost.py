@@ -42,6 +42,11 @@ def test_measure_times_every_size_and_cache_restores_it(tiny):
     c = measure_pass_cost(tiny, sizes=(1, 2, 4), reps=2, context=8)
     assert set(c.ms) == {1, 2, 4} and all(v > 0 for v in c.ms.values()) and c.reps == 2 and c.measured_here
     assert c.compute == tiny.compute.path and "measured on this machine" in c.source
+    # the reps' spread is kept (the γ choice's tolerance reads it): two fastest reps per size, ≥ 0
+    assert set(c.extra["spread"]) == {"1", "2", "4"} and all(v >= 0 for v in c.extra["spread"].values())
+    sp = c.extra["spread"]
+    assert c.ratio_noise() == pytest.approx((sp["2"] + sp["1"] + sp["4"] + sp["1"]) / 2)  # median of two: their mean
+    assert PassCost.from_dict(c.to_dict()).ratio_noise() == c.ratio_noise()
     assert cached_pass_cost(tiny.spec) is None
     calls = []
     real = pass_cost.measure_pass_cost
@@ -161,22 +166,67 @@ def test_stop_keeps_the_reps_done(tiny):
 def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
     from engine.explain import analytic
 
+    # the head's α by depth (HEAD_RANK_COUNTS): 469/732, 419/732, 393/732, 365/732, the last beyond; c = 0.1.
+    # E(1) = 1.6407, E(2) = 2.0074, E(3) = 2.2043, E(4) = 2.3025, E(5) = 2.3515
     flat_then_steep = _curve({1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 20.0, 6: 30.0, 9: 60.0})
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: flat_then_steep)
-    # α 0.6, c 0.1: γ=1 1.6/1.1 = 1.455; γ=2 1.96/1.2 = 1.633; γ=3 2.176/1.3 = 1.674; γ=4 2.306/(0.4 + 2) = 0.96
+    # γ=1 1.6407/1.1 = 1.492; γ=2 2.0074/1.2 = 1.673; γ=3 2.2043/1.3 = 1.696 (best); γ=4 2.3025/2.4 = 0.959
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 3 and "this machine's measured pass cost" in why and "1.67×" in why
-    # within 2 % the shorter γ (an Intel Xeon's measured curve, rounded): γ=2 0.784/(0.4·1.26) = 1.556; γ=3
-    # 0.8704/(0.4·1.39) = 1.565 (0.6 % more); γ=4 0.92224/(0.4·1.53) = 1.507
-    near = _curve({1: 10.0, 2: 10.0, 3: 10.6, 4: 10.9, 5: 11.3, 9: 13.0})
-    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: near)
+    assert g == 3 and "this machine's" in why and "γ = 3 expects 1.70×" in why and "within" not in why
+    # within the 3 % floor the LONGER draft: t(5) = 0.98 t(1): γ=4 2.3025/1.38 = 1.668 ≥ 0.97 · 1.696 = 1.645
+    dip = _curve({1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 9.8, 9: 9.8})
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: dip)
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 2 and "expected 1.56×" in why and "γ = 3 expects 1.565× against 1.556×, within 2%" in why
+    assert g == 4 and "γ = 4 expects 1.67×" in why and "γ = 3 expects 1.70×, within 3%" in why
+    # one noisy point no longer decides: t(2) = 0.89 t(1) (a curve measured at setup) made the shorter-within-2 %
+    # rule pick γ = 1; now γ=1 1.657, γ=2 1.659 (best), γ=3 2.2043/1.33 = 1.657 (within 3 %), γ=4 2.3025/1.46 = 1.577
+    noisy_point = _curve({1: 10.0, 2: 8.9, 3: 10.1, 4: 10.3, 5: 10.6, 6: 11.0, 9: 13.0})
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: noisy_point)
+    assert analytic.default_gamma_here("embedded-head")[0] == 3
+    # a curve whose reps spread 5 % at every size: tolerance 5 % (the cap, not 10 %); flat curve: γ=4 2.3025/1.4 =
+    # 1.645 ≥ 0.95 · 1.696 = 1.611, γ=5 2.3515/1.5 = 1.568 is not
+    flat_noisy = _curve({1: 10.0, 9: 10.0})
+    flat_noisy.extra = {"spread": {"1": 0.05, "9": 0.05}}
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: flat_noisy)
+    g, why = analytic.default_gamma_here("embedded-head")
+    assert g == 4 and "within 5%" in why
     assert analytic.default_gamma_here("ngram") == (4, "the draft's static default")
     assert analytic.default_gamma_here("embedded-head", "some/other-model")[0] == 2
+    assert analytic.default_gamma_here("embedded-medusa")[0] == 4  # the shipped heads' K: the tree's whole depth
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: None)
     assert analytic.default_gamma_here("embedded-head") == (2, "the shipped default (this machine's pass cost is "
                                                                "not measured yet)")
+
+
+def test_choose_within_noise_takes_the_longest_close_to_the_best_by_hand():
+    from engine.errors import InputError
+    from engine.explain.analytic import choose_within_noise
+
+    assert choose_within_noise([1.0, 1.5, 1.49, 1.2], 0.02) == (2, 1)   # 1.49 ≥ 0.98 · 1.5 = 1.47
+    assert choose_within_noise([1.0, 1.5, 1.46, 1.2], 0.02) == (1, 1)   # 1.46 < 1.47
+    assert choose_within_noise([1.0, 1.5, 1.49, 1.2], 0.0) == (1, 1)
+    assert choose_within_noise([1.0, 1.5, 1.2, 1.48], 0.02) == (3, 1)   # past a dip, still within
+    assert choose_within_noise([1.5, 1.5], 0.0) == (1, 0)               # a tie: the longer; the best is the first
+    assert choose_within_noise([2.0], 0.5) == (0, 0)
+    for bad, tol in (([], 0.1), ([1.0, float("nan")], 0.1), ([1.0], 1.0), ([1.0], -0.1)):
+        with pytest.raises(InputError):
+            choose_within_noise(bad, tol)
+
+
+def test_ratio_noise_and_gamma_tolerance_by_hand():
+    from engine.explain.analytic import GAMMA_NOISE_MAX, GAMMA_NOISE_TOL, gamma_tolerance
+
+    c = _curve({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0})
+    assert c.ratio_noise() is None and gamma_tolerance(c) == GAMMA_NOISE_TOL == 0.03
+    c.extra = {"spread": {"1": 0.01, "2": 0.02, "3": 0.05, "4": 0.03}}
+    assert c.ratio_noise() == pytest.approx(0.04)  # median of 0.03, 0.06, 0.04
+    assert gamma_tolerance(c) == pytest.approx(0.04)
+    c.extra = {"spread": {"1": 0.01, "2": 0.02, "3": 0.05}}
+    assert c.ratio_noise() == pytest.approx(0.045)  # an even count: the mean of the middle two
+    c.extra = {"spread": {"1": 0.3, "2": 0.4}}
+    assert gamma_tolerance(c) == GAMMA_NOISE_MAX == 0.05
+    c.extra = {"spread": {"2": 0.4}}  # no n = 1: nothing to read
+    assert c.ratio_noise() is None
 
 
 @pytest.mark.slow

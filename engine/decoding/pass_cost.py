@@ -49,7 +49,8 @@ class PassCost:
         measured_here: True when measured on this machine (CPU model and compute path as now).
         source: one line saying where the curve comes from, for captions.
         extra: {"stream_rows": the streaming kernel's row limit during the measurement, None off that path}
-            (``machine_pass_cost`` measures again under another limit).
+            (``machine_pass_cost`` measures again under another limit); with two reps or more, "spread": {n: the
+            relative gap between the two fastest reps} (``ratio_noise``).
     """
 
     ms: dict[int, float]
@@ -82,6 +83,18 @@ class PassCost:
         else:
             (a, ta), (b, tb) = pts[-2], pts[-1]
         return (ta + (tb - ta) * (n - a) / (b - a)) / t1
+
+    def ratio_noise(self) -> float | None:
+        """The curve's relative noise from its own reps: the median over sizes n > 1 of spread(n) + spread(1), where
+        spread(n) = (second-fastest − fastest) ÷ fastest pass over n tokens (``extra["spread"]``, stored by
+        ``measure_pass_cost``): how far t(n)/t(1) could move with one rep more or less. None for a curve stored
+        without it (measured before it was kept, or of one rep)."""
+        spread = {int(k): float(v) for k, v in (self.extra.get("spread") or {}).items()}
+        if 1 not in spread or len(spread) < 2:
+            return None
+        vals = sorted(spread[n] + spread[1] for n in spread if n != 1)
+        mid = len(vals) // 2
+        return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
     def ratios(self, n_max: int) -> list[float]:
         """[t(1)/t(1), t(2)/t(1), …, t(n_max)/t(1)] (``engine.decoding.medusa.choose_tree``'s ``pass_cost``)."""
@@ -162,9 +175,18 @@ def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: 
     return PassCost(ms={n: round(min(v), 3) for n, v in times.items()}, cpu=cpu_model(),
                     compute=target.compute.path if target.compute else "default", threads=torch.get_num_threads(),
                     date=time.strftime("%Y-%m-%d %H:%M"), context=context, reps=done, measured_here=True,
-                    extra={"stream_rows": _stream_rows(target)},
+                    extra={"stream_rows": _stream_rows(target), **({"spread": _spread(times)} if done > 1 else {})},
                     source=f"measured on this machine ({cpu_model()}, {target.compute.name if target.compute else 'default'}"
                            f" kernels, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
+
+
+def _spread(times: dict[int, list[float]]) -> dict[str, float]:
+    """{n: (second-fastest − fastest) ÷ fastest} of each size's reps (``PassCost.ratio_noise``)."""
+    out = {}
+    for n, v in times.items():
+        a, b = sorted(v)[:2]
+        out[str(n)] = round((b - a) / a, 4)
+    return out
 
 
 def _stored(spec: str, device: str = "cpu") -> PassCost | None:

@@ -250,32 +250,105 @@ HEAD_CARD_ALPHA = 0.60
 HEAD_CARD_C = 0.10
 """The shipped head's draft cost c, one head step ÷ one target step (assets/smollm2-head/README.md)."""
 HEAD_GAMMA_MAX = 8
-GAMMA_TIE_TOL = 0.02
-"""``default_gamma_here`` takes the shortest γ whose expected speedup is within this fraction of the best: closer
-than this, two γ are not told apart by the measured curve (on the Intel Xeon, 2026-12-03, two curves measured 4 h
-apart gave t(4)/t(1) 1.05 and 1.09, γ = 3 expecting 1.61× and 1.56×), and the shorter draft makes smaller passes
-when readers share them (``engine.decoding.scheduler``: 16 readers in one process served 54.4 tok/s at γ 2
-against 45.1 at γ 3)."""
+GAMMA_NOISE_TOL = 0.03
+"""The least tolerance of ``choose_within_noise`` when ``default_gamma_here`` picks a γ from this machine's curve:
+expected speedups closer than this to the best are not told apart by a measured curve. Measured: six curves timed
+back to back on the AMD EPYC (2026-12-04, ``measure_pass_cost``, one process, nothing else running under the CPU
+lock) moved the head's expected speedup (:func:`head_speedups`) at one γ by 5–18 % (γ = 2: 1.41–1.67×; γ = 3:
+1.56–1.64×), and their best γ was 2 or 3; at 3 % the choice was γ = 3 on four of them (4 on the other two), as on the
+curve stored at setup. Live's Run baseline through the room, on the chat preset (64 tokens, greedy): γ = 1 1.24–1.30×,
+γ = 2 1.25–1.57×, γ = 3 1.44–1.46×, γ = 4 1.33× (``benchmarks/bench_live_gamma.py``). A curve whose own reps spread
+more (``PassCost.ratio_noise``) gets that tolerance instead, up to ``GAMMA_NOISE_MAX``."""
+GAMMA_NOISE_MAX = 0.05
+"""The largest tolerance ``gamma_tolerance`` gives: the six back-to-back curves moved γ = 3's expected speedup by 5 %;
+a wider one took drafts that Live's Run baseline measured slower than the best (a curve measured while the machine was
+busy, reps 14 % apart: γ = 3 within 10 % of γ = 2, measured 1.37× against 1.49×, ``benchmarks/results/
+live_gamma_amd-epyc.md``)."""
+
+
+def choose_within_noise(scores: Sequence[float], tol: float) -> tuple[int, int]:
+    """Among candidates ordered shortest to longest, the longest whose score is within ``tol`` of the best.
+
+    Rule: best = argmax(scores) (the first on a tie); the choice is the largest index i with
+    scores[i] ≥ (1 − tol) · scores[best]. Candidates this close to the best are within the noise of the curve
+    they were computed from, and the longer draft shows more of what speculation does (more tokens per pass).
+
+    Args:
+        scores: expected speedups (or any score, larger is better), index 0 the shortest candidate; finite.
+        tol: the tolerance as a fraction of the best score, in [0, 1).
+
+    Returns:
+        (index chosen, index of the best).
+
+    Raises:
+        InputError: no scores, a non-finite score, or ``tol`` outside [0, 1).
+    """
+    vals = [float(v) for v in scores]
+    if not vals or not all(math.isfinite(v) for v in vals):
+        raise InputError(f"Choosing among candidates needs finite scores, got {list(scores)!r}.")
+    if not 0.0 <= float(tol) < 1.0:
+        raise InputError(f"A tolerance is a fraction in [0, 1), got {tol!r}.")
+    best = int(np.argmax(vals))
+    floor = (1.0 - float(tol)) * vals[best]
+    return max(i for i, v in enumerate(vals) if v >= floor), best
+
+
+def gamma_tolerance(curve) -> float:
+    """The tolerance ``default_gamma_here`` reads a measured curve with: its reps' own relative noise
+    (``engine.decoding.pass_cost.PassCost.ratio_noise``) when larger than ``GAMMA_NOISE_TOL``, capped at
+    ``GAMMA_NOISE_MAX``; ``GAMMA_NOISE_TOL`` for a curve stored without its reps' spread."""
+    noise = curve.ratio_noise() if callable(getattr(curve, "ratio_noise", None)) else None
+    return float(min(max(GAMMA_NOISE_TOL, noise or 0.0), GAMMA_NOISE_MAX))
+
+
+def head_alpha_by_depth() -> list[float]:
+    """The shipped head's greedy acceptance by draft position, given every earlier one was accepted: its rank-1
+    hits ÷ trials per depth in ``HEAD_RANK_COUNTS`` (12 held-out prompts; depth 1..4: 0.64, 0.57, 0.54, 0.50).
+    Measured in Live's engine on the chat preset at γ = 4 (AMD EPYC, 2026-12-04): 0.59, 0.53, 0.56, 0.60."""
+    return [h[0] / n for h, n in zip(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"])]
+
+
+def head_speedups(ms: Mapping[int, float], gamma_max: int = HEAD_GAMMA_MAX) -> list[float]:
+    """The shipped head's expected speedup for γ = 1..gamma_max (index γ − 1) on a pass-cost curve ``ms``
+    ({tokens: ms}): E from its acceptance by depth (``head_alpha_by_depth``, the last depth's α beyond it;
+    :func:`expected_tokens_by_position`), over γ·c + t(γ+1)/t(1) with c = ``HEAD_CARD_C`` (Leviathan et al. 2023,
+    Theorem 3.8, with a measured verify cost: :func:`speedup_from_tokens`, :func:`verify_cost_ratio`)."""
+    alphas = head_alpha_by_depth()
+    return [speedup_from_tokens(expected_tokens_by_position(alphas, g, alpha_fallback=alphas[-1]), g, HEAD_CARD_C,
+                                verify_cost_ratio(g + 1, measured_ms=ms))
+            for g in range(1, _check_gamma(gamma_max, GAMMA_LIMIT) + 1)]
 
 
 def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[int, str]:
     """The default γ for a draft on this machine, and why.
 
-    For the shipped head ("embedded-head") on the embedded target: :func:`best_gamma` with the head card's
-    α and c (``HEAD_CARD_ALPHA``, ``HEAD_CARD_C``) and this machine's measured pass-cost curve
-    (``engine.decoding.pass_cost``), γ ≤ ``HEAD_GAMMA_MAX``. For the shipped block drafter ("embedded-block"):
-    B − 1 with B from ``engine.decoding.block_drafter.default_block_here`` (its held-out acceptance and block
-    cost on this machine's curve). Elsewhere, or before this machine's curve was measured (``python -m engine
-    prepare``), the static default ``engine.decoding.models.default_gamma``.
+    For the shipped head ("embedded-head") on the embedded target: the longest γ ≤ ``HEAD_GAMMA_MAX`` whose
+    expected speedup (:func:`head_speedups`: the head's measured acceptance by depth, its card's c and this
+    machine's measured pass-cost curve, ``engine.decoding.pass_cost``) is within the curve's noise
+    (:func:`gamma_tolerance`) of the best (:func:`choose_within_noise`). For the shipped block drafter
+    ("embedded-block"): B − 1 with B from ``engine.decoding.block_drafter.default_block_here`` (its held-out
+    acceptance and block cost on this machine's curve). For the shipped Medusa heads ("embedded-medusa"): their
+    K heads, the depth of their static tree (γ caps it). Elsewhere, or before this machine's curve was measured
+    (``python -m engine prepare``), the static default ``engine.decoding.models.default_gamma``.
 
     Returns:
         (γ, one sentence saying where it comes from).
     """
-    from engine.decoding.models import EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_BLOCK_DIR, EMBEDDED_HEAD, default_gamma
+    from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_BLOCK_DIR, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
+                                        EMBEDDED_MEDUSA_DIR, default_gamma)
     from engine.decoding.pass_cost import cached_pass_cost
 
     static = default_gamma(draft_spec)
-    if draft_spec == EMBEDDED_BLOCK and (target_spec or EMBEDDED) == EMBEDDED:
+    embedded = (target_spec or EMBEDDED) == EMBEDDED
+    if draft_spec == EMBEDDED_MEDUSA and embedded:
+        import json
+
+        try:
+            k = int(json.loads((EMBEDDED_MEDUSA_DIR / "medusa_config.json").read_text())["n_heads"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return static, "the draft's static default (the shipped Medusa heads are missing)"
+        return k, f"the Medusa heads' K = {k}: their static tree's whole depth (a smaller γ cuts the tree)"
+    if draft_spec == EMBEDDED_BLOCK and embedded:
         import json
 
         from engine.decoding.block_drafter import BLOCK_CONFIG, default_block_here
@@ -287,20 +360,21 @@ def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[
         curve = cached_pass_cost(EMBEDDED)
         b, why = default_block_here(cfg, curve.ratios(int(cfg.get("max_block", 16))) if curve else None)
         return b - 1, f"γ = B − 1 for block B: {why}"
-    if draft_spec != EMBEDDED_HEAD or (target_spec or EMBEDDED) != EMBEDDED:
+    if draft_spec != EMBEDDED_HEAD or not embedded:
         return static, "the draft's static default"
     curve = cached_pass_cost(EMBEDDED)
     if curve is None:
         return static, "the shipped default (this machine's pass cost is not measured yet)"
-    s = _speedups_all_gamma(HEAD_CARD_ALPHA, HEAD_CARD_C, 0.0, curve.ms, HEAD_GAMMA_MAX)
-    best = int(np.argmax(s)) + 1
-    g = next(i + 1 for i, v in enumerate(s) if v >= (1 - GAMMA_TIE_TOL) * s[best - 1])
-    why = (f"best γ for the head card's α = {HEAD_CARD_ALPHA} and c = {HEAD_CARD_C} on this machine's "
-           f"measured pass cost (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f}; expected {s[g - 1]:.2f}×")
+    s = head_speedups(curve.ms)
+    tol = gamma_tolerance(curve)
+    i, b = choose_within_noise(s, tol)
+    g, best = i + 1, b + 1
+    why = (f"the head's expected speedup (its measured acceptance by position, c = {HEAD_CARD_C}) on this machine's "
+           f"measured pass cost: γ = {g} expects {s[i]:.2f}× (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f})")
     if g != best:
-        why += (f"; γ = {best} expects {s[best - 1]:.3f}× against {s[g - 1]:.3f}×, within {GAMMA_TIE_TOL:.0%}: the shorter draft, which "
-                f"costs a pass shared with other readers less")
-    return g, why + ")"
+        why += (f"; γ = {best} expects {s[b]:.2f}×, within {tol:.0%} (the curve's noise), so the longer draft, "
+                "which shows more tokens per pass")
+    return g, why
 
 
 def break_even_alpha(c: float, slope: float = 0.0, measured_ms: Mapping[int, float] | None = None,
