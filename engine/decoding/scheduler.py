@@ -460,7 +460,7 @@ class Room:
 
         With both, the first pass took 240 ms and the 16-reader room's ratio to one reader alone went 2.43× → 2.95×
         (two scratch runs of ``benchmarks/bench_room.py`` in a row); with the token-text memo too, 3.07–3.31× in four
-        runs (``benchmarks/results/room_protocol_s29.md`` and the README's room table).
+        runs on an Intel Xeon (the room table in docs/performance.md; ``benchmarks/results/room_protocol_xeon.md``).
 
         None of it is recorded as a pass. About 1 s on the embedded model (Intel Xeon); a failure only means no
         warm-up (``warm_ms`` stays None)."""
