@@ -31,6 +31,9 @@ _BASE_CSS = """<style>
 [data-testid="stMainBlockContainer"] [data-testid="stPageLink-NavLink"] * { white-space: normal !important; overflow: visible !important;
   text-overflow: clip !important; }
 [data-testid="stMetricValue"] *, [data-testid="stMetricLabel"] * { overflow-wrap: anywhere; }
+/* tab bars wrap onto a second line instead of scrolling out of sight (What-if's seven tabs ended in "Sequen" at
+   1280 px in presenter mode) */
+[data-testid="stTabs"] [role="tablist"] { flex-wrap: wrap; overflow-x: visible !important; row-gap: 0.25rem; }
 </style>"""
 
 # A fixed style sheet (no user or model text): larger type for a projector.

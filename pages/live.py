@@ -39,7 +39,7 @@ from app.live_view import (
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
-from app.tour import intro
+from app.tour import intro, presenting
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
 from engine.decoding.block_drafter import check_block_size
@@ -114,7 +114,21 @@ url_param("lv_preset", default_preset(default_draft_kind(_default_spec)), str,
 url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT_KINDS))
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
-_gamma_default, _gamma_why = default_gamma_here(_default_spec, st.session_state["lv_target"].strip() or EMBEDDED)
+# each draft kind's own default γ on this machine (the head's from the measured pass cost, Medusa's its K heads, the
+# block drafter's its block − 1): a kind's γ means another thing, and a γ fit for one undersold another
+_KIND_SPEC = {"head": EMBEDDED_HEAD, "medusa": EMBEDDED_MEDUSA, "block": EMBEDDED_BLOCK, "draft": EMBEDDED_DRAFT,
+              "ngram": "ngram"}
+
+
+def _kind_gamma(kind: str) -> tuple[int, str]:
+    """(default γ, why) of a draft kind for the current target (``engine.explain.analytic.default_gamma_here``)."""
+    return default_gamma_here(_KIND_SPEC.get(kind, kind), st.session_state["lv_target"].strip() or EMBEDDED)
+
+
+_gamma_default, _gamma_why = _kind_gamma(st.session_state["lv_draft"])
+if "lv_gamma_set" not in st.session_state:  # a link's γ other than its draft's default counts as the reader's own
+    _raw_gamma = st.query_params.get("lv_gamma")
+    st.session_state["lv_gamma_set"] = _raw_gamma is not None and _raw_gamma != str(_gamma_default)
 url_param("lv_gamma", _gamma_default, int, lo=1, hi=GAMMA_MAX)
 url_param("lv_conf", 0.0, float, lo=0.0, hi=CONF_MAX, step=0.05)  # off: α̂ and γ keep the analytic model's meaning
 url_param("lv_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
@@ -156,20 +170,24 @@ def _on_target_change() -> None:
     if st.session_state["lv_draft"] in ("head", "medusa", "block") and kind != "head":
         st.session_state["lv_draft"] = kind
         st.session_state["lv_gamma"] = default_gamma_here(default_draft_spec(spec), spec)[0]
+        st.session_state["lv_gamma_set"] = False
         st.session_state["lv_draft_note"] = (f"Draft switched to {DRAFT_KINDS[kind]}, γ = "
                                              f"{st.session_state['lv_gamma']}: the shipped draft head was trained "
                                              "on the embedded target's features only.")
 
 
 def _on_draft_change() -> None:
-    """Into or out of the block drafter, γ becomes the new draft's default (a block's γ is its length − 1, chosen
-    for this machine; the other drafts' γ means a number of sequential guesses)."""
-    spec = st.session_state["lv_target"].strip() or EMBEDDED
+    """γ becomes the new draft's default on this machine unless the reader set γ; into or out of the block drafter
+    always (a block's γ is its length − 1; the other drafts' γ means a number of sequential guesses)."""
     kind = st.session_state["lv_draft"]
-    if kind == "block" or st.session_state.get("lv_prev_draft") == "block":
-        draft_spec = EMBEDDED_BLOCK if kind == "block" else default_draft_spec(spec)
-        st.session_state["lv_gamma"] = default_gamma_here(draft_spec, spec)[0]
+    if not st.session_state.get("lv_gamma_set") or kind == "block" or st.session_state.get("lv_prev_draft") == "block":
+        st.session_state["lv_gamma"] = _kind_gamma(kind)[0]
+        st.session_state["lv_gamma_set"] = False
     st.session_state["lv_prev_draft"] = kind
+
+
+def _on_gamma() -> None:
+    st.session_state["lv_gamma_set"] = True  # the reader's own γ: a change of draft keeps it
 
 
 def _on_prompt_edit() -> None:
@@ -219,14 +237,19 @@ with st.sidebar:
     elif st.session_state["lv_draft"] == "model":
         st.text_input("Draft model (HF id or local folder)", key="lv_draft_model",
                       help="Must share the target's tokenizer.")
+    _gamma_default, _gamma_why = _kind_gamma(st.session_state["lv_draft"])  # the kind picked now
     if st.session_state["lv_draft"] == "block":
-        _bg, _bwhy = default_gamma_here(EMBEDDED_BLOCK, st.session_state["lv_target"].strip() or EMBEDDED)
         st.slider("γ (slots per block: the block is the newest token + γ masks; a tree's depth)", 1, GAMMA_MAX,
-                  key="lv_gamma", help=f"Default {_bg}: {_bwhy}. The drafter was trained for blocks up to its "
-                                       "maximum (see its card); a longer block is refused with a message.")
+                  key="lv_gamma", on_change=_on_gamma,
+                  help=f"Default {_gamma_default}: {_gamma_why}. The drafter was trained for blocks up to its "
+                       "maximum (see its card); a longer block is refused with a message.")
     else:
-        st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma",
-                  help=f"Default {_gamma_default}: {_gamma_why}.")
+        st.slider("γ (draft tokens per round; a tree's depth)", 1, GAMMA_MAX, key="lv_gamma", on_change=_on_gamma,
+                  help=f"Default {_gamma_default}: {_gamma_why}. Changing the draft picks its own default unless "
+                       "you set γ here.")
+    st.caption(f"γ = {_gamma_default}, this draft's default on this machine: {_gamma_why}."
+               if st.session_state["lv_gamma"] == _gamma_default else
+               f"γ = {st.session_state['lv_gamma']} (yours); this draft's default here is {_gamma_default}.")
     st.slider("Tree size (nodes; 0 = chain)", 0, TREE_MAX_NODES, key="lv_tree",
               help="0: the draft proposes one chain of γ tokens. N ≥ 1: a token tree of at most N nodes and "
                    "depth ≤ γ, several continuations verified in one target pass with a tree attention mask "
@@ -403,10 +426,10 @@ def _run_area() -> None:
     ready = dec is not None
     buttons = st.container(horizontal=True)
     step_slot, run_slot = buttons.empty(), buttons.empty()  # redrawn disabled when a run ends among others (below)
+    # no tooltips on these two: the key shows on the button, and a tooltip stayed over Stop and Reset after a click
     step = step_slot.button("Step one round", key="lv_step", type="primary", disabled=not ready or dec.finished,
-                            shortcut="N", help="Keyboard: N (next round)")
-    run_all = run_slot.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G",
-                              help="Keyboard: G (go)")
+                            shortcut="N")
+    run_all = run_slot.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G")
     stopped = bool(S.get("lv_stop"))  # the Stop button above the run area (a click there reruns the whole page)
     run_base = buttons.button("Run baseline", key="lv_baseline", disabled=not ready,
                               help="Plain decoding of the same prompt with the same settings and seed (no draft). "
@@ -422,7 +445,9 @@ def _run_area() -> None:
         stop_page()
 
     progress = st.empty()
-    room_box = st.empty()  # the room: readers now, rows per pass, the room's tokens/s (engine.decoding.scheduler)
+    # the room: readers now, rows per pass, the room's tokens/s (engine.decoding.scheduler); on a projector under the
+    # text, so the round's verdict and its text are on a 720-pixel first screen
+    room_box = st.empty() if not presenting() else None
 
 
     def _draw_room() -> None:
@@ -435,7 +460,6 @@ def _run_area() -> None:
             st.caption(lines["caption"])
 
 
-    _draw_room()
     round_box = st.container(border=True)
     with round_box:
         round_title = st.empty()
@@ -448,6 +472,9 @@ def _run_area() -> None:
         with st.container(key="lv_generated"):  # a stable hook for browser tests (the room's texts)
             text_md = st.empty()
         st.markdown(legend_markdown())
+    if room_box is None:
+        room_box = st.empty()
+    _draw_room()
     # the rule's fine print sits under the round and its text, so a round is on the first screen
     greedy = S["lv_temp"] == 0
     if greedy:
@@ -633,7 +660,12 @@ def _run_area() -> None:
             _draw_round(dec.rounds[-1], 0)
     else:
         round_title.markdown("**No round yet.**")
-        round_md.markdown("Press **Step one round** to draft γ tokens and verify them with one target pass.")
+        _g_def, _g_why = _kind_gamma(S["lv_draft"])
+        _first = round_md.container()
+        _first.markdown(f"Press **Step one round** to draft γ = {S['lv_gamma']} tokens and verify them with one "
+                        "target pass.")
+        _first.caption(f"γ = {_g_def} is this draft's default on this machine: {_g_why}." if S["lv_gamma"] == _g_def
+                   else f"γ = {S['lv_gamma']} is your setting (this draft's default here: {_g_def}).")
     _draw_text(dec)
 
     if dec.finished:
@@ -684,10 +716,23 @@ def _run_area() -> None:
         # one drafting round so far: its draft time includes the draft's pass over the prompt (trace.run_stats
         # leaves that round out only once a later one drafted), so c reads high: say so under the number
         first_only = ab is None and sum(1 for r in dec.rounds if r.n_drafted) == 1
-        m[2].metric("Measured c",
+        # two figures that mean different things: c while stepping (the page draws on the same CPU while the draft's
+        # many small steps run: measured 1.6 after three Steps of the head, 0.11 in the timed run) and the timed c
+        timed_c = S.setdefault("lv_timed_c", {})
+        if ab is not None and ab.spec_stats.draft_cost_ratio is not None:
+            timed_c[S["lv_draft"]] = ab.spec_stats.draft_cost_ratio
+        if ab is not None:
+            c_label, c_beside = "c, timed run", (None if stats.draft_cost_ratio is None
+                                                  else f"while stepping: {stats.draft_cost_ratio:.3f}")
+        else:
+            c_label = "c while stepping"
+            c_beside = ("includes the draft's prompt pass" if first_only else
+                        f"timed: {timed_c[S['lv_draft']]:.3f}" if S["lv_draft"] in timed_c else
+                        "timed: press Run baseline")
+        m[2].metric(c_label,
                     "—" if timing.draft_cost_ratio is None else f"{timing.draft_cost_ratio:.3f}",
-                    delta="includes the draft's prompt pass" if first_only and timing.draft_cost_ratio is not None
-                    else None, delta_color="off", delta_arrow="off",
+                    delta=c_beside if timing.draft_cost_ratio is not None else None,
+                    delta_color="off", delta_arrow="off",
                     help="Draft step ÷ target pass: draft time per draft token ÷ median target verify pass. The "
                          "first round that drafts is left out once a later round has drafted: it also runs the draft "
                          "over the prompt, so after one round c reads high. Before Run baseline: from this run, "
@@ -702,6 +747,7 @@ def _run_area() -> None:
 
         spec_tps = cmp.spec_tokens_per_s if cmp is not None else stats.tokens_per_s
         m[3].metric("Speculative tokens/s", _rate(spec_tps),
+                    delta="timed run" if cmp is not None else "while stepping", delta_color="off", delta_arrow="off",
                     help="After Run baseline: the median of the timed speculative runs. Before: this run, "
                          "drawn round by round.")
         m2 = st.columns(4)
@@ -774,7 +820,8 @@ def _run_area() -> None:
         ft = go.Figure()
         ft.add_bar(x=rounds_x, y=[r.draft_ms for r in timed_rounds], name="draft ms")
         ft.add_bar(x=rounds_x, y=[r.verify_ms for r in timed_rounds], name="verify ms (target pass)")
-        ft.update_layout(title="Time per round" + (" (median timed run)" if ab is not None else ""), barmode="stack",
+        ft.update_layout(title="Time per round" + (" (median timed run, nothing drawn)" if ab is not None else
+                                                   " (stepping: the page draws on the same CPU)"), barmode="stack",
                          xaxis_title="round", yaxis_title="ms", height=300, margin={"t": 40, "b": 10})
         show_chart(ft, key="lv_fig_time", where=c2)
 
