@@ -74,6 +74,9 @@ def test_live_questions():
     qs = live_questions(4, alpha=0.7)
     assert _q(qs, "max_tokens").options[_q(qs, "max_tokens").correct] == "5"      # γ + 1
     assert _q(qs, "all_rejected").options[_q(qs, "all_rejected").correct] == "1"  # the correction
+    for g in (1, 2, 4):  # three different choices at every γ (γ = 1 offered "0 / 1 / 1")
+        opts = _q(live_questions(g), "all_rejected").options
+        assert len(set(opts)) == 3 and opts == ("0", "1", str(g + 1))
     # E(0.7, 4) = 1 + .7 + .49 + .343 + .2401 = 2.7731 > 2.5
     q = _q(qs, "measured_e")
     assert q.options[q.correct] == "more than 2.5" and "2.77" in q.explanation

@@ -159,7 +159,8 @@ def live_questions(gamma: int, alpha: float | None = None,
     floor = 1 + int(max(range(len(zero)), key=lambda i: zero[i]))  # the only k with P(T = k) = 1
     qs.append(Question(
         "all_rejected", f"If the draft's first token is rejected (γ = {gamma}), how many tokens does the "
-                        "round still add?", ("0", "1", str(gamma)), ("0", "1", str(gamma)).index(str(floor)),
+                        "round still add?", ("0", "1", str(gamma + 1)),  # γ + 1 ≥ 2: no repeated choice at γ = 1
+        ("0", "1", str(gamma + 1)).index(str(floor)),
         "The target's pass gives its own token at the rejected position (the correction): a round never "
         f"adds fewer than **{floor}** token, so speculation never stalls decoding.", src))
     if alpha is not None:
