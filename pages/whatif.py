@@ -317,7 +317,10 @@ def _section_simulator() -> None:
               kwargs={"alpha": 0.8, "gamma": 4, "cost": 0.05, "steps": 0})
     e2.button("Exercise 2: α = 0.60", key="wi_btn_ex2", on_click=_set,
               kwargs={"alpha": 0.6, "cost": 0.05, "steps": 0})
-    e3.button("Exercise 3: c = 0.30", key="wi_btn_ex3", on_click=_set, kwargs={"cost": 0.3, "steps": 0})
+    # α back to 0.80: the exercise lowers α from there to the break-even (Exercise 2's 0.60 was kept, and read as
+    # the answer)
+    e3.button("Exercise 3: c = 0.30, α = 0.80", key="wi_btn_ex3", on_click=_set,
+              kwargs={"alpha": 0.8, "cost": 0.3, "steps": 0})
     at_defaults = abs(alpha - 0.8) < 1e-9 and gamma == 4
     for ex in try_it_exercises(sim.mean if at_defaults else None, sim.n if at_defaults else 0):
         with st.expander(ex.question, expanded=True):

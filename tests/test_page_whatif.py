@@ -106,6 +106,7 @@ def test_try_it_buttons():
     assert "drops from 8" in ex2.markdown[0].value and "to 4" in ex2.markdown[0].value
     at.button(key="wi_btn_ex3").click().run()
     assert at.slider(key="wi_cost").value == 0.3
+    assert at.slider(key="wi_alpha").value == 0.8  # not Exercise 2's 0.60: the exercise lowers α from here
     ex3 = [e for e in at.expander if e.label.startswith("3.")][0]
     assert "α ≈ 0.30" in ex3.markdown[0].value
 
