@@ -71,15 +71,21 @@ def test_step_one_round(tiny):
 
 def test_c_after_the_first_drafting_round_says_it_includes_the_prompt_pass(tiny):
     """After one round the draft's time includes its pass over the prompt (trace.run_stats leaves that round out only
-    once a later one drafted): the page says so under c, and no longer after a second drafting round."""
+    once a later one drafted): the page says so under c, then that the timed figure comes from Run baseline; after
+    it the timed c is shown with the stepping one beside it."""
     at = _app(tiny, lv_draft="early-exit", lv_max_new=24)
-    c_note = (lambda a: next(m for m in a.metric if m.label == "Measured c").proto.delta)
+    c_metric = (lambda a: next(m for m in a.metric if m.label in ("c while stepping", "c, timed run")))
     at = _click(at, "lv_step")
     assert at.session_state["lv_dec"].rounds[0].n_drafted
-    assert c_note(at) == "includes the draft's prompt pass"
+    assert c_metric(at).label == "c while stepping" and c_metric(at).proto.delta == "includes the draft's prompt pass"
     at = _click(at, "lv_step")
     assert sum(1 for r in at.session_state["lv_dec"].rounds if r.n_drafted) == 2
-    assert c_note(at) == ""
+    assert c_metric(at).proto.delta == "timed: press Run baseline"
+    at = _click(at, "lv_baseline")
+    m = c_metric(at)
+    timed = at.session_state["lv_base"].spec_stats.draft_cost_ratio
+    assert m.label == "c, timed run" and m.value == f"{timed:.3f}" and m.proto.delta.startswith("while stepping: ")
+    assert at.session_state["lv_timed_c"]["early-exit"] == timed  # shown beside the next stepping run's c
 
 
 def test_run_to_end_baseline_and_measured_run(tiny):
@@ -116,7 +122,7 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     # token "2" must not become the number 2 on a numeric axis)
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     timed = next(f for f in specs if f["layout"]["title"]["text"].startswith("Time per round"))
-    assert timed["layout"]["title"]["text"] == "Time per round (median timed run)"
+    assert timed["layout"]["title"]["text"] == "Time per round (median timed run, nothing drawn)"
     assert timed["data"][1]["y"] == pytest.approx([r.verify_ms for r in ab.spec_rounds])
     token_charts = [f for f in specs if not f["layout"]["title"]["text"].startswith(("Time", "Acceptance"))]
     assert token_charts and all(f["layout"]["xaxis"]["type"] == "category" for f in token_charts)
