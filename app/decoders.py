@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from engine.decoding.block_drafter import check_block_size
-from engine.decoding.drafts import make_proposer
+from engine.decoding import drafts  # looked up at each call: tests replace drafts.make_proposer
 from engine.decoding.models import EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, LoadedModel
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
@@ -26,6 +26,11 @@ DRAFT_KINDS = {
     "model": "Any draft model (HF id or local folder)",
 }
 """Every draft kind a page offers, with its label."""
+
+DRAFT_SHORT = {"head": "draft head (EAGLE-style)", "medusa": "Medusa heads", "block": "block drafter (DFlash-style)",
+               "draft": "small draft model", "ngram": "prompt lookup", "early-exit": "early exit",
+               "model": "draft model"}
+"""A short name of each draft kind (a lane's title)."""
 
 TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
@@ -58,19 +63,19 @@ def make_draft(kind: str, target: LoadedModel, *, early_exit_k: int = 8, draft_m
     if kind not in DRAFT_KINDS:
         raise InputError(f"Unknown draft kind {kind!r}; choose one of {', '.join(DRAFT_KINDS)}.")
     if kind == "ngram":
-        return make_proposer("ngram", target)
+        return drafts.make_proposer("ngram", target)
     if kind == "early-exit":
         if target_layers(target) < 2:
             raise InputError("Early exit needs a target with at least 2 layers.")
-        return make_proposer(f"early-exit:{early_exit_k}", target)
+        return drafts.make_proposer(f"early-exit:{early_exit_k}", target)
     if kind == "medusa":  # its shipped static tree (assets/smollm2-medusa), depth capped at γ
-        return make_proposer(EMBEDDED_MEDUSA, target)
+        return drafts.make_proposer(EMBEDDED_MEDUSA, target)
     if kind == "head":
-        proposer = make_proposer(EMBEDDED_HEAD, target)
+        proposer = drafts.make_proposer(EMBEDDED_HEAD, target)
         proposer.confidence_threshold = confidence_gate
         return proposer
     if kind == "block":  # one drafter pass per round fills γ slots (assets/smollm2-block)
-        proposer = make_proposer(EMBEDDED_BLOCK, target)
+        proposer = drafts.make_proposer(EMBEDDED_BLOCK, target)
         check_block_size(gamma + 1, proposer.max_block)  # a clear message past the trained block
         proposer.confidence_threshold = confidence_gate
         return proposer
@@ -79,7 +84,7 @@ def make_draft(kind: str, target: LoadedModel, *, early_exit_k: int = 8, draft_m
         raise InputError("Type a draft model: a Hugging Face id in the local cache or a local folder.")
     if load is None:
         raise InputError(f"The {DRAFT_KINDS[kind]} needs a model loader.")
-    return make_proposer(spec, target, load(spec))
+    return drafts.make_proposer(spec, target, load(spec))
 
 
 def make_decoder(target: LoadedModel, prompt: str, kind: str, *, baseline: bool = False, gamma: int = 4,

@@ -36,21 +36,20 @@ from app.live_view import (
     verdict_frame,
     visible,
 )
+from app.decoders import DRAFT_KINDS, make_decoder
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
-from engine.decoding.block_drafter import check_block_size
 from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
                                     default_draft_spec)
-from engine.decoding.drafts import make_proposer
 from engine.decoding.invariance import check_in_background
 from engine.decoding.scheduler import room_for
-from engine.decoding.sampling import ACCEPT_RULES, SamplingConfig
-from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
-from engine.errors import InputError, SpeedupLabError
+from engine.decoding.sampling import ACCEPT_RULES
+from engine.decoding.speculative import SpeculativeDecoder
+from engine.errors import SpeedupLabError
 from engine.explain.analytic import (TREE_MAX_BRANCHING, TREE_MAX_NODES, default_gamma_here, expected_tokens_per_pass,
                                      expected_tokens_per_round)
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
@@ -62,15 +61,6 @@ CONF_MAX = 0.95  # the draft head's confidence gate slider (the engine accepts [
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 PROMPT_URL_MAX = 2000  # a custom prompt up to this many characters travels in the link (lv_prompt)
-DRAFT_KINDS = {
-    "head": "Trained draft head on the target's features (EAGLE-style, embedded)",
-    "medusa": "Medusa heads: guesses for the next positions at once, as a token tree (embedded)",
-    "block": "Block drafter: a whole block of guesses in one pass (DFlash-style, embedded)",
-    "draft": "Trained small draft model (embedded)",
-    "ngram": "Prompt lookup (n-gram)",
-    "early-exit": "Early exit (target's first k layers)",
-    "model": "Any draft model (HF id or local folder)",
-}
 # autoplay speed → (seconds between animation frames, extra pause after each round)
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
@@ -320,47 +310,14 @@ config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_dr
                     S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 else "exact")
 
 
-def _proposer(cfg: LiveConfig, tgt):
-    kind = cfg.draft
-    if kind == "ngram":
-        return make_proposer("ngram", tgt)
-    if kind == "early-exit":
-        if n_layers < 2:
-            raise InputError("Early exit needs a target with at least 2 layers.")
-        return make_proposer(f"early-exit:{cfg.early_exit_k}", tgt)
-    if kind == "medusa":  # its shipped static tree (assets/smollm2-medusa), depth capped at γ
-        return make_proposer(EMBEDDED_MEDUSA, tgt)
-    if kind == "head":
-        proposer = make_proposer(EMBEDDED_HEAD, tgt)
-        proposer.confidence_threshold = cfg.confidence_gate
-        return proposer
-    if kind == "block":  # one drafter pass per round fills γ slots (assets/smollm2-block)
-        proposer = make_proposer(EMBEDDED_BLOCK, tgt)
-        check_block_size(cfg.gamma + 1, proposer.max_block)  # a clear message past the trained block
-        proposer.confidence_threshold = cfg.confidence_gate
-        return proposer
-    spec = EMBEDDED_DRAFT if kind == "draft" else cfg.draft_model
-    if not spec:
-        raise InputError("Type a draft model: a Hugging Face id in the local cache or a local folder.")
-    draft = get_model(spec)
-    return make_proposer(spec, tgt, draft)
-
-
 def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
-    """Build a decoder for ``cfg`` (raises SpeedupLabError subclasses with user-facing messages)."""
-    sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    ids = encode_prompt(target.tokenizer, cfg.prompt)
-    proposer = None if baseline else _proposer(cfg, target)
-    tree = {}
-    n_tree = cfg.tree
-    if cfg.draft == "medusa" and not n_tree and not baseline:
-        n_tree = getattr(proposer, "tree_size", 0)  # Medusa heads: their shipped static tree unless a size is set
-    if n_tree and not baseline:  # the engine raises InputError for a draft that cannot branch
-        tree = {"tree": n_tree, "accept": cfg.accept}
-        if cfg.tree and callable(getattr(proposer, "set_branching", None)):  # the head's top-k / lookup's matches
-            proposer.set_branching(cfg.branching)  # InputError when out of range
-    return SpeculativeDecoder(target, proposer, ids, gamma=cfg.gamma, sampling=sampling, seed=cfg.seed,
-                              max_new_tokens=max_new or cfg.max_new_tokens, **tree)
+    """Build a decoder for ``cfg`` (``app.decoders.make_decoder``, as the Race page builds its lanes; raises
+    SpeedupLabError subclasses with user-facing messages)."""
+    return make_decoder(target, cfg.prompt, cfg.draft, baseline=baseline, gamma=cfg.gamma,
+                        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
+                        max_new_tokens=max_new or cfg.max_new_tokens, tree=cfg.tree, branching=cfg.branching,
+                        accept=cfg.accept, early_exit_k=cfg.early_exit_k, draft_model=cfg.draft_model,
+                        confidence_gate=cfg.confidence_gate, load=get_model)
 
 
 def _n_rounds(n: int) -> str:
