@@ -177,9 +177,11 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .same { font-weight: 600; color: #1a7f37; }
 .same.diff { color: #b42318; }
 .lane { border: 1px solid #e6e8ec; border-radius: 8px; padding: 5px 8px 4px; margin-bottom: 6px; }
-.head { display: flex; justify-content: space-between; gap: 1em; flex-wrap: wrap; }
-.title { font-weight: 700; }
-.stats { font-variant-numeric: tabular-nums; color: #444; }
+.head { display: flex; justify-content: space-between; gap: 1em; flex-wrap: nowrap; }
+.title { font-weight: 700; flex: 1 1 auto; min-width: 0; overflow: hidden; text-overflow: ellipsis;
+  white-space: nowrap; }
+.stats { font-variant-numeric: tabular-nums; color: #444; flex: 0 0 auto; white-space: nowrap; }
+@media (max-width: 700px) { .head { flex-wrap: wrap; } .stats { white-space: normal; } }
 .prog { height: 5px; background: #eef0f3; border-radius: 3px; margin: 3px 0; overflow: hidden; }
 .prog > div { height: 100%; width: 0; background: #8a8f98; }
 .lane.spec .prog > div { background: #2e9b5b; }
@@ -200,7 +202,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .dot.plain { background: #9aa3ae; }
 .cursor { position: absolute; top: 0; bottom: 0; width: 2px; background: #ff4b4b; left: 0; }
 .axis { position: relative; height: 14px; font-size: 0.72em; color: #777; }
-.axis span { position: absolute; transform: translateX(-50%); }
+.axis span { position: absolute; white-space: nowrap; }
 .legend { font-size: 0.8em; color: #555; display: flex; gap: 1em; flex-wrap: wrap; margin-top: 2px; }
 .legend b { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px;
   vertical-align: -1px; }
@@ -232,7 +234,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
     lanes = D.lanes.map((L) => {
       const box = el("div", "lane " + (L.kind === "plain" ? "plain" : "spec"), lanesBox);
       const head = el("div", "head", box);
-      el("span", "title", head).textContent = L.title;
+      const title = el("span", "title", head); title.textContent = L.title; title.title = L.title;
       const stats = el("span", "stats", head);
       const prog = el("div", "prog", box); const progIn = el("div", "", prog);
       const text = el("div", "text", box);
@@ -249,6 +251,8 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
     const step = [0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 20].find((s) => dur / 1000 / s <= 8) || 50;
     for (let s = 0; s * 1000 <= dur + 1e-6; s += step) {
       const a = el("span", "", axis); a.style.left = pct(s * 1000); a.textContent = (+s.toFixed(2)) + " s";
+      // the first and last labels stay inside the box
+      a.style.transform = s === 0 ? "none" : (s * 1000 > dur * 0.94 ? "translateX(-100%)" : "translateX(-50%)");
     }
   }
   function addSpan(lane, s) {
@@ -321,8 +325,8 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
     const ok = fd === null || n <= fd;
     same.textContent = ok ? words.same.replace("{n}", n) : words.differ.replace("{k}", fd + 1);
     same.className = ok ? "same" : "same diff";
-    clock.textContent = "shared clock " + (t / 1000).toFixed(2) + " s of " + (dur / 1000).toFixed(2) + " s · played at "
-      + D.pace;
+    clock.textContent = "shared clock " + (t / 1000).toFixed(2) + " s of " + (dur / 1000).toFixed(2) + " s · "
+      + "measured one after the other, played at " + D.pace;
     document.body.dataset.frames = frames;
     if (t >= dur) {
       done = true;

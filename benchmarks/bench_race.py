@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.decoders import DRAFT_KINDS, draft_spec, make_decoder  # noqa: E402
+from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder  # noqa: E402
 from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.compute import cpu_model  # noqa: E402
 from engine.decoding.models import load_model  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
         for rep in range(args.repeat):
             marks = []
             t = time.perf_counter()
-            race = run_race(make(False), make(True), DRAFT_KINDS[kind].split(" (")[0] + f", γ = {gamma}",
+            race = run_race(make(False), make(True), DRAFT_SHORT[kind] + f", γ = {gamma}",
                             settings=settings, machine=machine, greedy=temp == 0,
                             on_progress=lambda d, n, what: marks.append((what, time.perf_counter())))
             total = time.perf_counter() - t

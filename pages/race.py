@@ -6,6 +6,7 @@ records every token's and pass's time; ``app.race_view`` turns the record into a
 browser (no rerun per token). Decoders are built as the Live page builds them (``app.decoders``).
 """
 
+import html
 import itertools
 import os
 from pathlib import Path
@@ -14,9 +15,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.charts import show_chart
-from app.decoders import DRAFT_KINDS, draft_spec, make_decoder, target_layers
+from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder, target_layers
 from app.join import join_address, qr_png
-from app.live_view import default_draft_kind, default_preset, escape_markdown
+from app.live_view import default_draft_kind, default_preset
 from app.race_view import SPEEDS, honesty_line, player_height, player_html, room_line
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
@@ -39,6 +40,10 @@ S = st.session_state
 present = presenting()
 
 st.title("🏁 The race: plain vs speculative")
+# A fixed style rule: hide Streamlit's running indicator on this page, as the Live page does: it redraws several times
+# a second while a script runs, and the browser drawing it shares the server's cores with the lanes being timed (the
+# page's own progress bar says the race is running, and its Stop button ends it).
+st.html("<style>[data-testid='stStatusWidget'] { display: none; }</style>")
 intro("The same prompt decoded twice on the embedded model: **plain decoding** (one target pass per token) and "
       "**speculative decoding** (a draft guesses γ tokens, the target checks them in one pass and keeps the agreed "
       "prefix plus one token of its own). Press **Race**: both run on this server, then play back side by side at "
@@ -132,7 +137,7 @@ def _draw(race, recorded: bool) -> None:
     nonce = S.get("rc_nonce", 0)
     with player.container():
         # our own document; model text rides in it only as escaped JSON, put in with textContent (app/race_view.py)
-        st.iframe(player_html(race, S["rc_speed"], present=present, nonce=nonce), height=player_height(present))
+        st.iframe(player_html(race, S["rc_speed"], present=present, nonce=nonce), height="content")
     with notes.container():
         st.caption(honesty_line(race, S["rc_speed"], recorded=recorded))
         if recorded and not S.get("rc_race"):
@@ -247,7 +252,8 @@ if race_clicked and target is not None:
     S["rc_running"] = True  # left set when a click interrupts the race (the next run says so)
     machine = (f"{target.compute.cpu} ({os.cpu_count()} cores, {target.compute.threads} threads)"
                if target.compute is not None else "this server's CPU")
-    label = DRAFT_KINDS[S["rc_draft"]].split(" (")[0] + f", γ = {S['rc_gamma']}"
+    label = DRAFT_SHORT[S["rc_draft"]] + (f" ({S['rc_k']} layers)" if S["rc_draft"] == "early-exit" else "") + (
+        f", tree of {S['rc_tree']}" if S["rc_tree"] else "") + f", γ = {S['rc_gamma']}"
     try:
         race = run_race(_make(False), _make(True), label, settings=_settings(), machine=machine,
                         greedy=float(S["rc_temp"]) == 0, on_progress=_progress, busy=room.readers)
@@ -276,7 +282,9 @@ if join_clicked:
         except InputError as e:
             st.error(str(e))
             return
-        st.markdown(f"# {escape_markdown(addr.url)}")
+        # escaped, as HTML text (Markdown escaping would put invisible characters into an address people type)
+        st.html(f'<div style="font-size:2.4rem;font-weight:700;line-height:1.2;overflow-wrap:anywhere">'
+                f'{html.escape(addr.url)}</div>')
         st.image(qr_png(addr.url, scale=12), width=360)
         if addr.local_only:
             st.warning("This address opens only on this machine: open the app by its network address, or set "
