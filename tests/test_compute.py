@@ -161,11 +161,18 @@ def test_label_is_short_and_names_the_path():
     assert c.label() == "oneDNN (measured: 1.82× faster than default)"
     assert ComputePath("default", "forced by override", "x", 1).label().startswith("PyTorch default")
     assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496).label().endswith(
-        "(forced by override; exact fp16/int8 copies of some weights: +32 MB)")
+        "(forced by override; exact compact copies of weights: +32 MB)")
     assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496,
                        packable_bytes=538_060_032).label().endswith(
-        "(forced by override; exact fp16/int8 copies of some weights: +32 MB; packed copies for products of ≥ 17 rows, "
+        "(forced by override; exact compact copies of weights: +32 MB; packed copies for products of ≥ 17 rows, "
         "made on first use: up to +538 MB)")
+    formats = {"count": {"q41": 120, "q8": 1, "fp32": 0}, "read_bytes": 104_000_000, "fp32_bytes": 538_000_000}
+    assert ComputePath("stream", "forced by override", "x", 1, formats=formats).label() == (
+        "streaming kernel (≤ 16 rows) + oneDNN (forced by override; weights read as GGUF Q4_1 blocks (120 matrices) "
+        "and Q8_0 blocks (1 matrix), exactly: 104 MB a token instead of 538 as fp32)")
+    assert ComputePath("stream", "x", "x", 1, formats={"count": {"fp32": 3}, "read_bytes": 4_000_000,
+                                                       "fp32_bytes": 4_000_000}).formats_label() == (
+        "weights read as fp32: 4 MB a token")
 
 
 @needs_reorder
@@ -374,6 +381,68 @@ def test_q8_check_in_pieces_is_the_whole_check():
     zero = torch.zeros(3, 32)  # an all-zero block: scale 0, values 0
     got = compute._exact_q8(zero, rows=2)
     assert got is not None and not got[0].any() and not got[1].any()
+
+
+def _q41_exact(n, k, gen):
+    """A weight dequantized from GGUF Q4_1 blocks as gguf does it (fp16 d and m, codes 0-15, ``d * q + m`` in
+    fp32), each block holding code 0 (its minimum) and 15 (its maximum) as a Q4_1 quantizer's blocks do; and
+    (codes, d, m)."""
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
+    q[..., 3], q[..., 7] = 0, 15
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-4).half().float()
+    m = (torch.randn(n, k // 32, generator=gen) * 0.1).half().float()
+    return (q * d[..., None] + m[..., None]).view(n, k), q.view(n, k), d, m
+
+
+def _unpack_q41(codes, k):
+    """Codes [n, k / 2] packed as the kernel reads them → [n, k] values 0-15 in order."""
+    g = codes.view(codes.shape[0], k // 32, 16)
+    return torch.stack([g & 0x0F, g >> 4], 2).view(codes.shape[0], k).float()
+
+
+@needs_compact
+def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
+    """The Q4_1 entry computes exactly what the fp32 kernel computes on the weights it holds (torch.equal, 0-24
+    rows, with and without bias): it rebuilds each fp32 weight d · q + m in registers and adds in the same order."""
+    op = compute._STREAM["op"]
+    q41 = compute._STREAM["compact"]["q41"]
+    gen = torch.Generator().manual_seed(41)
+    for n, k in ((5, 32), (301, 576), (64, 1536)):
+        w, q, d, m = _q41_exact(n, k, gen)
+        got = compute._exact_q41(w)
+        assert got is not None
+        codes, scales, mins = got
+        assert torch.equal(_unpack_q41(codes, k) * scales.repeat_interleave(32, 1) + mins.repeat_interleave(32, 1), w)
+        b = torch.randn(n, generator=gen)
+        for rows in range(25):
+            x = torch.randn(rows, k, generator=gen)
+            for bias in (None, b):
+                assert torch.equal(q41(x, codes, scales, mins, bias), op(x, w, bias)), (n, k, rows)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        q41(torch.ones(1, 48), torch.zeros(3, 24, dtype=torch.uint8), torch.ones(3, 1), torch.ones(3, 1), None)
+
+
+@needs_compact
+def test_q41_check_finds_the_blocks_and_rejects_any_value_off_them():
+    gen = torch.Generator().manual_seed(4)
+    w, q, d, m = _q41_exact(9, 64, gen)
+    codes, scales, mins = compute._exact_q41(w)
+    assert torch.equal(mins, m) and torch.equal(_unpack_q41(codes, 64), q)
+    for r in (0, 8):  # one ulp off the grid in the first row and in the last
+        off = w.clone()
+        off[r, 40] = torch.nextafter(off[r, 40], torch.tensor(float("inf")))
+        assert compute._exact_q41(off) is None
+    for bad in (float("nan"), float("inf")):
+        off = w.clone()
+        off[4, 3] = bad
+        assert compute._exact_q41(off) is None
+    assert compute._exact_q41(torch.randn(4, 32, generator=gen)) is None
+    const = torch.full((2, 32), 0.25)  # a constant block: d 0, every code 0
+    got = compute._exact_q41(const)
+    assert got is not None and not got[0].any() and torch.equal(got[2], torch.full((2, 1), 0.25))
+    assert compute.compact_weight(w) == "q41"
+    form = w.__dict__[compute.COMPACT_ATTR]
+    assert form.nbytes == 9 * 64 // 2 + 2 * 9 * 2 * 4  # 0.75 bytes a value
 
 
 def test_compact_form_is_found_only_where_exact_and_dropped_when_the_weight_changes(monkeypatch):
@@ -694,3 +763,18 @@ def test_weights_mapped_from_the_checkpoint_are_copied_into_own_memory(tmp_path)
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-4)
     assert compute._own_memory(model) == 0  # nothing left to copy
     apply_path(model, "default")
+
+
+@needs_compact
+@pytest.mark.slow
+def test_the_embedded_models_layers_are_read_as_their_gguf_blocks(embedded):
+    """On the stream path every layer matrix of the embedded model (Q4_1 in its GGUF) takes the exact Q4_1 form and
+    its LM head (Q8_0) the int8 one: the fp32 values, about a fifth of the bytes (weight_formats)."""
+    t = embedded
+    if t.compute.path != "stream":  # the formats are the stream path's; another path makes no claim about them
+        pytest.skip(f"this machine chose {t.compute.path} for the embedded model: {t.compute.reason}")
+    f = compute.weight_formats(t.model)
+    layers = t.config.num_hidden_layers
+    assert f["count"].get("q41") == 4 * layers and f["count"].get("q8") == 1, f  # qkv, o, gate+up, down
+    assert f["read_bytes"] < 0.25 * f["fp32_bytes"]
+    assert "GGUF Q4_1 blocks" in t.compute.label()

@@ -121,6 +121,8 @@ class ComputePath:
         rows_ms: {"stream"/"onednn": {tokens in the pass: best ms}} behind ``stream_rows``; empty when not measured.
         packable_bytes: on "onednn" and "stream", the memory oneDNN's packed copies take once products of every weight
             with ≥ ``PACK_MIN_ROWS`` rows have run (``_packed``; set by ``use_path``); 0 otherwise.
+        formats: on "stream", the weight formats a decode step reads (``weight_formats``: matrices per form, bytes
+            read, bytes as fp32; set by ``use_path``); empty otherwise.
     """
 
     path: str
@@ -132,6 +134,22 @@ class ComputePath:
     stream_rows: int = STREAM_MAX_ROWS
     rows_ms: dict = field(default_factory=dict)
     packable_bytes: int = 0
+    formats: dict = field(default_factory=dict)
+
+    def formats_label(self) -> str:
+        """How the streaming kernel reads the weights of a decode step, e.g. "weights read as GGUF Q4_1 blocks
+        (120 matrices) and Q8_0 blocks (1 matrix), exactly: 104 MB a token instead of 538 as fp32" ("" when not
+        known: off "stream", or a choice not yet applied)."""
+        f = self.formats
+        if not f or not f.get("read_bytes"):
+            return ""
+        names = {"q41": "GGUF Q4_1 blocks", "q8": "Q8_0 blocks", "f16": "fp16"}
+        parts = [f"{names[k]} ({f['count'][k]} matri{'ces' if f['count'][k] != 1 else 'x'})"
+                 for k in ("q41", "q8", "f16") if f["count"].get(k)]
+        if not parts:
+            return f"weights read as fp32: {f['read_bytes'] / 1e6:.0f} MB a token"
+        return (f"weights read as {' and '.join(parts)}, exactly: {f['read_bytes'] / 1e6:.0f} MB a token instead of "
+                f"{f['fp32_bytes'] / 1e6:.0f} as fp32")
 
     @property
     def name(self) -> str:
@@ -142,7 +160,8 @@ class ComputePath:
     def label(self) -> str:
         """Short label for pages and result headers, e.g. ``"oneDNN (measured: 1.82× faster than default)"``:
         the name and the reason without its timing details."""
-        extra = f"; exact fp16/int8 copies of some weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
+        extra = f"; {self.formats_label()}" if self.formats_label() else ""
+        extra += f"; exact compact copies of weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
         if self.packable_bytes:
             extra += (f"; packed copies for products of ≥ {PACK_MIN_ROWS} rows, made on first use: up to "
                       f"+{self.packable_bytes / 1e6:.0f} MB")
@@ -275,6 +294,9 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
             _STREAM["attention"] = getattr(mod, "invariant_attention", None)
             if getattr(mod, "compact_supported", lambda: False)():
                 _STREAM["compact"] = {"f16": mod.small_linear_f16, "q8": mod.small_linear_q8}
+                if hasattr(mod, "small_linear_q41"):
+                    _STREAM["compact"]["q41"] = mod.small_linear_q41
+                    _STREAM["q41_pack"] = mod.q41_pack
         except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _STREAM["problem"] = f"the streaming kernel could not be built here ({first[:200]})"
@@ -328,8 +350,10 @@ class CompactWeight:
     """A weight's exact compact storage for the streaming kernel (``compact_weight``).
 
     Attributes:
-        kind: "f16" (the weight's values as fp16) or "q8" (int8 values and one fp32 scale per ``Q8_BLOCK``).
-        tensors: ("f16": [N, K] fp16) or ("q8": [N, K] int8, [N, K / 32] fp32 scales).
+        kind: "f16" (the weight's values as fp16), "q8" (int8 values and one fp32 scale per ``Q8_BLOCK``) or
+            "q41" (4-bit codes, one fp32 scale and one fp32 minimum per ``Q41_BLOCK``: GGUF's Q4_1).
+        tensors: ("f16": [N, K] fp16), ("q8": [N, K] int8, [N, K / 32] fp32 scales) or ("q41": [N, K / 2] uint8
+            codes, [N, K / 32] fp32 scales, [N, K / 32] fp32 minimums).
         op: the kernel entry reading this form.
         ptr, version: the fp32 weight's ``data_ptr`` and version counter when the form was made; a weight changed
             since (an in-place update, new data) no longer matches and is read as fp32 again.
@@ -352,7 +376,9 @@ def compact_weight(weight: torch.Tensor) -> str | None:
     instead of its fp32 values, when one exists: "f16" when every value is an fp16 number (a draft head saved in
     fp16 and cast to fp32 at load: half the bytes), else "q8" when every block of 32 values along K is an int8
     vector times one scale (d = the block's largest magnitude ÷ 127; the GGUF format Q8_0, as the embedded model's
-    token embedding, which is also its LM head: 1.125 bytes a value instead of 4). The form is checked value by
+    token embedding, which is also its LM head: 1.125 bytes a value instead of 4), else "q41" when every block of 32
+    is d · q + m with 4-bit codes (the GGUF format Q4_1, as the embedded model's layers: 0.75 bytes a value;
+    ``_exact_q41``). The form is checked value by
     value (each value, its sign bit included, must come back exactly), so the kernel's products are bit for bit
     those on the fp32 weight: the compact form changes the bytes read, never a result. Why: decoding is memory-
     bound, and on an Intel Xeon (Sapphire Rapids) a draft-head call read its 31 MB of fp32 layers at ~10 GB/s.
@@ -362,7 +388,7 @@ def compact_weight(weight: torch.Tensor) -> str | None:
     counter, so they are left as they are.
 
     Returns:
-        "f16", "q8", or None (no exact compact form, not fp32/2-D/contiguous/CPU, an inference tensor, an input
+        "f16", "q8", "q41", or None (no exact compact form, not fp32/2-D/contiguous/CPU, an inference tensor, an input
         size K that is not a multiple of 16 (the kernel reads compact forms in whole vectors: small_linear.cpp), or
         a kernel build without compact entries: ``_STREAM["compact"]``).
     """
@@ -372,15 +398,19 @@ def compact_weight(weight: torch.Tensor) -> str | None:
         return None
     with torch.no_grad():
         w = weight.detach()
-        if not (_exact_f16(w[:1]) or _exact_q8(w[:1]) is not None):  # the first row decides most weights cheaply
+        kinds = [kind for kind, exact in (("f16", _exact_f16), ("q8", _exact_q8), ("q41", _exact_q41))
+                 if kind in ops and exact(w[:1]) not in (False, None)]  # the first row rules most forms out cheaply
+        form = None
+        for kind in kinds:
+            if kind == "f16":
+                got = (w.to(torch.float16),) if _exact_f16(w) else None
+            else:
+                got = (_exact_q8 if kind == "q8" else _exact_q41)(w)
+            if got is not None:
+                form = CompactWeight(kind, got, ops[kind], weight.data_ptr(), weight._version)
+                break
+        if form is None:
             return None
-        if _exact_f16(w):
-            form = CompactWeight("f16", (w.to(torch.float16),), ops["f16"], weight.data_ptr(), weight._version)
-        else:
-            q8 = _exact_q8(w)
-            if q8 is None:
-                return None
-            form = CompactWeight("q8", q8, ops["q8"], weight.data_ptr(), weight._version)
     weight.__dict__[COMPACT_ATTR] = form
     return form.kind
 
@@ -414,6 +444,26 @@ def _exact_q8(w: torch.Tensor, rows: int = 1024):
         values[i:i + rows] = q.view(-1, k)
         scales[i:i + rows] = scale
     return values, scales
+
+
+Q41_BLOCK = 32
+"""Values per scale and minimum in the "q41" compact form (the GGUF format Q4_1's block)."""
+
+
+def _exact_q41(w: torch.Tensor):
+    """(codes [n, k / 2] uint8, scales [n, k / 32], mins [n, k / 32] fp32) when every block of 32 values along k is
+    exactly d · q + m with codes q in [0, 15] (the GGUF format Q4_1's dequantization, as the embedded model's layers
+    were dequantized: gguf's ``d * q + m`` in fp32), else None. The kernel's ``q41_pack`` finds each block's m (its
+    smallest value, code 0) and d (fp16(span ÷ 15) or fp16(span ÷ 14), or an fp16 neighbour of them: what a Q4_1
+    quantizer stores) and requires every value back with the same bits (non-finite values never are). Codes are
+    packed as the kernel reads them (``small_linear.cpp``, ``Q41``): byte i of each block of 32 holds value i (low
+    nibble) and value i + 16 (high nibble). In C++ because the check runs on every load of the embedded model (its
+    120 layer weights in ~0.1 s on 2 cores, where the same search in torch ops took 1.6 s)."""
+    pack = _STREAM.get("q41_pack")
+    if pack is None or w.dim() != 2 or w.shape[1] % Q41_BLOCK:
+        return None
+    got = pack(w.contiguous())
+    return tuple(got) if got else None
 
 
 def _compact_fresh(weight: torch.Tensor) -> bool:
@@ -1266,10 +1316,33 @@ def use_path(modules, choice: ComputePath) -> ComputePath:
         extra = compact_bytes(modules)
         if extra != choice.extra_bytes:
             choice = replace(choice, extra_bytes=extra)
+        formats = weight_formats(modules)
+        if formats != choice.formats:
+            choice = replace(choice, formats=formats)
     packable = _packable_bytes(modules) if choice.path != "default" and _REORDER_OP is not None else 0
     if packable != choice.packable_bytes:
         choice = replace(choice, packable_bytes=packable)
     return choice
+
+
+def weight_formats(modules) -> dict:
+    """What a decode step on the streaming kernel reads for the linear layers inside ``modules``: {"count": {form:
+    matrices}, "read_bytes": bytes read (each compact form's bytes, else 4 a parameter), "fp32_bytes": the same
+    matrices as fp32}; a fused group's stacked weight counts once (its members' rows)."""
+    count: dict[str, int] = {}
+    read = fp32 = 0
+    for m in _linears(modules):
+        if type(m) is FusedFollowerLinear:
+            continue
+        w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
+        if w is None:
+            continue
+        c = w.__dict__.get(COMPACT_ATTR) if _compact_fresh(w) else None
+        kind = c.kind if c is not None else "fp32"
+        count[kind] = count.get(kind, 0) + 1
+        fp32 += w.numel() * 4
+        read += c.nbytes if c is not None else w.numel() * 4
+    return {"count": count, "read_bytes": read, "fp32_bytes": fp32}
 
 
 def _packable_bytes(modules) -> int:

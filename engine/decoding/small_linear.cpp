@@ -22,6 +22,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <vector>
+#include <atomic>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -80,6 +84,7 @@ constexpr int kInputBlock = 4;
 // in whole vectors only (K % 16 == 0): the scalar tail for K % 16 values is compiled differently per loader (GCC
 // fused the products into the sum for one and not the other: measured, K = 40 gave other last bits).
 struct F32 {
+  static constexpr bool kPair = false;  // read 16 values at a time (Q41 reads a block of 32)
   const float* W;
   int64_t K;
   inline v16 load(int64_t n, int64_t k) const {
@@ -93,6 +98,7 @@ struct F32 {
 
 #if defined(__AVX512F__)
 struct F16 {
+  static constexpr bool kPair = false;
   const uint16_t* W;
   int64_t K;
   inline v16 load(int64_t n, int64_t k) const {
@@ -104,6 +110,7 @@ struct F16 {
 };
 
 struct Q8 {
+  static constexpr bool kPair = false;
   const int8_t* W;
   const float* S;
   int64_t K;
@@ -114,6 +121,44 @@ struct Q8 {
   }
   inline float at(int64_t n, int64_t k) const { return float(W[n * K + k]) * S[n * (K / 32) + k / 32]; }
   inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
+};
+
+//   Q41: 4-bit codes q in [0, 15], one fp32 scale d and one fp32 minimum m per 32 values, the weight being
+//        d · q + m exactly (the GGUF format Q4_1, the embedded model's layers; d · q is exact in fp32, so the one
+//        rounding of the sum, fused or not, gives the same float): 0.75 bytes a value instead of 4. Codes packed
+//        two a byte, 16 bytes per block of 32: byte i holds value i (low nibble) and value i + 16 (high nibble).
+//        Read a block at a time (kPair: both 16-lane vectors from one 16-byte load): the block's 16 possible
+//        weights d · q + m are one register (a lookup table), and each vector is a permute of it by the codes, so
+//        decoding costs a widening load, a mask, a shift and two permutes per 32 weights.
+struct Q41 {
+  static constexpr bool kPair = true;
+  const uint8_t* W;
+  const float* S;
+  const float* Mn;
+  int64_t K;
+  inline void load2(int64_t n, int64_t k, v16& a, v16& b) const {
+    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W + (n * K + k) / 2)));
+    const __m512i lo = _mm512_and_si512(z, _mm512_set1_epi32(0x0F));
+    const __m512i hi = _mm512_srli_epi32(z, 4);
+    const int64_t blk = n * (K / 32) + k / 32;
+    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(S[blk]), _mm512_set1_ps(Mn[blk]));  // d · q exact
+    __m512 va = _mm512_permutexvar_ps(lo, lut), vb = _mm512_permutexvar_ps(hi, lut);
+    a = reinterpret_cast<v16&>(va);
+    b = reinterpret_cast<v16&>(vb);
+  }
+  inline v16 load(int64_t n, int64_t k) const {  // one half of a block (k % 16 == 0)
+    v16 a, b;
+    load2(n, k / 32 * 32, a, b);
+    return (k % 32) ? b : a;
+  }
+  inline float at(int64_t n, int64_t k) const {
+    const uint8_t byte = W[(n * K + k / 32 * 32) / 2 + (k % 16)];
+    const int code = (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
+    const int64_t blk = n * (K / 32) + k / 32;
+    return std::fma(float(code), S[blk], Mn[blk]);
+  }
+  inline const void* line(int64_t n, int64_t k) const { return W + (n * K + k) / 2; }
 };
 #endif
 
@@ -126,6 +171,20 @@ static inline void block(const float* X, const L& W, const float* B, float* Y, i
   v16 acc[MM][RR];
   for (int i = 0; i < MM; ++i)
     for (int r = 0; r < RR; ++r) acc[i][r] = (v16){0};
+  if constexpr (L::kPair) {  // two vectors per weight row from one read of a block (K % 32 == 0): the same order
+    for (int64_t k = 0; k < K16; k += 32) {
+      v16 wa[RR], wb[RR];
+      for (int r = 0; r < RR; ++r) W.load2(n0 + r, k, wa[r], wb[r]);
+      for (int r = 0; r < RR; ++r) __builtin_prefetch(W.line(n0 + r + kPrefetchBlocks * RR, k), 0, kPrefetchLocality);
+      for (int i = 0; i < MM; ++i) {
+        v16 xa, xb;
+        __builtin_memcpy(&xa, X + (m0 + i) * K + k, sizeof(v16));
+        __builtin_memcpy(&xb, X + (m0 + i) * K + k + 16, sizeof(v16));
+        for (int r = 0; r < RR; ++r) acc[i][r] += xa * wa[r];
+        for (int r = 0; r < RR; ++r) acc[i][r] += xb * wb[r];
+      }
+    }
+  } else
   for (int64_t k = 0; k < K16; k += 16) {
     v16 wv[RR];
     for (int r = 0; r < RR; ++r) wv[r] = W.load(n0 + r, k);
@@ -302,10 +361,113 @@ torch::Tensor small_linear_q8(torch::Tensor x, torch::Tensor q, torch::Tensor sc
 torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cols,
                                   torch::Tensor n_cols, torch::Tensor n_fed, double scale);
 
+// x: [M, K] fp32; codes: [N, K / 2] uint8 contiguous (Q41's packing); scales, mins: [N, K / 32] fp32 contiguous
+// (weight = scale · code + min exactly); K % 32 == 0. Returns [M, N], the bits small_linear gives for the fp32
+// weights.
+torch::Tensor small_linear_q41(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
+                               c10::optional<torch::Tensor> b) {
+#if defined(__AVX512F__)
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kByte && codes.device().is_cpu() &&
+                  codes.is_contiguous(),
+              "small_linear_q41: codes [N, K / 2] contiguous uint8 on the CPU expected");
+  const int64_t N = codes.size(0), K = codes.size(1) * 2;
+  TORCH_CHECK(K % 32 == 0, "small_linear_q41: K must be a multiple of 32");
+  for (const auto* t : {&scales, &mins})
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == N && t->size(1) == K / 32 && t->scalar_type() == torch::kFloat &&
+                    t->is_contiguous(),
+                "small_linear_q41: scales and mins [N, K / 32] contiguous fp32 expected");
+  torch::Tensor bias;
+  const float* B = inputs(x, N, K, b, bias);
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  run(x.data_ptr<float>(), Q41{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), mins.data_ptr<float>(), K}, B,
+      y.data_ptr<float>(), K, M, N);
+  return y;
+#else
+  TORCH_CHECK(false, "small_linear_q41: this build has no AVX-512");
+#endif
+}
+
+// The Q41 form of w [N, K] fp32 (K % 32 == 0) when every block of 32 values along K is exactly d · q + m with codes
+// q in [0, 15] (GGUF's Q4_1 dequantized as gguf does it: d · q + m in fp32, d an fp16 value): (codes [N, K / 2] uint8
+// packed as Q41 reads them, scales and mins [N, K / 32] fp32); an empty list where any block is not. m is the block's
+// smallest value (its code is 0); d is tried among fp16(span / 15), fp16(span / 14) and their two fp16 neighbours
+// each way (a quantizer's largest value has code 15, or 14 where it rounded down), and every value must come back
+// with the same bits. Non-finite values are never exact.
+std::vector<torch::Tensor> q41_pack(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat && w.device().is_cpu() && w.is_contiguous(),
+              "q41_pack: w [N, K] contiguous fp32 on the CPU expected");
+  const int64_t N = w.size(0), K = w.size(1);
+  if (K % 32) return {};
+  auto codes = torch::empty({N, K / 2}, torch::kByte);
+  auto scales = torch::empty({N, K / 32}, torch::kFloat);
+  auto mins = torch::empty({N, K / 32}, torch::kFloat);
+  const float* W = w.data_ptr<float>();
+  uint8_t* C = codes.data_ptr<uint8_t>();
+  float* S = scales.data_ptr<float>();
+  float* Mn = mins.data_ptr<float>();
+  std::atomic<bool> exact{true};
+  at::parallel_for(0, N * (K / 32), 256, [&](int64_t first, int64_t last) {
+    uint8_t q[32];
+    for (int64_t blk = first; blk < last && exact.load(std::memory_order_relaxed); ++blk) {
+      const float* v = W + blk * 32;
+      float lo = v[0], hi = v[0];
+      bool finite = true;
+      for (int i = 0; i < 32; ++i) {
+        finite = finite && std::isfinite(v[i]);
+        lo = v[i] < lo ? v[i] : lo;
+        hi = v[i] > hi ? v[i] : hi;
+      }
+      bool ok = false;
+      float found = 0.0f;
+      if (finite && hi == lo) {  // a constant block: every code 0, d 0 (checked below like any other)
+        ok = true;
+        for (int i = 0; i < 32; ++i) {
+          q[i] = 0;
+          const float back = 0.0f * 0.0f + lo;
+          ok = ok && std::memcmp(&back, v + i, sizeof(float)) == 0;
+        }
+      }
+      for (int c = 0; finite && !ok && c < 10; ++c) {
+        const int16_t base = c10::Half((hi - lo) / (c < 5 ? 15.0f : 14.0f)).x;
+        static constexpr int kSteps[5] = {0, 1, -1, 2, -2};
+        const int step = base + kSteps[c % 5];
+        if (step < 0 || step > 0x7BFF) continue;  // negative or not finite as fp16
+        c10::Half h;
+        h.x = static_cast<uint16_t>(step);
+        const float d = static_cast<float>(h);
+        if (d == 0.0f) continue;
+        ok = true;
+        for (int i = 0; i < 32 && ok; ++i) {
+          float code = std::nearbyint((v[i] - lo) / d);
+          code = code < 0.0f ? 0.0f : (code > 15.0f ? 15.0f : code);
+          q[i] = static_cast<uint8_t>(code);
+          const float back = d * code + lo;  // d · code is exact: fused or not, one rounding
+          ok = std::memcmp(&back, v + i, sizeof(float)) == 0;
+        }
+        found = d;
+      }
+      if (!ok) {
+        exact.store(false, std::memory_order_relaxed);
+        break;
+      }
+      S[blk] = found;
+      Mn[blk] = lo;
+      for (int i = 0; i < 16; ++i) C[blk * 16 + i] = static_cast<uint8_t>(q[i] | (q[i + 16] << 4));
+    }
+  });
+  if (!exact.load()) return {};
+  return {codes, scales, mins};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (fp32, CPU)");
   m.def("small_linear_f16", &small_linear_f16, "small_linear for weights stored exactly as fp16");
   m.def("small_linear_q8", &small_linear_q8, "small_linear for weights stored exactly as int8 x fp32 scale per 32");
+  m.def("small_linear_q41", &small_linear_q41,
+        "small_linear for weights stored exactly as 4-bit codes x fp32 scale + fp32 min per 32 (GGUF Q4_1)");
+  m.def("q41_pack", &q41_pack, "the exact Q4_1 form of an fp32 weight (codes, scales, mins), or [] where none");
   m.def("invariant_attention", &invariant_attention,
         "causal decode attention whose every row is computed in a fixed order from its own keys (batch-invariant)");
   m.def("compact_supported", &compact_supported, "whether the compact-weight entries work in this build");

@@ -36,11 +36,12 @@ def test_live_step_round(page, app_url):
     assert "Measured α̂" in body and "Tokens per target pass" in body
     assert "accepted draft token" in body and "target correction" in body  # the legend
     wait_url(page, "lv_draft=ngram", "lv_gamma=4")        # settings in the URL
-    # the sidebar names the compute path; on the stream path with AVX-512 the exact fp16/int8 copies and their MB
+    # the sidebar names the compute path; on the stream path with AVX-512 the weights' formats (the embedded
+    # model's GGUF blocks, read exactly) and the bytes a token reads
     path = re.search(r"the compute path\): ([^(]+)", body)
     assert path, "the compute path is not shown beside the model"
     if path.group(1).startswith("streaming kernel") and "avx512f" in open("/proc/cpuinfo").read():
-        assert re.search(r"exact fp16/int8 copies of some weights: \+\d+ MB", body)
+        assert re.search(r"weights read as GGUF Q4_1 blocks \(\d+ matrices\).*exactly: \d+ MB a token", body)
     assert not page.locator('[data-testid="stException"]').count()
     assert screenshot(page, "live").stat().st_size > 20_000
 
