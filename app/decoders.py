@@ -27,7 +27,7 @@ DRAFT_KINDS = {
 }
 """Every draft kind a page offers, with its label."""
 
-DRAFT_SHORT = {"head": "draft head (EAGLE-style)", "medusa": "Medusa heads", "block": "block drafter (DFlash-style)",
+DRAFT_SHORT = {"head": "EAGLE-style head", "medusa": "Medusa heads", "block": "DFlash-style block drafter",
                "draft": "small draft model", "ngram": "prompt lookup", "early-exit": "early exit",
                "model": "draft model"}
 """A short name of each draft kind (a lane's title)."""

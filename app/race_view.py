@@ -46,8 +46,9 @@ def round_hover(lane: Lane, rnd: LaneRound) -> str:
             what += "; no draft this round"
         return what
     steps = {0: "a lookup, no model call", 1: "1 draft call"}.get(rnd.draft_steps, f"{rnd.draft_steps} draft calls")
+    fused = f", which also prefilled the prompt's {rnd.prefill_tokens} tokens" if rnd.prefill_tokens else ""
     lines = [f"{head}: drafted {len(rnd.draft)} ({steps}, {_ms(draft_ms)}), verified in one target pass "
-             f"({_ms(pass_ms)}), kept {rnd.n_accepted} + 1"]
+             f"({_ms(pass_ms)}{fused}), kept {rnd.n_accepted} + 1"]
     for i, m in enumerate(rnd.draft):
         lines.append(f"  {i + 1}. {visible(m.text)!r} {VERDICT_MARK.get(m.verdict, '?')} {m.verdict}"
                      f"  (p {m.p:.3f}, q {m.q:.3f})")
@@ -66,28 +67,25 @@ def lane_title(lane: Lane) -> str:
 
 
 def verdict_line(race: Race) -> str:
-    """The race's final verdict (plain text): whether the texts are identical, the measured wall-clock ratio and the
-    tokens per pass of each lane."""
+    """The race's final verdict (plain text, one line on a projector): whether the texts are identical, the measured
+    wall-clock ratio and the tokens per target pass of each lane."""
     sp = race.speedup
     ratio = "—" if sp is None else f"{sp:.2f}×"
-    tpp = (f"{race.spec.tokens_per_pass:.2f} tokens per target pass against "
-           f"{race.plain.tokens_per_pass:.2f}") if race.spec.tokens_per_pass and race.plain.tokens_per_pass else ""
+    tpp = (f"{race.spec.tokens_per_pass:.2f} vs {race.plain.tokens_per_pass:.2f} tokens per target pass"
+           if race.spec.tokens_per_pass and race.plain.tokens_per_pass else "")
     if race.identical:
         head = f"TEXT IDENTICAL ({race.spec.new_tokens} tokens) · {ratio} wall-clock"
     elif race.greedy:
-        head = (f"TEXT DIFFERS at token {race.first_difference + 1} (greedy: a near tie rounded differently by a "
-                f"pass over several tokens) · {ratio} wall-clock")
+        head = f"TEXT DIFFERS from token {race.first_difference + 1} (a near tie, rounded differently) · {ratio} wall-clock"
     else:
-        head = (f"Sampled texts differ from token {race.first_difference + 1} (expected: the two runs draw different "
-                f"random numbers; both follow the target's distribution) · {ratio} wall-clock")
+        head = f"Sampled: texts differ from token {race.first_difference + 1} (each lane's own draws) · {ratio} wall-clock"
     return head + (f" · {tpp}" if tpp else "")
 
 
 def identical_words(race: Race) -> dict:
     """The live line's words: what the player says while the texts agree and once they differ."""
     same = "texts identical so far ({n} tokens)"
-    differ = ("texts differ from token {k} (sampling: different random draws)" if not race.greedy
-              else "TEXT DIVERGED at token {k}")
+    differ = "texts differ from token {k} (sampling)" if not race.greedy else "TEXT DIVERGED at token {k}"
     return {"same": same, "differ": differ}
 
 
@@ -148,12 +146,6 @@ def json_for_script(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def player_height(present: bool) -> int:
-    """The player's height in px (it fits a 1280×720 projector under the page's title and buttons in presenter
-    mode)."""
-    return 440 if present else 500
-
-
 def player_html(race: Race, speed: float = 1.0, present: bool = False, nonce: int = 0) -> str:
     """The player: a self-contained HTML document (fixed style and script; the race only as escaped JSON).
     ``nonce`` changes the document so a new race (or a Replay from the page) starts a fresh player."""
@@ -170,11 +162,13 @@ _PLAYER = """<!doctype html><html><head><meta charset="utf-8"><style>
 body { margin: 0; font-family: "Source Sans Pro", "Source Sans 3", system-ui, sans-serif; font-size: var(--font);
   color: #31333f; background: transparent; }
 .bar { display: flex; align-items: center; gap: 0.8em; margin-bottom: 6px; flex-wrap: wrap; }
+.clock { min-width: 7.5em; }
 button { font: inherit; padding: 3px 12px; border: 1px solid #d0d3da; border-radius: 6px; background: #fff;
   cursor: pointer; }
 button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .clock { font-variant-numeric: tabular-nums; color: #555; }
 .same { font-weight: 600; color: #1a7f37; }
+.note { margin-left: auto; color: #666; font-size: 0.8em; }
 .same.diff { color: #b42318; }
 .lane { border: 1px solid #e6e8ec; border-radius: 8px; padding: 5px 8px 4px; margin-bottom: 6px; }
 .head { display: flex; justify-content: space-between; gap: 1em; flex-wrap: nowrap; }
@@ -206,11 +200,12 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .legend { font-size: 0.8em; color: #555; display: flex; gap: 1em; flex-wrap: wrap; margin-top: 2px; }
 .legend b { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px;
   vertical-align: -1px; }
-.verdict { font-weight: 700; font-size: 1.05em; margin-top: 4px; min-height: 1.4em; }
+.verdict { font-weight: 700; margin-top: 4px; min-height: 1.4em; }
 </style></head><body data-state="loading" data-nonce="__NONCE__">
 <script type="application/json" id="race-data">__DATA__</script>
 <div class="bar"><button id="replay" type="button">↻ Replay</button>
-<span class="clock" id="clock"></span><span class="same" id="same"></span></div>
+<span class="clock" id="clock"></span><span class="same" id="same"></span>
+<span class="note" id="note"></span></div>
 <div id="lanes"></div>
 <div class="legend">
 <span><b style="background:#c9f0d3"></b>accepted draft token</span><span><b style="background:#ffd8a8"></b>target
@@ -244,7 +239,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
       const perRound = {};
       L.tokens.forEach((t) => { perRound[t[3]] = (perRound[t[3]] || 0) + 1; });
       const most = Math.max(1, ...Object.values(perRound));
-      return {L, stats, progIn, text, tl, rows, cursor, ti: 0, si: 0, open: null, passes: 0, most,
+      return {L, box, stats, progIn, text, tl, rows, cursor, ti: 0, si: 0, open: null, passes: 0, most,
               stack: {}, prefillSeen: 0};
     });
     const axis = el("div", "axis", lanesBox);
@@ -317,16 +312,15 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
       const passes = fin ? F.passes : lane.passes;
       const tpp = fin ? F.tokens_per_pass : (passes ? n / passes : null);
       lane.stats.textContent = (lt / 1000).toFixed(2) + " s · " + n + " tokens · " + fmt(tps, 1) + " tok/s · TTFT "
-        + (n ? fmt(L.ttft, 0) + " ms" : "—") + " · " + passes + " passes · " + fmt(tpp, 2) + " tokens/pass"
-        + (fin ? " · done" : "");
+        + (n ? fmt(L.ttft, 0) + " ms" : "—") + " · " + passes + " passes · " + fmt(tpp, 2) + " tokens/pass";
+      lane.box.classList.toggle("fin", fin);
       shown.push(n);
     });
     const n = Math.min(...shown);
     const ok = fd === null || n <= fd;
     same.textContent = ok ? words.same.replace("{n}", n) : words.differ.replace("{k}", fd + 1);
     same.className = ok ? "same" : "same diff";
-    clock.textContent = "shared clock " + (t / 1000).toFixed(2) + " s of " + (dur / 1000).toFixed(2) + " s · "
-      + "measured one after the other, played at " + D.pace;
+    clock.textContent = (t / 1000).toFixed(2) + " s of " + (dur / 1000).toFixed(2) + " s";
     document.body.dataset.frames = frames;
     if (t >= dur) {
       done = true;
@@ -344,6 +338,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
     build(); t0 = null; frames = 0; done = false; verdict.textContent = "";
     raf = requestAnimationFrame(draw);
   }
+  document.getElementById("note").textContent = "lanes measured one after the other · played at " + D.pace;
   document.getElementById("replay").addEventListener("click", start);
   start();
 })();

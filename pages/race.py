@@ -18,7 +18,7 @@ from app.charts import show_chart
 from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder, target_layers
 from app.join import join_address, qr_png
 from app.live_view import default_draft_kind, default_preset
-from app.race_view import SPEEDS, honesty_line, player_height, player_html, room_line
+from app.race_view import SPEEDS, honesty_line, player_html, room_line
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting

@@ -219,8 +219,11 @@ def test_every_token_and_pass_is_timestamped_and_monotone(tiny, kind):
     if kind is None:
         assert [m.origin for m in lane.tokens] == ["plain"] * 24
         assert lane.tokens_per_pass == pytest.approx(1.0)
+        assert lane.tokens_per_pass_counts() == {1: 24}  # the prefill's pass gives the first token
     else:
         assert {m.origin for m in lane.tokens} <= {"accepted", "correction", "bonus", "plain"}
+        # prompt lookup and early exit fuse the prefill into the first verify pass: no prefill span of its own
+        assert lane.rounds[0].prefill_tokens == len(PROMPT_IDS) and "prefill" not in {s.kind for s in lane.spans}
 
 
 def test_record_lane_refuses_a_used_decoder_and_stops(tiny):

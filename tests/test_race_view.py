@@ -81,12 +81,13 @@ def test_player_data_carries_the_engine_numbers():
 def test_verdicts():
     race = _race()
     assert verdict_line(race).startswith(f"TEXT IDENTICAL (4 tokens) · {race.speedup:.2f}× wall-clock")
-    assert "tokens per target pass" in verdict_line(race)
+    assert verdict_line(race).endswith(f"{race.spec.tokens_per_pass:.2f} vs {race.plain.tokens_per_pass:.2f} tokens "
+                                       "per target pass")
     greedy_diff = _race(spec_ids=[0, 1, 7, 3])
     assert greedy_diff.first_difference == 2
-    assert verdict_line(greedy_diff).startswith("TEXT DIFFERS at token 3")
+    assert verdict_line(greedy_diff).startswith("TEXT DIFFERS from token 3")
     sampled = _race(spec_ids=[0, 9, 7, 3], greedy=False)
-    assert verdict_line(sampled).startswith("Sampled texts differ from token 2")
+    assert verdict_line(sampled).startswith("Sampled: texts differ from token 2")
     assert player_data(sampled)["words"]["differ"].startswith("texts differ")
 
 
@@ -102,6 +103,8 @@ def test_what_the_page_says_about_the_race():
     hover = round_hover(race.spec, race.spec.rounds[0])
     assert "drafted 2 (2 draft calls" in hover and "accepted" in hover and "p 0.900, q 0.800" in hover
     assert "Round 1: one target pass" in round_hover(race.plain, race.plain.rounds[0])
+    race.spec.rounds[0].prefill_tokens = 12
+    assert "which also prefilled the prompt's 12 tokens" in round_hover(race.spec, race.spec.rounds[0])
 
 
 def test_join_address():

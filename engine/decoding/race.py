@@ -106,6 +106,8 @@ class LaneRound:
             "plain"); next_text is "" when an accepted end-of-sequence draft token ended the output.
         emitted: tokens the round added. others: other readers decoding on this server when the round began
             (``run_race``'s ``busy``; 0 when nobody was asked).
+        prefill_tokens: prompt tokens its target pass also processed (the prefill fused into the first verify pass,
+            as prompt lookup, a draft model and early exit do); 0 otherwise.
     """
 
     index: int
@@ -118,6 +120,7 @@ class LaneRound:
     next_kind: str
     emitted: int
     others: int = 0
+    prefill_tokens: int = 0
 
 
 @dataclass
@@ -271,7 +274,7 @@ def record_lane(decoder, kind: str, label: str, clock: Callable[[], float] = tim
         rounds.append(LaneRound(index=rnd.index, start_ms=start, end_ms=end, draft=draft,
                                 draft_steps=_draft_steps(decoder.proposer, rnd), n_accepted=rnd.n_accepted,
                                 next_text="" if rnd.ended_in_draft else rnd.next_text, next_kind=rnd.next_kind,
-                                emitted=len(rnd.emitted_ids), others=others))
+                                emitted=len(rnd.emitted_ids), others=others, prefill_tokens=rnd.prefill_tokens))
         for tok, origin in token_origins([rnd]):
             marks.append(TokenMark(end, tok, decoder.token_text(tok), origin, rnd.index))
     stats = decoder.stats()

@@ -47,6 +47,7 @@ def test_race_plays_back_and_ends_on_its_verdict(page, app_url):
     player = _player(page)
     verdict = player.locator("#verdict").inner_text()
     assert verdict.startswith("TEXT IDENTICAL (24 tokens)") and "wall-clock" in verdict, verdict
+    assert "measured one after the other" in player.locator("#note").inner_text()
     assert "texts identical so far (24 tokens)" in player.locator("#same").inner_text()
     body = player.locator("body")
     fps = float(body.get_attribute("data-fps") or 0)
@@ -58,7 +59,8 @@ def test_race_plays_back_and_ends_on_its_verdict(page, app_url):
     assert player.locator(".lane.plain .span.step, .lane.plain .span.prefill").count() == 24
     assert player.locator(".lane.spec .span.verify").count() >= 1
     stats = player.locator(".lane.spec .stats").inner_text()
-    assert "tok/s" in stats and "TTFT" in stats and "tokens/pass" in stats and "done" in stats
+    assert "tok/s" in stats and "TTFT" in stats and "tokens/pass" in stats
+    assert player.locator(".lane.fin").count() == 2  # both lanes ended
     # the page says how the lanes were measured; the settings are in the link
     text = page.inner_text("body")
     assert "one after the other" in text and "Measured on this server" in text
@@ -83,6 +85,8 @@ def test_presenter_race_fits_a_projector_and_the_join_card_a_phone(page, app_url
     frame = page.locator(PLAYER).first.bounding_box()
     assert frame["y"] >= 0 and frame["y"] + frame["height"] <= 720, frame  # the whole race on the first screen
     assert "TEXT IDENTICAL" in _player(page).locator("#verdict").inner_text()
+    page.mouse.move(1270, 715)  # no button's tooltip over the screenshot
+    page.wait_for_timeout(500)
     page.screenshot(path=str(screenshot(page, "race_presenter_1280x720")), full_page=False)
     # the join card: the app's address and its QR code, at a phone's size
     page.set_viewport_size({"width": 390, "height": 844})
