@@ -778,3 +778,18 @@ def test_the_embedded_models_layers_are_read_as_their_gguf_blocks(embedded):
     assert f["count"].get("q41") == 4 * layers and f["count"].get("q8") == 1, f  # qkv, o, gate+up, down
     assert f["read_bytes"] < 0.25 * f["fp32_bytes"]
     assert "GGUF Q4_1 blocks" in t.compute.label()
+
+
+def test_weights_read_as_fp32_on_request(monkeypatch):
+    """``SPEEDUP_LAB_WEIGHTS=fp32`` reads every weight as fp32 (no compact form), for measuring what bytes cost; the
+    measurements of this machine's passes are keyed by it; another value is a clear error."""
+    gen = torch.Generator().manual_seed(7)
+    exact16 = torch.randn(4, 32, generator=gen).half().float()
+    monkeypatch.setenv(compute.WEIGHT_FORMAT_ENV, "fp32")
+    assert compute.weight_format() == "fp32" and compute.compact_weight(exact16) is None
+    assert compute.measure_key().endswith("|weights=fp32")
+    monkeypatch.setenv(compute.WEIGHT_FORMAT_ENV, "q2")
+    with pytest.raises(InputError, match="SPEEDUP_LAB_WEIGHTS must be one of blocks, fp32"):
+        compute.weight_format()
+    monkeypatch.delenv(compute.WEIGHT_FORMAT_ENV)
+    assert compute.weight_format() == "blocks" and compute.measure_key().endswith("|weights=blocks")

@@ -249,7 +249,24 @@ def measure_key() -> str:
     (``kernel_name``) and the row count from which oneDNN products read packed weights (``PACK_MIN_ROWS``). The path
     choice, the verify-cost curve (``engine.decoding.pass_cost``) and the batch curve are keyed by it, so they are
     measured again when either changes."""
-    return f"{kernel_name()}|packed>={PACK_MIN_ROWS}"
+    return f"{kernel_name()}|packed>={PACK_MIN_ROWS}|weights={weight_format()}"
+
+
+WEIGHT_FORMAT_ENV = "SPEEDUP_LAB_WEIGHTS"
+WEIGHT_FORMATS = ("blocks", "fp32")
+
+
+def weight_format() -> str:
+    """How the streaming kernel reads weights, from ``SPEEDUP_LAB_WEIGHTS``: "blocks" (default: each weight's exact
+    compact form where it has one, ``compact_weight``: the embedded model's GGUF Q4_1 and Q8_0 blocks) or "fp32"
+    (every weight as fp32, 4 bytes a value: the same results, more bytes; for measuring what bytes cost).
+
+    Raises:
+        InputError: for another value."""
+    value = (os.environ.get(WEIGHT_FORMAT_ENV) or "blocks").strip().lower()
+    if value not in WEIGHT_FORMATS:
+        raise InputError(f"{WEIGHT_FORMAT_ENV} must be one of {', '.join(WEIGHT_FORMATS)}, got {value!r}.")
+    return value
 
 
 def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | None:
@@ -388,12 +405,12 @@ def compact_weight(weight: torch.Tensor) -> str | None:
     counter, so they are left as they are.
 
     Returns:
-        "f16", "q8", "q41", or None (no exact compact form, not fp32/2-D/contiguous/CPU, an inference tensor, an input
+        "f16", "q8", "q41", or None (no exact compact form, ``weight_format()`` "fp32", not fp32/2-D/contiguous/CPU, an inference tensor, an input
         size K that is not a multiple of 16 (the kernel reads compact forms in whole vectors: small_linear.cpp), or
         a kernel build without compact entries: ``_STREAM["compact"]``).
     """
     ops = _STREAM.get("compact")
-    if (ops is None or weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
+    if (ops is None or weight_format() == "fp32" or weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
             or not weight.is_contiguous() or weight.is_inference() or weight.numel() == 0 or weight.shape[1] % 16):
         return None
     with torch.no_grad():
@@ -1263,7 +1280,7 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
         return ComputePath("default" if problem else "onednn", f"fallback: {stream_bad}", cpu, threads)
     offered = ("default", "onednn") + (() if stream_bad else ("stream",))
     key = _memo_key(model) + "|paths=" + ",".join(offered) + ("" if stream_bad else f"|kernel={_STREAM.get('name', '')}"
-                                                               "|rows=largest-win") + f"|packed>={PACK_MIN_ROWS}"
+                                                               "|rows=largest-win") + f"|packed>={PACK_MIN_ROWS}|weights={weight_format()}"
     with _LOCK:
         if key in _MEMO:
             return _MEMO[key]
