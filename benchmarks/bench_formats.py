@@ -84,7 +84,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_run(args.max_new)))
         return
-    from benchmarks.machine import machine_meta
+    from benchmarks.machine import machine_meta, machine_slug
     from engine.decoding import compute
 
     order = [("blocks", "fp32", "fp32", "blocks")[i % 4] for i in range(2 * args.reps)]
@@ -108,7 +108,7 @@ def main() -> None:
                         "pass_ms": {k: statistics.median(r["pass_ms"][str(k)] for r in mine) for k in PASS_TOKENS}}
     meta = {**machine_meta(), "date": time.strftime("%Y-%m-%d %H:%M"), "reps": args.reps, "max_new": args.max_new,
             "plain_tokens_identical": same}
-    name = args.out or f"formats_{compute.cpu_model().split()[0].lower()}"
+    name = args.out or f"formats_{machine_slug()}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": [
         {k: v for k, v in r.items() if k != "tokens"} for r in runs]}, indent=2))

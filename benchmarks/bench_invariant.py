@@ -6,7 +6,7 @@ K readers of the Live page's default settings (the trained head, the chat preset
 0.8, reader i seeded i) decode together in one in-process ``Room``; each variant runs ``--reps`` times in
 alternating order (A B B A …). Per run: the median full pass (every reader fed), its target forward and its
 batched drafting (ms), tokens/s, and whether every reader's tokens equal the same reader decoded alone (the
-attention of each variant). The room's invariance self-check (``scheduler.invariance_check``) is printed too.
+attention of each variant). The room's invariance self-check (``invariance.invariance_check``) is printed too.
 
 Usage (an idle machine): ``flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_invariant.py``
 (``--readers 16 --max-new 48 --reps 2``) writes benchmarks/results/invariant_<cpu>.json and .md.
@@ -103,7 +103,8 @@ def main() -> None:
 
     from engine.decoding import compute
     from engine.decoding.models import EMBEDDED, load_model
-    from engine.decoding.scheduler import invariance_check
+    from benchmarks.machine import machine_slug
+    from engine.decoding.invariance import invariance_check
 
     target = _in_thread(lambda: load_model(EMBEDDED))
     kernel_op = compute._STREAM.get("attention")
@@ -130,7 +131,7 @@ def main() -> None:
     head = {"cpu": compute.cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M"), "readers": args.readers, "max_new": args.max_new,
             "reps": args.reps, "self_check": check.to_dict()}
-    name = args.out or f"invariant_{compute.cpu_model().split()[0].lower()}"
+    name = args.out or f"invariant_{machine_slug()}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"settings": head, "runs": runs, "summary": summary}, indent=2))
     k, s = summary["kernel"], summary["sdpa"]

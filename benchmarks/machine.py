@@ -8,6 +8,7 @@ header, so a number is never read without the machine and the kernels that produ
 from __future__ import annotations
 
 import os
+import re
 import platform
 
 import torch
@@ -29,3 +30,14 @@ def machine_line(meta: dict) -> str:
     load = f"load average (1 min) {meta.get('load_avg_1min_start', '?')}" + ("" if end is None else f" → {end}")
     return (f"Machine: {meta['cpu']} ({meta['cpus']} CPUs), {meta['threads']} torch threads, torch {meta['torch']}, "
             f"compute path **{meta['compute']}** ({meta.get('compute_reason') or 'n/a'}), {load}.")
+
+
+def machine_slug() -> str:
+    """The machine's part of a result file's name, as the shipped results spell it: "amd-epyc", "xeon" (an Intel
+    Xeon), else the CPU model in lower case with dashes."""
+    model = cpu_model()
+    if "EPYC" in model:
+        return "amd-epyc"
+    if "Xeon" in model:
+        return "xeon"
+    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "cpu"
