@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from app.live_view import visible
+from engine.decoding.measure import SpeedupAB
 from engine.decoding.race import PASS_KINDS, Lane, LaneRound, Race, Span
 
 SPEEDS = {1.0: "the measured pace", 0.5: "½ of the measured pace (slow motion)",
@@ -79,7 +80,9 @@ def verdict_line(race: Race) -> str:
         head = f"TEXT DIFFERS from token {race.first_difference + 1} (a near tie, rounded differently) · {ratio} wall-clock"
     else:
         head = f"Sampled: texts differ from token {race.first_difference + 1} (each lane's own draws) · {ratio} wall-clock"
-    return head + (f" · {tpp}" if tpp else "")
+    unsure = (f" · UNSURE: the machine was busy (runs of one kind differed up to {race.spread:.1f}×)"
+              if race.spread > SpeedupAB.SPREAD_WARN else "")
+    return head + (f" · {tpp}" if tpp else "") + unsure
 
 
 def identical_words(race: Race) -> dict:

@@ -22,6 +22,7 @@ from app.race_view import SPEEDS, honesty_line, player_html, room_line
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting
+from engine.decoding.measure import SpeedupAB
 from engine.decoding.models import EMBEDDED, default_draft_spec
 from engine.decoding.race import RaceStopped, load_race, run_race, survival
 from engine.decoding.scheduler import room_for
@@ -144,7 +145,7 @@ def _draw(race, recorded: bool) -> None:
             st.caption("Press **Race** to race on this server now.")
         if line := room_line(race):
             st.warning(line)
-        if race.spread > 1.5:
+        if race.spread > SpeedupAB.SPREAD_WARN:
             st.warning(f"The timed runs of one kind differed by up to {race.spread:.1f}× (the machine was busy): the "
                        "ratio is unsure. Race again with nothing else running.")
         _after_race(race, next(_draws))

@@ -86,6 +86,9 @@ def test_verdicts():
     greedy_diff = _race(spec_ids=[0, 1, 7, 3])
     assert greedy_diff.first_difference == 2
     assert verdict_line(greedy_diff).startswith("TEXT DIFFERS from token 3")
+    assert "UNSURE" not in verdict_line(race)
+    race.spec_ms_per_token = [20.0, 41.0]  # one run twice as slow as the other: a busy machine
+    assert verdict_line(race).endswith("UNSURE: the machine was busy (runs of one kind differed up to 2.0×)")
     sampled = _race(spec_ids=[0, 9, 7, 3], greedy=False)
     assert verdict_line(sampled).startswith("Sampled: texts differ from token 2")
     assert player_data(sampled)["words"]["differ"].startswith("texts differ")
