@@ -47,7 +47,8 @@ def main() -> None:
     target = load_model("embedded", device="cpu")
     load_s = time.perf_counter() - t0
     meta = machine_meta(target)
-    machine = f"{cpu_model()} ({os.cpu_count()} cores, {target.compute.threads if target.compute else '?'} threads)"
+    machine = (f"{cpu_model()} ({os.cpu_count()} cores, {target.compute.threads if target.compute else '?'} threads, "
+               f"compute path {meta['compute']})")
     rows, last_default = [], None
     for kind, preset, temp, seed in RACES:
         gamma = default_gamma_here(draft_spec(kind))[0]

@@ -251,8 +251,8 @@ if race_clicked and target is not None:
                                         "end, so the page does not slow what it measures. Stop ends the race.")
 
     S["rc_running"] = True  # left set when a click interrupts the race (the next run says so)
-    machine = (f"{target.compute.cpu} ({os.cpu_count()} cores, {target.compute.threads} threads)"
-               if target.compute is not None else "this server's CPU")
+    machine = (f"{target.compute.cpu} ({os.cpu_count()} cores, {target.compute.threads} threads, compute path "
+               f"{target.compute.path})" if target.compute is not None else "this server's CPU")
     label = DRAFT_SHORT[S["rc_draft"]] + (f" ({S['rc_k']} layers)" if S["rc_draft"] == "early-exit" else "") + (
         f", tree of {S['rc_tree']}" if S["rc_tree"] else "") + f", γ = {S['rc_gamma']}"
     try:
