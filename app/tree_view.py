@@ -28,11 +28,16 @@ COLORS = {"drafted": "#8c8c8c", "verifying": "#9467bd", "accepted": "#2ca02c", "
 """Node colour by state: the Live page's chip colours (green accepted, red rejected, orange correction, blue
 bonus), grey while drafted, purple while in the verify pass."""
 OPACITY = {"rejected": 0.45, "unvisited": 0.3}
-"""Dimmed states after the verdict (1.0 for the rest)."""
+"""Dimmed states' marker opacity after the verdict (1.0 for the rest). Only the markers: a whole trace's opacity
+also fades its labels, to 1.8:1 against the page for never-judged nodes (WCAG AA asks 4.5:1, ``app.contrast``)."""
 STATE_LABEL = {"drafted": "drafted", "verifying": "in the verify pass", "accepted": "accepted",
                "rejected": "rejected", "unvisited": "never judged", "correction": "target's correction",
                "bonus": "target's bonus token"}
 CONTEXT_COLOR = "#555555"
+LABEL_COLOR = {"light": "#2f2d2b", "dark": "#edebe8"}
+"""Node labels' colour by Streamlit theme type: its body text colour (Streamlit 1.67's defaults; 13.7:1 and 15.2:1
+on its backgrounds). Streamlit's chart theme draws plotly text in its faded grey, #808495 on white: 3.7:1, under
+WCAG AA's 4.5:1 (``app.contrast``)."""
 LABEL_CHARS = 8  # a node's label is cut after this many characters (the hover has the whole token)
 
 
@@ -63,11 +68,14 @@ def node_hover(i: int, nd: TreeNode, state: str, greedy: bool) -> str:
 
 
 def tree_figure(rnd: Round, frame: int = -1, greedy: bool = False,
-                layout: TreeLayout | None = None, frames: list[TreeFrame] | None = None) -> go.Figure:
+                layout: TreeLayout | None = None, frames: list[TreeFrame] | None = None,
+                theme: str | None = None) -> go.Figure:
     """The token tree of a tree round at animation frame ``frame`` (−1: the verdict).
 
     Nodes by depth (x) and lane (y, top down); edges from each parent; one trace per state, so the legend
-    names the colours. The axes' ranges are fixed by the whole tree, so the frames do not jump.
+    names the colours. The axes' ranges are fixed by the whole tree, so the frames do not jump. ``theme``
+    (``st.context.theme.type``: "light", "dark" or None when not known yet) picks the labels' colour,
+    ``LABEL_COLOR``; None leaves the chart theme's.
 
     Raises:
         InputError: for a chain round or an inconsistent tree (``engine.explain.tree_view``).
@@ -98,7 +106,9 @@ def tree_figure(rnd: Round, frame: int = -1, greedy: bool = False,
     for style, (xs, ys) in groups.items():
         fig.add_scatter(x=xs, y=ys, mode="lines", line=edge_style[style], hoverinfo="skip", showlegend=False)
 
+    label_font = {"color": LABEL_COLOR[theme]} if theme in LABEL_COLOR else {}
     fig.add_scatter(x=[0.0], y=[lay.context_y], mode="markers+text", text=["context"], textposition="middle left",
+                    textfont=label_font,
                     marker={"size": 14, "color": CONTEXT_COLOR, "symbol": "square"}, showlegend=False,
                     hovertext=[f"the context: {rnd.context_len} tokens (prompt and text so far), in the KV cache"],
                     hoverinfo="text", cliponaxis=False)
@@ -119,9 +129,10 @@ def tree_figure(rnd: Round, frame: int = -1, greedy: bool = False,
                               "drawn from the target's p in the same pass")
         fig.add_scatter(x=[lay.x[i] for i in idx], y=[lay.y[i] for i in idx], mode="markers+text",
                         name=STATE_LABEL[st], text=labels, textposition="top center", hovertext=hovers,
-                        textfont={"size": 14},
-                        hoverinfo="text", opacity=OPACITY.get(st, 1.0) if fr.stage == "verdict" else 1.0,
+                        textfont={"size": 14, **label_font},
+                        hoverinfo="text",
                         marker={"size": 16 if st in ("correction", "bonus") else 13, "color": COLORS[st],
+                                "opacity": OPACITY.get(st, 1.0) if fr.stage == "verdict" else 1.0,
                                 "symbol": "diamond" if st in ("correction", "bonus") else "circle",
                                 "line": {"width": 1, "color": "#ffffff"}},
                         cliponaxis=False)

@@ -481,7 +481,8 @@ def _run_area() -> None:
         delay = frame_s if budget_s is None else min(frame_s, budget_s / max(len(frames), 1))
         for i in shown:
             round_md.markdown(tree_round_markdown(rnd, frames[i]))
-            show_chart(tree_figure(rnd, i, greedy=S["lv_temp"] == 0, layout=lay, frames=frames),
+            show_chart(tree_figure(rnd, i, greedy=S["lv_temp"] == 0, layout=lay, frames=frames,
+                                   theme=st.context.theme.type),
                        key=f"lv_fig_tree_{next(_tree_draws)}", where=tree_box)
             if i < len(frames) - 1:
                 time.sleep(delay)
@@ -803,7 +804,8 @@ def _run_area() -> None:
                             + (f"; judged by {rule}" if rule else "") + ". All of them went "
                             "through the one target pass; only the path's KV entries stay in the cache.")
                 t1, t2 = st.columns([3, 2])
-                show_chart(tree_figure(rnd, greedy=dec.sampling.greedy), key=f"lv_fig_tree_open_{r_i}", where=t1)
+                show_chart(tree_figure(rnd, greedy=dec.sampling.greedy, theme=st.context.theme.type),
+                           key=f"lv_fig_tree_open_{r_i}", where=t1)
                 show_chart(mask_figure(rnd.tree), key=f"lv_fig_mask_{r_i}", where=t2)
                 st.caption("The mask: row = a node's query, column = a key it may attend to. Each node sees the "
                            "cached context, its ancestors and itself, so every branch is scored as if it were the "

@@ -48,10 +48,12 @@ def test_verdict_frame_of_the_greedy_tree():
     assert nodes["never judged"][0] == [2]
     assert nodes["target's correction"][:2] == ([3], [1.0])
     assert nodes["target's correction"][2] == ["␣is"]
-    # dimmed after the verdict, kept ones opaque
+    # dimmed markers after the verdict, kept ones opaque; every label at full opacity (a trace's opacity would
+    # fade its text too, below WCAG AA: tests/test_contrast.py)
     by_name = {t.name: t for t in fig.data if t.name}
-    assert by_name["rejected"].opacity == 0.45 and by_name["never judged"].opacity == 0.3
-    assert by_name["accepted"].opacity == 1.0 and by_name["accepted"].marker.color == COLORS["accepted"]
+    assert by_name["rejected"].marker.opacity == 0.45 and by_name["never judged"].marker.opacity == 0.3
+    assert by_name["accepted"].marker.opacity == 1.0 and by_name["accepted"].marker.color == COLORS["accepted"]
+    assert all(t.opacity in (None, 1.0) for t in fig.data)
     # the kept edges (context → 0 → 2 → correction) are one thick green trace
     kept = next(t for t in fig.data if t.mode == "lines" and t.line.width == 4)
     assert [v for v in kept.y if v is not None] == [2.125, 1.25, 1.25, 0.5, 0.5, 1.0]
@@ -83,6 +85,9 @@ def test_bonus_round_and_nasty_text():
     texts = [x for t in fig.data for x in (t.text or ())] + [x for t in fig.data for x in (t.hovertext or ())]
     assert not any("<b>" in x or "<script>" in x or "<i>" in x for x in texts)
     assert any("min(1, p/q) = 0.9000, u = 0.3000" in x for x in texts)
+    # a cut label ("**y**␣&…", a rejected node) has the whole token in its node's hover
+    rejected = next(t for t in fig.data if t.name == "rejected")
+    assert rejected.text[0].endswith("…") and html.escape("**y** & <script>") in rejected.hovertext[0]
 
 
 def test_chain_round_has_no_tree_figure():
