@@ -746,6 +746,10 @@ def _section_tree() -> None:
     k4.metric("Best with a flat pass (s = 0)", f"N = {flat.best_n} ({flat.best_speedup:.2f}×)",
               help="A verify pass that costs one decode step at any size, as on a GPU while decoding is "
                    "memory-bound: there trees pay for many more nodes.")
+    if cur.tokens[i] < cur.chain_tokens[i]:
+        st.caption(f"The best tree of {n} gives fewer tokens per pass than the chain of {n} because it may go no "
+                   f"deeper than D = {depth} (the Maximum depth slider) while the chain reaches depth {n}; a chain "
+                   "is itself a tree, so with D ≥ N the best tree never gives fewer.")
     left, right = st.columns(2)
     fs = go.Figure()
     fs.add_scatter(x=cur.ns, y=cur.speedups, mode="lines", name="best tree", line={"width": 3, "color": YOURS_COLOR})

@@ -66,6 +66,23 @@ def test_a_chain_matches_the_closed_form():
     assert m["Tokens per pass, best tree of 4"].delta == "chain of 4 (depth 4): 3.36"
     # speedup 3.3616 / (0.05 · 4 + 1 + 0.1 · 4) = 2.10
     assert m["Speedup at N = 4"].value == "2.10×"
+    assert not any("no deeper than D" in c.value for c in at.caption)  # D = 6 ≥ N = 4: nothing to explain
+
+
+def test_a_tree_below_the_chain_says_why():
+    # defaults: the best tree of 8 is held to depth D = 6, the chain of 8 reaches depth 8
+    at = _app()
+    m = _metrics(at)
+    tree = float(m["Tokens per pass, best tree of 8"].value)
+    chain = float(str(m["Tokens per pass, best tree of 8"].delta).rsplit(": ", 1)[1])
+    assert tree < chain
+    assert any("no deeper than D = 6" in c.value and "depth 8" in c.value for c in at.caption)
+    # with D = 8 the tree of 8 can be the chain: no fewer tokens, no sentence
+    at = _app(wi_tree_depth=8)
+    m = _metrics(at)
+    assert float(m["Tokens per pass, best tree of 8"].value) >= float(
+        str(m["Tokens per pass, best tree of 8"].delta).rsplit(": ", 1)[1])
+    assert not any("no deeper than D" in c.value for c in at.caption)
 
 
 def test_widgets_write_the_url_and_move_the_numbers():
