@@ -406,8 +406,8 @@ def _section_batch_measured() -> None:
                                        parse_batches)
     from engine.decoding.models import resolve_device
     from engine.decoding.speculative import encode_prompt
-    from engine.explain.batch_view import (machine_sweep, measured_batch_view, method_label, room_batch, room_marker,
-                                           save_machine_sweep)
+    from engine.explain.batch_view import (machine_sweep, measured_batch_view, method_label, model_speedup_at,
+                                           readable_table, room_batch, room_marker, save_machine_sweep)
 
     S = st.session_state
     st.subheader("Measured on this machine")
@@ -560,7 +560,21 @@ def _section_batch_measured() -> None:
                      height=CHART_H, margin={"t": 40, "b": 10},
                      legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fp, key="wi_fig_batch_pass")
-    show_table(sweep.table())
+    b_small = min(sweep.batches)
+    gaps = [(mv.label, model_speedup_at(mv, mv.batches[0]), mv.measured[0], mv.batches[0]) for mv in view.methods]
+    st.markdown(
+        "**Why the model and the measurement disagree.** The roofline model prices a round as the draft's "
+        "c × a decode step per token plus one target pass at its roofline time, and nothing else. The measured "
+        "rounds also pay for drafting as it really runs (the draft head's own pass per row, the prompt lookup's "
+        "search), for judging (each row's draft tokens tested against the target's p, row by row) and for per-row "
+        "work (rows padded to one width, rejected tails cropped from the KV cache), and the target's "
+        "pass over γ + 1 tokens costs more than one token's on this CPU (the pass-time chart below). "
+        + "; ".join(f"{label}: model {model:.2f}×, measured {meas:.2f}× at B = {b}" for label, model, meas, b in gaps
+                    if model is not None)
+        + (f" (the smallest batch measured, B = {b_small})." if gaps else "")
+        + " Where the model is below the measurement, its inputs decide it: α̂ and c come from the smallest batch "
+          "(each metric's help), and a small error in c moves a model that sits near 1× across it.")
+    show_table(readable_table(sweep.table()))
     st.caption(f"{sweep.max_new_tokens} new tokens per row, torch threads {sweep.threads}, {sweep.elapsed_s:.0f} s. "
                "One run per cell here (benchmarks/bench_batch.py alternates repeated runs and takes medians). The draft "
                "head runs its own small pass per row (only the target's pass is batched), so its draft time grows "

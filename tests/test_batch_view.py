@@ -8,7 +8,7 @@ import pytest
 from engine.decoding.batch import BatchSweep, SweepCell
 from engine.errors import InputError
 from engine.explain.analytic import batch_speedup_curve
-from engine.explain.batch_view import measured_batch_view, shipped_sweep
+from engine.explain.batch_view import measured_batch_view, model_speedup_at, readable_table, shipped_sweep
 from engine.explain.teaching import measured_batch_mistake
 
 
@@ -47,6 +47,24 @@ def test_view_by_hand():
     # ridge: 4 · 5e10 / (2 · 1e10) = 10 tokens
     assert v.ridge_tokens == pytest.approx(10.0)
     assert v.plain_tokens_per_s == {1: 20.0, 4: 60.0}
+
+
+def test_readable_table_names_the_methods():
+    rows = readable_table(_sweep().table())
+    assert list(rows[0]) == ["batch", "plain decoding tok/s", "prompt lookup tok/s", "prompt lookup ×plain",
+                             "prompt lookup pass tokens", "draft head (EAGLE-style) tok/s",
+                             "draft head (EAGLE-style) ×plain", "draft head (EAGLE-style) pass tokens"]
+    assert rows[0]["prompt lookup ×plain"] == 1.5 and rows[1]["batch"] == 4
+    assert not any("ngram" in k or "embedded-head" in k for r in rows for k in r)
+    assert readable_table([{"batch": 1, "other-method tok/s": 2.0}]) == [{"batch": 1, "other-method tok/s": 2.0}]
+
+
+def test_model_speedup_at_a_measured_batch():
+    ng = measured_batch_view(_sweep(), {"bandwidth_gbs": 10.0, "peak_tflops": 0.05}).methods[0]
+    ref = batch_speedup_curve(0.6, 4, 0.005, 0.135, 4.0, 10.0, 0.05, max_batch=64)
+    assert model_speedup_at(ng, 1) == ref.speedups[ref.batches.index(1)]
+    assert model_speedup_at(ng, 4) == ref.speedups[ref.batches.index(4)]
+    assert model_speedup_at(ng, 10_000) is None  # past the curve's batches
 
 
 def test_view_needs_plain_decoding():

@@ -78,6 +78,12 @@ def test_measured_sweep_runs_and_draws_model_and_measurement(patched):
     labels = [x.label for x in at.metric]
     assert "prompt lookup: slower than plain from (measured)" in labels
     assert at.query_params["wi_bs_batches"] in (["1, 2"], "1, 2")
+    # the table names the methods as the page does; the model-vs-measured paragraph gives both numbers at B = 1
+    cols = next(list(t.value.columns) for t in [*at.dataframe, *at.table] if "batch" in t.value.columns)
+    assert {"plain decoding tok/s", "prompt lookup ×plain"} <= set(cols) and not any("ngram" in c for c in cols)
+    why = next(x.value for x in at.markdown if "Why the model and the measurement disagree" in x.value)
+    assert "drafting" in why and "judging" in why and "per-row" in why
+    assert f"prompt lookup: model " in why and f"measured {sweep.cell('ngram', 1).speedup:.2f}× at B = 1" in why
 
 
 def test_stop_keeps_the_batches_measured_so_far(patched, tiny):

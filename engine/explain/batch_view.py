@@ -41,6 +41,24 @@ def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
 
+def readable_table(rows: list[dict]) -> list[dict]:
+    """``BatchSweep.table()``'s rows with each column's method named as the pages name it ("ngram ×plain" →
+    "prompt lookup ×plain", ``METHOD_LABELS``); values and column order unchanged."""
+    def name(key: str) -> str:
+        method, _, rest = key.partition(" ")
+        return f"{method_label(method)} {rest}" if rest and method in METHOD_LABELS else key
+
+    return [{name(k): v for k, v in row.items()} for row in rows]
+
+
+def model_speedup_at(mv: "MethodView", batch: int) -> float | None:
+    """The roofline model's speedup of ``mv`` at ``batch`` (None where its curve has no such batch)."""
+    for b, y in zip(mv.model_batches, mv.model_speedups):
+        if b == batch:
+            return y
+    return None
+
+
 @dataclass
 class MethodView:
     """One speculative method: measured against modelled speedup by batch size.
