@@ -492,7 +492,10 @@ def test_shipped_heads_first_round_root_is_not_the_prompts_last_token(embedded):
     ids = encode_prompt(embedded.tokenizer, "Tell me a short story.")
     assert embedded.tokenizer.decode([ids[-1]]) == "\n"
     prop = make_proposer("embedded-medusa", embedded)
-    dec = SpeculativeDecoder(embedded, prop, ids, gamma=prop.heads.n_heads, tree=prop.tree_size, max_new_tokens=8)
+    # a tree of several nodes whatever this machine's pass-cost curve makes the shipped tree (a steep curve can
+    # shrink it to its root alone)
+    dec = SpeculativeDecoder(embedded, prop, ids, gamma=prop.heads.n_heads, tree=max(4, prop.tree_size),
+                             max_new_tokens=8)
     r = dec.step()
     root = r.tree.nodes[0]
     assert root.text != "\n" and root.p > 0.1, (root.text, root.p)
