@@ -17,6 +17,9 @@ from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_
 from engine.decoding.scheduler import WINDOW_S as ROOM_WINDOW_S
 from engine.decoding.trace import ORIGINS, Round, TopToken, token_origins
 
+PROMPT_URL_MAX = 2000
+"""A custom prompt of up to this many characters travels in a page's link (Live's ``lv_prompt``, Race's
+``rc_prompt``); a longer one does not fit in a URL."""
 ZWSP = "\u200b"
 NBSP = "\u00a0"
 _PUNCT = set(string.punctuation)
@@ -343,3 +346,44 @@ def room_progress_line(stats) -> str:
     n = _or_dash
     return (f"room: {stats.readers_now} reader{'s' if stats.readers_now != 1 else ''} now, "
             f"{n(stats.rows_per_pass, '.1f')} rows per pass, {n(stats.tokens_per_s, '.1f')} tokens/s")
+
+
+def round_link_value(raw: str | None, hi: int) -> int | None:
+    """The round a link's ``lv_round`` asks the Live page to open.
+
+    Args:
+        raw: the query parameter's text (None: not in the link). hi: the most rounds a run can have (each round adds
+            at least one token, so the page's largest max new tokens); a larger N is read as ``hi``.
+
+    Returns:
+        N ≥ 1: open round N; 0: nothing to open (absent, or 0); None: unreadable (not a whole number, negative).
+    """
+    if raw is None:
+        return 0
+    try:
+        n = int(str(raw).strip())
+    except ValueError:
+        return None
+    if n < 0:
+        return None
+    return min(n, hi)
+
+
+def opened_round_message(asked: int, reached: int, finished: bool, stop_reason: str = "") -> str:
+    """What the Live page says over a round opened by a link (plain Markdown, no model text).
+
+    Args:
+        asked: the round the link asked for (≥ 1). reached: the rounds the run has now. finished: the run has ended.
+        stop_reason: why it ended (``SpeculativeDecoder.stop_reason``), when it did.
+    """
+    if reached >= asked:
+        return (f"Round {asked}, opened by the link: the run was stepped {asked} round{'s' if asked != 1 else ''} from "
+                "the prompt with these settings and seed, as pressing **Step one round** "
+                f"{'once' if asked == 1 else f'{asked} times'} would. **Step one round** goes on from here.")
+    why = f" ({stop_reason})" if stop_reason else ""
+    if not reached:
+        return f"The link asked for round {asked}; the run was stopped before its first round."
+    if finished:
+        return (f"The link asked for round {asked}, but this run ended{why} after round {reached}: round {reached}, "
+                "its last, is shown.")
+    return f"The link asked for round {asked}; the run was stopped after round {reached}, shown here."

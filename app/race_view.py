@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import json
 
-from app.live_view import visible
+from app.decoders import DRAFT_KINDS, TREE_BRANCH_DEFAULT
+from app.live_view import PROMPT_URL_MAX, visible
 from engine.decoding.measure import SpeedupAB
+from engine.decoding.models import EMBEDDED
 from engine.decoding.race import PASS_KINDS, Lane, LaneRound, Race, Span
+from engine.errors import InputError
+from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
+from engine.explain.teaching import PageLink
 
 SPEEDS = {1.0: "the measured pace", 0.5: "½ of the measured pace (slow motion)",
           0.25: "¼ of the measured pace (slow motion)"}
@@ -114,6 +119,93 @@ def room_line(race: Race) -> str | None:
             "Race again when the room is quiet, or play the recorded race.")
 
 
+# ---------------------------------------------------------------------------------------------- a round in Live
+RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0}
+"""What a race record made before these settings were recorded raced with (the page's defaults then)."""
+
+LIVE_KEYS = {"prompt": "lv_prompt", "kind": "lv_draft", "gamma": "lv_gamma", "temperature": "lv_temp",
+             "top_k": "lv_topk", "top_p": "lv_topp", "seed": "lv_seed", "max_new_tokens": "lv_max_new",
+             "tree": "lv_tree", "branching": "lv_branch", "accept": "lv_accept", "early_exit_k": "lv_k",
+             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf"}
+"""The Live page's URL key of each ``app.decoders.make_decoder`` argument (the target travels as ``lv_target``; a
+preset's prompt as ``lv_preset``, a custom one as ``lv_preset=custom`` with ``lv_prompt``)."""
+
+LIVE_PATH = "live"
+"""The Live page's ``url_path`` (app/registry.py)."""
+
+
+def race_settings(*, target: str, prompt: str, preset: str, draft: str, early_exit_k: int, draft_model: str,
+                  gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int) -> dict:
+    """The settings a race records and builds both lanes from (``decoder_kwargs``): every one that shapes a lane's
+    run, so its rounds can be rebuilt (the Live page's view of a round: ``live_link``). ``draft_label`` rides along
+    for people reading the record."""
+    return {"target": target, "prompt": prompt, "preset": preset, "draft": draft,
+            "draft_label": DRAFT_KINDS.get(draft, draft), "early_exit_k": int(early_exit_k),
+            "draft_model": draft_model, "gamma": int(gamma), "tree": int(tree), "temperature": float(temperature),
+            "seed": int(seed), "max_new_tokens": int(max_new_tokens)}
+
+
+def race_target(settings: dict) -> str:
+    """The target model a race ran (its record's ``target``; the embedded model for a record without one)."""
+    return str(settings.get("target") or RACE_DEFAULTS["target"])
+
+
+def decoder_kwargs(settings: dict) -> dict:
+    """``app.decoders.make_decoder``'s arguments after the target (``prompt``, ``kind`` and the rest, by keyword) for
+    a race's ``settings`` (``race_settings``'s dict, or an older record's, read with ``RACE_DEFAULTS``). The arguments
+    a race does not set are make_decoder's defaults, written out, so every one of them has a value to carry.
+
+    Raises:
+        InputError: settings without a prompt or a draft.
+    """
+    s = {**RACE_DEFAULTS, **settings}
+    if "prompt" not in s or "draft" not in s:
+        raise InputError("This race's record names no prompt or no draft.")
+    return {"prompt": str(s["prompt"]), "kind": str(s["draft"]), "gamma": int(s["gamma"]),
+            "temperature": float(s["temperature"]), "top_k": 0, "top_p": 1.0, "seed": int(s["seed"]),
+            "max_new_tokens": int(s["max_new_tokens"]), "tree": int(s["tree"]), "branching": TREE_BRANCH_DEFAULT,
+            "accept": "exact", "early_exit_k": int(s["early_exit_k"]), "draft_model": str(s["draft_model"]),
+            "confidence_gate": 0.0}
+
+
+def live_link(settings: dict, round_no: int) -> PageLink:
+    """The Live page opened at round ``round_no`` of a race's speculative lane: every setting the lane was built from
+    (``decoder_kwargs``) under its Live key (``LIVE_KEYS``), the target, and ``lv_round``. The prompt travels as its
+    preset's name when it is that preset's text, else as a custom prompt.
+
+    Raises:
+        InputError: round_no < 1; a custom prompt over ``PROMPT_URL_MAX`` characters (too long for a link); the
+        errors of ``decoder_kwargs``.
+    """
+    if int(round_no) < 1:
+        raise InputError(f"Rounds count from 1, got {round_no}.")
+    kw = decoder_kwargs(settings)
+    prompt = kw.pop("prompt")
+    params = {"lv_target": race_target(settings)}
+    preset = settings.get("preset")
+    if preset in PROMPT_PRESETS and preset_text(preset) == prompt:
+        params["lv_preset"] = preset
+    elif len(prompt) <= PROMPT_URL_MAX:
+        params["lv_preset"], params[LIVE_KEYS["prompt"]] = CUSTOM, prompt
+    else:
+        raise InputError(f"This race's prompt is over {PROMPT_URL_MAX} characters, too long for a link: open the "
+                         "Live page and paste it there.")
+    params.update({LIVE_KEYS[k]: v for k, v in kw.items()})
+    params["lv_round"] = int(round_no)
+    return PageLink(LIVE_PATH, params)
+
+
+def live_round_base(settings: dict, present: bool = False) -> str | None:
+    """The relative URL of the Live page at a round of this race without the round's number: the player appends it
+    to ``…&lv_round=`` for each bar (None when the race cannot travel in a link: ``live_link``'s errors)."""
+    try:
+        link = live_link(settings, 1)
+    except InputError:
+        return None
+    rest = PageLink(link.url_path, {k: v for k, v in link.params.items() if k != "lv_round"})
+    return rest.url(**({"present": 1} if present else {})) + "&lv_round="
+
+
 def _lane_data(lane: Lane) -> dict:
     hovers = {r.index: round_hover(lane, r) for r in lane.rounds}
     return {
@@ -133,12 +225,14 @@ def _lane_data(lane: Lane) -> dict:
 
 def player_data(race: Race, speed: float = 1.0, present: bool = False) -> dict:
     """Everything the player's script reads (JSON-ready): both lanes' timelines, their final numbers, the shared
-    clock's length, the speed, the verdict and the live line's words."""
+    clock's length, the speed, the verdict, the live line's words, and the Live page's URL of a speculative round
+    without its number (``live_round_base``; None: the bars are not links)."""
     fd = race.first_difference
     return {"speed": float(speed), "duration": race.duration_ms, "present": bool(present),
             "lanes": [_lane_data(race.plain), _lane_data(race.spec)],
             "first_difference": fd, "verdict": verdict_line(race), "words": identical_words(race),
-            "pace": SPEEDS.get(speed, f"{speed:g}× the measured pace")}
+            "pace": SPEEDS.get(speed, f"{speed:g}× the measured pace"),
+            "live": live_round_base(race.settings, present)}
 
 
 def json_for_script(data) -> str:
@@ -193,6 +287,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .span { position: absolute; top: 2px; bottom: 2px; border-radius: 2px; min-width: 1px; }
 .span.prefill { background: #6b7280; } .span.step { background: #9aa3ae; } .span.verify { background: #2e9b5b; }
 .span.draft { background: #f2b84b; }
+a.span { cursor: pointer; } a.span:hover { outline: 2px solid #ff4b4b; outline-offset: 1px; z-index: 1; }
 .span.draft i { position: absolute; top: 0; bottom: 0; border-left: 1px solid rgba(255,255,255,0.9); }
 .dot { position: absolute; width: 4px; border-radius: 1px; }
 .dot.accepted { background: #2e9b5b; } .dot.correction { background: #f08c00; } .dot.bonus { background: #3b82f6; }
@@ -215,7 +310,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
  correction</span><span><b style="background:#cfe3ff"></b>bonus token</span><span><b style="background:#eceef1"></b>plain
  step</span><span><b style="background:#6b7280"></b>prefill pass</span><span><b style="background:#9aa3ae"></b>plain
  pass</span><span><b style="background:#f2b84b"></b>draft steps</span><span><b style="background:#2e9b5b"></b>verify
- pass</span></div>
+ pass</span><span id="click-note"></span></div>
 <div class="verdict" id="verdict"></div>
 <script>
 (() => {
@@ -255,10 +350,16 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
   }
   function addSpan(lane, s) {
     const [kind, start, end, round] = s;
-    const d = el("div", "span " + kind, lane.tl);
+    // a speculative round's bars open that round in the Live page, in a new tab (the frame may open popups only)
+    const link = D.live && lane.L.kind !== "plain" && round !== null;
+    const d = el(link ? "a" : "div", "span " + kind, lane.tl);
     d.style.left = pct(start);
     d.title = round === null ? (lane.L.prefill_hover[lane.prefillSeen++] || "prefill")
                              : (lane.L.hover[String(round)] || "");
+    if (link) {
+      d.href = D.live + (round + 1); d.target = "_blank"; d.rel = "noopener"; d.dataset.round = round + 1;
+      d.title += "\nClick: open round " + (round + 1) + " in the Live page (a new tab)";
+    }
     const steps = kind === "draft" ? (lane.L.steps[String(round)] || 0) : 0;
     for (let i = 1; i < steps; i++) { const tick = el("i", "", d); tick.style.left = (100 * i / steps) + "%"; }
     return d;
@@ -341,6 +442,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
     build(); t0 = null; frames = 0; done = false; verdict.textContent = "";
     raf = requestAnimationFrame(draw);
   }
+  if (D.live) document.getElementById("click-note").textContent = "click a speculative round's bar: that round in Live";
   document.getElementById("note").textContent = "lanes measured one after the other · played at " + D.pace;
   document.getElementById("replay").addEventListener("click", start);
   start();
