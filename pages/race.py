@@ -17,8 +17,10 @@ import streamlit as st
 from app.charts import show_chart
 from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder, target_layers
 from app.join import join_address, qr_png
-from app.live_view import default_draft_kind, default_preset
-from app.race_view import SPEEDS, honesty_line, player_html, room_line
+from app.live_view import PROMPT_URL_MAX, default_draft_kind, default_preset, escape_markdown
+from app.navigation import page_link
+from app.race_view import (SPEEDS, decoder_kwargs, honesty_line, live_link, player_html, race_settings, room_line,
+                           round_hover)
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting
@@ -34,7 +36,6 @@ RECORDED = Path(__file__).resolve().parent.parent / "assets" / "race_recorded.js
 GAMMA_MAX = 16
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
-PROMPT_URL_MAX = 2000
 URL_KEYS = ["rc_target", "rc_preset", "rc_draft", "rc_k", "rc_draft_model", "rc_gamma", "rc_tree", "rc_temp", "rc_seed",
             "rc_max_new", "rc_speed"]
 S = st.session_state
@@ -122,7 +123,9 @@ if not stage_text("rc_prompt", S["rc_prompt"] if S["rc_preset"] == CUSTOM else N
 controls = st.container()
 status = st.empty()
 player = st.empty()
+opener = st.empty()  # under the lanes: a round of the speculative lane opened in the Live page
 notes = st.empty()
+shown: dict = {}  # the race the player shows at the end of this run (its rounds are what the opener offers)
 
 
 @st.cache_data(show_spinner=False)
@@ -136,6 +139,7 @@ _draws = itertools.count()  # a race drawn twice in one run (after a click) need
 def _draw(race, recorded: bool) -> None:
     """The player and what is said under it, with the charts after the race (each replaces what was there)."""
     nonce = S.get("rc_nonce", 0)
+    shown["race"] = race
     with player.container():
         # our own document; model text rides in it only as escaped JSON, put in with textContent (app/race_view.py)
         st.iframe(player_html(race, S["rc_speed"], present=present, nonce=nonce), height="content")
@@ -219,17 +223,17 @@ with controls:
 
 
 def _settings() -> dict:
-    return {"prompt": S["rc_prompt"], "preset": S["rc_preset"], "draft": S["rc_draft"],
-            "draft_label": DRAFT_KINDS[S["rc_draft"]], "gamma": int(S["rc_gamma"]), "tree": int(S["rc_tree"]),
-            "temperature": float(S["rc_temp"]), "seed": int(S["rc_seed"]), "max_new_tokens": int(S["rc_max_new"])}
+    """Every setting the lanes are built from (``app.race_view.decoder_kwargs`` reads them back)."""
+    return race_settings(target=TARGET, prompt=S["rc_prompt"], preset=S["rc_preset"], draft=S["rc_draft"],
+                         early_exit_k=int(S["rc_k"]), draft_model=S["rc_draft_model"].strip(),
+                         gamma=int(S["rc_gamma"]), tree=int(S["rc_tree"]), temperature=float(S["rc_temp"]),
+                         seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]))
 
 
-def _make(baseline: bool):
-    kw = dict(baseline=baseline, gamma=int(S["rc_gamma"]), temperature=float(S["rc_temp"]), seed=int(S["rc_seed"]),
-              max_new_tokens=int(S["rc_max_new"]), tree=int(S["rc_tree"]), early_exit_k=int(S["rc_k"]),
-              draft_model=S["rc_draft_model"].strip(), load=get_model)
-    prompt, kind = S["rc_prompt"], S["rc_draft"]
-    return lambda: make_decoder(target, prompt, kind, **kw)
+def _make(settings: dict, baseline: bool):
+    """A builder of one lane's fresh decoder from the race's recorded settings (as the Live page builds its own)."""
+    kw = decoder_kwargs(settings)
+    return lambda: make_decoder(target, **kw, baseline=baseline, load=get_model)
 
 
 if recorded_clicked and recorded is not None:
@@ -242,7 +246,9 @@ if race_clicked and target is not None:
     if S["rc_draft"] == "early-exit" and S["rc_k"] >= target_layers(target):
         S["rc_k"] = max(target_layers(target) - 1, 1)
     player.empty()  # nothing animates in the browser while the lanes are timed (the browser may share the CPU)
+    opener.empty()
     notes.empty()
+    shown.clear()
     bar = status.progress(0.0, text="Building the decoders…")
     what = {"warm-up": "warming both up (thrown away)", "spec": "speculative decoding", "base": "plain decoding"}
 
@@ -255,8 +261,9 @@ if race_clicked and target is not None:
                f"{target.compute.path})" if target.compute is not None else "this server's CPU")
     label = DRAFT_SHORT[S["rc_draft"]] + (f" ({S['rc_k']} layers)" if S["rc_draft"] == "early-exit" else "") + (
         f", tree of {S['rc_tree']}" if S["rc_tree"] else "") + f", γ = {S['rc_gamma']}"
+    settings = _settings()
     try:
-        race = run_race(_make(False), _make(True), label, settings=_settings(), machine=machine,
+        race = run_race(_make(settings, False), _make(settings, True), label, settings=settings, machine=machine,
                         greedy=float(S["rc_temp"]) == 0, on_progress=_progress, busy=room.readers)
     except RaceStopped as e:
         race = None
@@ -270,6 +277,36 @@ if race_clicked and target is not None:
         S["rc_nonce"] = S.get("rc_nonce", 0) + 1
         status.empty()
     _draw_current(recorded)
+
+
+
+def _open_in_live(race) -> None:
+    """Under the lanes: pick a round of the speculative lane and open it in the Live page, rebuilt from the race's
+    settings (``app.race_view.live_link``) and stepped to that round."""
+    rounds = race.spec.rounds
+    if not rounds:
+        return
+    with opener.container():
+        S["rc_open_round"] = min(max(int(S.get("rc_open_round", 1)), 1), len(rounds))  # a shorter race's last
+        row = st.container(horizontal=True, vertical_alignment="bottom")
+        n = row.number_input(f"Round of the speculative lane (1–{len(rounds)})", 1, len(rounds), key="rc_open_round",
+                             width=230, help="The Live page rebuilds this lane's decoder from the race's settings and "
+                                             "steps it to this round, as pressing Step one round that many times "
+                                             "would; there every number behind the round is shown.")
+        try:
+            link = live_link(race.settings, n)
+        except InputError as e:
+            row.caption(str(e))
+            return
+        with row:
+            page_link(link, f"Open round {n} in the Live page", icon="🔎")
+        what = escape_markdown(round_hover(race.spec, rounds[n - 1]).split("\n")[0])  # carries model text
+        st.caption(what + ("." if race.greedy else ". Sampled: the Live page draws the same random numbers from the "
+                           "seed, so it shows this round too.") + " Or click a round's bar in the speculative lane.")
+
+
+if shown.get("race") is not None:
+    _open_in_live(shown["race"])
 
 if join_clicked:
     @st.dialog("Join on your own device", width="large")

@@ -103,3 +103,24 @@ def test_presenter_join_card(tiny, monkeypatch):
     at.button(key="rc_join_btn").click().run()
     assert not at.exception
     assert any(PUBLIC_URL_ENV in e.value for e in at.error)
+
+
+def test_under_the_lanes_a_round_opens_in_live(tiny):
+    """The opener offers the speculative lane's rounds and links to the Live page at the chosen one, with the race's
+    settings (the race records every setting its lanes were built from)."""
+    from app.race_view import live_link
+
+    at = _app(tiny, rc_gamma=3, rc_seed=2)
+    if RECORDED.is_file():  # the recorded race's rounds first: its last round is past the tiny race's end
+        recorded = at.number_input(key="rc_open_round")
+        recorded.set_value(recorded.max).run()
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception, at.exception
+    race = at.session_state["rc_race"]
+    assert {"target", "early_exit_k", "draft_model"} <= set(race.settings) and race.settings["target"] == tiny
+    box = at.number_input(key="rc_open_round")
+    assert box.max == len(race.spec.rounds) and box.value == (len(race.spec.rounds) if RECORDED.is_file() else 1)
+    box.set_value(2).run()
+    links = [m.value for m in at.markdown if m.value.startswith("Open round 2 in the Live page")]
+    assert links == [f"Open round 2 in the Live page → `{live_link(race.settings, 2).url()}`"]
+    assert any(c.value.startswith("Round 2") for c in at.caption)
