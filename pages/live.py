@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.live_view import (
     CHECKING,
+    PROMPT_URL_MAX,
     room_lines,
     room_progress_line,
     chart_labels,
@@ -29,6 +30,8 @@ from app.live_view import (
     generated_pieces,
     history_rows,
     legend_markdown,
+    opened_round_message,
+    round_link_value,
     block_frames,
     round_frames,
     round_rows,
@@ -38,7 +41,7 @@ from app.live_view import (
 )
 from app.decoders import DRAFT_KINDS, make_decoder
 from app.resources import get_model
-from app.state import stage_text, stop_page, sync_url, url_leads, url_param
+from app.state import note_replaced, stage_text, stage_url, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
@@ -60,7 +63,6 @@ GAMMA_MAX = 16
 CONF_MAX = 0.95  # the draft head's confidence gate slider (the engine accepts [0, 1))
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
-PROMPT_URL_MAX = 2000  # a custom prompt up to this many characters travels in the link (lv_prompt)
 # autoplay speed → (seconds between animation frames, extra pause after each round)
 SPEEDS = {"instant": (0.0, 0.0), "fast": (0.04, 0.0), "presenter": (0.25, 0.8)}
 ANIM_BUDGET_S = 0.4  # a stepped round's whole animation stays under this
@@ -271,6 +273,10 @@ with st.sidebar:
              help="How the rounds of a whole run are shown. instant: no animation; presenter: slow animation and a "
                   "pause after each round.")
 
+_round_raw = st.query_params.get("lv_round")  # a link's round to open (below, once the run's settings are read)
+_round_asked = round_link_value(_round_raw, MAX_NEW_UI)
+if _round_asked is None:
+    note_replaced("lv_round", str(_round_raw), 0, "not a round number")
 sync_url(URL_KEYS)
 # a custom prompt goes in the link too (a preset's is named by lv_preset), unless too long for a URL
 _custom = st.session_state["lv_preset"] == CUSTOM
@@ -342,6 +348,17 @@ def _request_rebuild() -> None:
     S["lv_cfg"] = None
 
 
+# ------------------------------------------------------------------------------------------ a link to a round
+# lv_round=N (the Race page's links to a round): the run starts again from the prompt and is stepped N rounds through
+# the room, drawn once at the end, as N presses of Step one round would leave it. A link is followed when its value is
+# new to this session or the run opens an address (another page, Back/Forward, a first visit); the page takes lv_round
+# out of its link once the view is no longer that round (a step, Reset, a setting, Stop).
+if target is not None and _round_asked and (_round_raw != S.get("lv_round_link") or url_leads()):
+    S["lv_round_link"] = _round_raw
+    S["lv_open_pending"] = _round_asked
+    S.pop("lv_opened", None)
+    S["lv_cfg"] = None  # rebuilt below: a fresh run of these settings, whatever the session's run held
+
 if target is not None and S.get("lv_cfg") != config:
     old_cfg, old_dec = S.get("lv_cfg"), S.get("lv_dec")
     if old_cfg is not None and old_dec is not None and old_dec.rounds:  # not Reset: a setting moved mid-run
@@ -395,6 +412,7 @@ def _run_area() -> None:
                                    "drawn meanwhile: the speedup and tokens/s come from those runs.")
 
     if S.get("lv_error"):
+        S.pop("lv_open_pending", None)  # a link's round waits for no later fix of the settings
         st.error(S["lv_error"])
         if S.get("lv_link_without_prompt") and not S["lv_prompt"].strip():
             st.info(f"This link chose a custom prompt but carries none: a prompt over {PROMPT_URL_MAX} characters "
@@ -520,10 +538,10 @@ def _run_area() -> None:
             stop_page()
 
 
-    def _room_rounds(d: SpeculativeDecoder):
-        """Run to the end through the room: yields the rounds as the worker runs them (all that arrived since
-        the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it."""
-        ticket = room.submit(d, None)
+    def _room_rounds(d: SpeculativeDecoder, rounds: int | None = None):
+        """Run to the end (or ``rounds`` rounds) through the room: yields the rounds as the worker runs them (all that
+        arrived since the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it."""
+        ticket = room.submit(d, rounds)
         try:
             yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN)
         except SpeedupLabError as e:
@@ -533,6 +551,23 @@ def _run_area() -> None:
 
     frame_s, round_pause = SPEEDS[S["lv_speed"]]
     was_finished = dec.finished
+    asked = S.pop("lv_open_pending", 0)  # a link's round (lv_round): step there, drawing only the progress bar
+    if asked and not dec.rounds:
+        bar = progress.progress(0.0, text=f"Opening round {asked}: stepping the run from the prompt…")
+        last_draw = time.perf_counter()
+        for _ in _room_rounds(dec, asked):  # a newer run (Stop, any click) ends this loop
+            others = room.readers() - 1
+            if time.perf_counter() - last_draw >= max(INSTANT_REDRAW_S, ROOM_REDRAW_S * others):
+                bar.progress(min(len(dec.rounds) / asked, 1.0),
+                             text=f"Opening round {asked}: {len(dec.rounds)} of {asked} rounds stepped, drawn when "
+                                  "they are done — press Stop to stop")
+                last_draw = time.perf_counter()
+            if S.get("lv_gen") != GEN:
+                break
+        progress.empty()
+        if S.get("lv_gen") == GEN:
+            S["lv_opened"] = {"dec": dec, "rounds": len(dec.rounds),
+                              "msg": opened_round_message(asked, len(dec.rounds), dec.finished, dec.stop_reason)}
     if step and not dec.finished:
         t0 = time.perf_counter()
         rnd = _safe_step(dec)
@@ -599,6 +634,14 @@ def _run_area() -> None:
             st.error(str(e))
         progress.empty()
 
+    opened = S.get("lv_opened")
+    if opened is not None and (opened["dec"] is not dec or opened["rounds"] != len(dec.rounds)):
+        opened = S["lv_opened"] = None  # the reader moved on: the view is no longer the link's round
+    if opened is None and "lv_round" in st.query_params:
+        stage_url("lv_round", None)  # the link no longer describes the view (Stop, a step, Reset, a setting)
+        S["lv_round_link"] = None
+    if opened is not None:
+        progress.info(opened["msg"])
     others_decoding = room.readers() > 0
     just_finished = dec.finished and not was_finished
     if others_decoding or not just_finished:  # (a run that just ended alone reruns below, which draws the panel)
