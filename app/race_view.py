@@ -358,7 +358,7 @@ a.span { cursor: pointer; } a.span:hover { outline: 2px solid #ff4b4b; outline-o
                              : (lane.L.hover[String(round)] || "");
     if (link) {
       d.href = D.live + (round + 1); d.target = "_blank"; d.rel = "noopener"; d.dataset.round = round + 1;
-      d.title += "\nClick: open round " + (round + 1) + " in the Live page (a new tab)";
+      d.title += "\\nClick: open round " + (round + 1) + " in the Live page (a new tab)";
     }
     const steps = kind === "draft" ? (lane.L.steps[String(round)] || 0) : 0;
     for (let i = 1; i < steps; i++) { const tick = el("i", "", d); tick.style.left = (100 * i / steps) + "%"; }

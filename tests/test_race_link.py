@@ -120,3 +120,21 @@ def test_opened_round_message():
     assert "asked for round 40" in ended and "ended (max_new_tokens) after round 12" in ended and "its last" in ended
     assert "stopped after round 2" in opened_round_message(5, 2, False)
     assert "before its first round" in opened_round_message(5, 0, False)
+
+
+def test_the_players_script_parses(tmp_path):
+    """The player's script (with the links' code) is valid JavaScript (node --check, where node is installed)."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    race = _race()
+    race.settings = race_settings(**BASE)
+    doc = player_html(race)
+    script = doc.split("<script>", 1)[1].split("</script>", 1)[0]
+    path = tmp_path / "player.js"
+    path.write_text(script, encoding="utf-8")
+    done = subprocess.run([node, "--check", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
