@@ -377,9 +377,8 @@ def opened_round_message(asked: int, reached: int, finished: bool, stop_reason: 
         stop_reason: why it ended (``SpeculativeDecoder.stop_reason``), when it did.
     """
     if reached >= asked:
-        return (f"Round {asked}, opened by the link: the run was stepped {asked} round{'s' if asked != 1 else ''} from "
-                "the prompt with these settings and seed, as pressing **Step one round** "
-                f"{'once' if asked == 1 else f'{asked} times'} would. **Step one round** goes on from here.")
+        return (f"Round {asked}, opened by the link: the run stepped {'once' if asked == 1 else f'{asked} times'} "
+                "from the prompt, as pressing **Step one round** would.")
     why = f" ({stop_reason})" if stop_reason else ""
     if not reached:
         return f"The link asked for round {asked}; the run was stopped before its first round."

@@ -442,7 +442,7 @@ a.span { cursor: pointer; } a.span:hover { outline: 2px solid #ff4b4b; outline-o
     build(); t0 = null; frames = 0; done = false; verdict.textContent = "";
     raf = requestAnimationFrame(draw);
   }
-  if (D.live) document.getElementById("click-note").textContent = "click a speculative round's bar: that round in Live";
+  if (D.live && !D.present) document.getElementById("click-note").textContent = "click a speculative round's bar: that round in Live";
   document.getElementById("note").textContent = "lanes measured one after the other · played at " + D.pace;
   document.getElementById("replay").addEventListener("click", start);
   start();

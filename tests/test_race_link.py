@@ -114,8 +114,8 @@ def test_round_link_value(raw, want):
 
 def test_opened_round_message():
     assert "Round 3, opened by the link" in opened_round_message(3, 3, False)
-    assert "3 times" in opened_round_message(3, 3, True)
-    assert "once" in opened_round_message(1, 1, False)
+    assert "stepped 3 times" in opened_round_message(3, 3, True)
+    assert "stepped once" in opened_round_message(1, 1, False)
     ended = opened_round_message(40, 12, True, "max_new_tokens")
     assert "asked for round 40" in ended and "ended (max_new_tokens) after round 12" in ended and "its last" in ended
     assert "stopped after round 2" in opened_round_message(5, 2, False)
