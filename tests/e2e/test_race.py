@@ -100,3 +100,71 @@ def test_presenter_race_fits_a_projector_and_the_join_card_a_phone(page, app_url
     assert "opens only on this machine" in dialog.inner_text()  # the test server is on loopback
     page.wait_for_timeout(500)
     page.screenshot(path=str(screenshot(page, "race_join_card_phone")), full_page=False)
+
+
+def _recorded_spec_text(upto_round: int) -> str:
+    """The recorded race's speculative text through round ``upto_round`` (1-based), from the shipped record."""
+    from engine.decoding.race import load_race
+    from tests.test_page_live_round import RECORDED
+
+    race = load_race(RECORDED)
+    return "".join(t.text for t in race.spec.tokens if t.round < upto_round)
+
+
+def test_a_round_of_the_recorded_race_opens_in_live(page, app_url):
+    """Under the lanes: pick round 5, follow the link: the Live page (same tab) shows round 5 opened, with the text
+    the race had by then. A bar of the speculative lane opens its round in a new tab."""
+    page.goto(app_url + "/race")
+    wait_idle(page, timeout_ms=180_000)
+    box = page.locator(".st-key-rc_open_round input")
+    box.fill("5")
+    box.press("Enter")
+    wait_idle(page)
+    link = page.get_by_role("link", name=re.compile("Open round 5 in the Live page"))
+    link.wait_for(timeout=30_000)
+    page.wait_for_timeout(300)
+    assert screenshot(page, "race_open_round").stat().st_size > 20_000
+    link.click()
+    page.get_by_text("Round 5, opened by the link").first.wait_for(timeout=180_000)
+    wait_idle(page, timeout_ms=180_000)
+    wait_url(page, "/live?", "lv_round=5", "lv_draft=head", "lv_gamma=2", "lv_preset=chat")
+    assert page.get_by_text(re.compile(r"^Round 5: ")).count() >= 1
+    assert page.get_by_text("Round 5 in detail").count() == 1
+    shown = page.locator(".st-key-lv_generated").inner_text()
+    words = _recorded_spec_text(5).split()
+    assert words and all(w in shown for w in words), (words, shown)
+    assert not page.locator('[data-testid="stException"]').count()
+    assert screenshot(page, "live_opened_round_5").stat().st_size > 20_000
+    # a step goes on: round 6, and the link no longer says round 5
+    page.get_by_role("button", name="Step one round").click()
+    page.get_by_text(re.compile(r"^Round 6: ")).first.wait_for(timeout=60_000)
+    wait_idle(page)
+    wait_url(page, "/live?", absent=("lv_round=",))
+    # the player's bars: a speculative round's bar opens that round in a new tab
+    page.goto(app_url + "/race")
+    wait_idle(page, timeout_ms=120_000)
+    _wait_done(page)
+    bar = _player(page).locator('.lane.spec a.span.verify[data-round="3"]')
+    assert "lv_round=3" in bar.get_attribute("href") and bar.get_attribute("target") == "_blank"
+    with page.context.expect_page(timeout=30_000) as new_tab:
+        bar.click()
+    tab = new_tab.value
+    tab.get_by_text("Round 3, opened by the link").first.wait_for(timeout=180_000)
+    assert "/live?" in tab.url and "lv_round=3" in tab.url
+    assert tab.get_by_text(re.compile(r"^Round 3: ")).count() >= 1
+
+
+def test_opening_a_far_round_shows_progress_and_stops_on_stop(page, app_url):
+    """Live opened at a far round steps there with a progress bar; Stop ends it between rounds: the page shows the
+    rounds run so far, says it stopped, and its link no longer names the round."""
+    page.goto(app_url + "/live?lv_preset=chat&lv_draft=head&lv_gamma=2&lv_temp=0&lv_max_new=256&lv_round=200")
+    page.get_by_text(re.compile(r"Opening round 200: \d+ of 200 rounds stepped")).first.wait_for(timeout=180_000)
+    page.locator(".st-key-lv_stop button").first.click()
+    page.get_by_text(re.compile(r"^Stopped after \d+ rounds")).first.wait_for(timeout=60_000)
+    wait_idle(page)
+    wait_url(page, "/live?", "lv_draft=head", absent=("lv_round=",))
+    stopped = re.search(r"Stopped after (\d+) rounds", page.inner_text("body"))
+    assert stopped and 0 < int(stopped.group(1)) < 200
+    assert page.get_by_text(re.compile(rf"^Round {stopped.group(1)}: ")).count() >= 1
+    assert "opened by the link" not in page.inner_text("body")
+    assert not page.locator('[data-testid="stException"]').count()
