@@ -347,3 +347,99 @@ def test_direct_draft_steps_are_the_body_forward_bit_for_bit(tiny, path):
     assert head._direct_mask(torch.zeros(1, 2, H), None, torch.tensor([[0, 1]]), DynamicCache()) is False
     assert head._direct_mask(torch.zeros(1, 1, H), torch.ones(1, 1), torch.tensor([[0]]), DynamicCache()) is False
     assert head._direct_mask(torch.zeros(1, 1, H), None, torch.tensor([[0]]), DynamicCache()) is False
+
+
+def test_q8_0_blocks_hand_computed():
+    """One block by hand: max |w| = 1.27 gives d = fp16(0.01) rounded down, and every value comes back as d · q."""
+    from engine.decoding.draft_head import q8_0_blocks, q8_0_values
+
+    w = torch.zeros(1, 32)
+    w[0, 0], w[0, 1], w[0, 2] = 1.27, -0.5, 0.004
+    q, d = q8_0_blocks(w)
+    d16 = torch.tensor(0.01, dtype=torch.float16)
+    if d16.float() > torch.tensor(1.27) / 127:  # fp16(0.01) is above 0.01: the number below it
+        d16 = (d16.view(torch.int16) - 1).view(torch.float16)
+    assert d.dtype == torch.float16 and float(d[0, 0]) == float(d16)
+    assert q.dtype == torch.int8 and q[0, 0] == 127  # the largest magnitude gets 127 exactly
+    assert q[0, 1] == round(-0.5 / float(d16)) and q[0, 2] == round(0.004 / float(d16)) and q[0, 3:].eq(0).all()
+    back = q8_0_values(q, d)
+    assert torch.equal(back, q.float() * d.float())
+    assert (back - w).abs().max() <= float(d16) / 2 + 1.27 * 2 ** -11
+    # a block of zeros, and one whose scale underflows fp16, come back as zeros
+    z = torch.zeros(2, 32)
+    z[1] = 1e-7
+    q, d = q8_0_blocks(z)
+    assert q.eq(0).all() and torch.equal(q8_0_values(q, d), torch.zeros(2, 32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q8_0_blocks(torch.zeros(2, 16))
+    with pytest.raises(ValueError, match="non-finite"):
+        q8_0_blocks(torch.full((1, 32), float("nan")))
+
+
+def test_q8_0_head_is_the_kernels_exact_q8_form(tiny):
+    """A head saved as Q8_0 loads with every matrix at its Q8_0 values, the streaming kernel finds their exact "q8"
+    form (the kernel's own check, which recomputes each scale), and it still decodes exactly as plain greedy."""
+    from safetensors.torch import load_file
+
+    from engine.decoding import compute
+    from engine.decoding.draft_head import q8_0_values
+
+    target = tiny["target"]
+    head = load_head(tiny["head_dir"], target.model)
+    folder = save_head(head, tiny["root"] / "head-q8", weights="q8_0")
+    stored = load_file(str(folder / "model.safetensors"))
+    matrices = [k for k in head.state_dict() if k.endswith(".weight") and head.state_dict()[k].dim() == 2]
+    assert matrices and all(stored[k + ".q8"].dtype == torch.int8 and k not in stored for k in matrices)
+    assert json.loads((folder / "head_config.json").read_text())["weights"] == "q8_0"
+    q8 = load_head(folder, target.model)
+    for k in matrices:
+        assert torch.equal(q8.state_dict()[k], q8_0_values(stored[k + ".q8"], stored[k + ".d"])), k
+        assert not torch.equal(q8.state_dict()[k], head.state_dict()[k]), k  # it was quantized
+    if compute.stream_kernel() is not None:
+        try:
+            compute.apply_path(q8, "stream")
+            formats = compute.weight_formats([q8])
+            # every matrix (fused groups counted once) read as Q8_0: ~1.125 bytes a value
+            assert set(formats["count"]) == {"q8"}, formats
+            assert formats["read_bytes"] * 3 < formats["fp32_bytes"], formats
+        finally:
+            compute.apply_path(q8, "default")
+    for ids in PROMPTS:
+        ref = hf_greedy(target, ids, 16)
+        prop = make_proposer(str(folder), target)
+        assert generate(target, prop, ids, gamma=3, max_new_tokens=16, stop_on_eos=False).token_ids == ref
+
+
+def test_q8_0_head_with_broken_blocks_is_refused(tiny, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_head(load_head(tiny["head_dir"], tiny["target"].model), tmp_path / "q8", weights="q8_0")
+    state = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in state if k.endswith(".d"))
+    state[key] = state[key][:, :0].contiguous()
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="Q8_0"):
+        load_head(folder, tiny["target"].model)
+    with pytest.raises(ValueError, match="Unknown head weight format"):
+        save_head(load_head(tiny["head_dir"], tiny["target"].model), tmp_path / "x", weights="q4")
+
+
+def test_quantize_head_command_writes_what_save_head_writes(tiny, tmp_path):
+    """``python -m engine.training.quantize_head`` on a saved fp16 head gives the tensors ``save_head(…, "q8_0")``
+    gives, keeps the folder's other files, and refuses a head that is Q8_0 already."""
+    from safetensors.torch import load_file
+
+    from engine.training.quantize_head import main
+
+    src = tmp_path / "src"
+    save_head(load_head(tiny["head_dir"], tiny["target"].model), src, meta={"target": "tiny"})
+    (src / "README.md").write_text("card")
+    assert main([str(src), "--out", str(tmp_path / "q")]) == 0
+    want = load_file(str(save_head(load_head(src, tiny["target"].model), tmp_path / "want", weights="q8_0")
+                         / "model.safetensors"))
+    got = load_file(str(tmp_path / "q" / "model.safetensors"))
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    cfg = json.loads((tmp_path / "q" / "head_config.json").read_text())
+    assert cfg["weights"] == "q8_0" and cfg["quantized_from"] == "f16" and cfg["target"] == "tiny"
+    assert (tmp_path / "q" / "README.md").read_text() == "card"
+    assert main([str(tmp_path / "q"), "--out", str(tmp_path / "again")]) == 2

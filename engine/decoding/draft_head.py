@@ -15,7 +15,9 @@ Our head (all sizes for the embedded SmolLM2-135M, H = 576):
   q is 0 on every other id, so acceptance is still judged on the full vocabulary). Frozen, taken from
   the target at load time: the saved head holds only fc, the layers, the norm and ``vocab_ids``.
 
-Saved as a folder: ``head_config.json`` (format, sizes, target name) + ``model.safetensors``.
+Saved as a folder: ``head_config.json`` (format, sizes, target name, weight format) + ``model.safetensors``: fp16
+values, or (``weights: "q8_0"``) each matrix of fc and the layers as GGUF Q8_0 blocks (``q8_0_blocks``), which the
+streaming kernel reads as its exact "q8" compact form (``engine.decoding.compute.compact_weight``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ from engine.errors import ModelLoadError
 
 HEAD_FORMAT = "speedup-lab-feature-head/1"
 HEAD_CONFIG = "head_config.json"
+WEIGHT_FORMATS = ("f16", "q8_0")
+"""How ``save_head`` stores the head's matrices: fp16 values, or GGUF Q8_0 blocks (int8 codes, one fp16 scale per
+32 values along the input dimension)."""
+Q8_0 = 32
+"""Values per scale in a Q8_0 block (GGUF's ``QK8_0``)."""
 
 
 def is_head_folder(path: str | Path) -> bool:
@@ -224,23 +231,105 @@ class FeatureHead(nn.Module):
         return linear(features, self.head_weight)
 
 
-def save_head(head: FeatureHead, folder: str | Path, meta: dict | None = None) -> Path:
-    """Write ``head_config.json`` and ``model.safetensors`` (fp16; fc, layers, norm, vocab_ids).
+def q8_0_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF Q8_0 quantization of a matrix, laid out so its values are an exact "q8" compact form of the streaming
+    kernel (``engine.decoding.compute._exact_q8``).
+
+    Each block of 32 values along the last dimension becomes int8 codes q and one fp16 scale d, the value being
+    d · q (ggml's ``quantize_row_q8_0``: d = max |w| ÷ 127, q = round(w ÷ d)). One change: d is rounded *down* to
+    fp16 (ggml rounds to nearest), so the block's largest magnitude has |q| = 127 exactly, and the kernel's check,
+    which recomputes d as max |d · q| ÷ 127 in fp32, gets d back bit for bit (127 · d is exact in fp32 for an fp16
+    d). A block whose scale underflows fp16 (max |w| < ~7.6e-6) becomes zeros. Values move by at most d / 2 (plus
+    the fp16 rounding of d, under 2⁻¹¹ · |w|): the head drafts a little differently, which never changes what the
+    target accepts (acceptance is judged on the target's p and the q the draft actually drew from).
+
+    Args:
+        w: [N, K] floating matrix, K a multiple of 32.
+
+    Returns:
+        (q [N, K] int8, d [N, K / 32] fp16).
+
+    Raises:
+        ValueError: K is not a multiple of 32, or w is not 2-D or holds a non-finite value.
+    """
+    if w.dim() != 2 or w.shape[1] % Q8_0:
+        raise ValueError(f"Q8_0 needs a 2-D matrix with a multiple of {Q8_0} columns, got {tuple(w.shape)}.")
+    w = w.detach().float()
+    if not torch.isfinite(w).all():
+        raise ValueError("Q8_0 cannot store a non-finite value.")
+    blocks = w.reshape(w.shape[0], -1, Q8_0)
+    d32 = blocks.abs().amax(-1) / 127.0
+    d = d32.to(torch.float16)
+    up = d.float() > d32  # rounded up: step down to the fp16 number below (positive fp16 bits are ordered)
+    d = torch.where(up, (d.view(torch.int16) - 1).view(torch.float16), d)
+    df = d.float()
+    q = torch.where(df[..., None] > 0, (blocks / df.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).round(),
+                    torch.zeros_like(blocks)).clamp_(-127, 127)
+    return q.to(torch.int8).reshape(w.shape), d
+
+
+def q8_0_values(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """fp32 values of Q8_0 blocks: [N, K] int8 codes × [N, K / 32] fp16 scales → [N, K] (each product is exact in
+    fp32: an 8-bit code times an 11-bit significand)."""
+    n, k = q.shape
+    return (q.float().reshape(n, k // Q8_0, Q8_0) * d.float()[..., None]).reshape(n, k)
+
+
+def _quantizable(key: str, v: torch.Tensor) -> bool:
+    """The head's matrices that ``save_head`` stores as Q8_0: fc's and the layers' 2-D weights."""
+    return key.endswith(".weight") and v.dim() == 2 and v.shape[1] % Q8_0 == 0
+
+
+def save_head(head: FeatureHead, folder: str | Path, meta: dict | None = None, weights: str = "f16") -> Path:
+    """Write ``head_config.json`` and ``model.safetensors`` (fc, layers, norm, vocab_ids).
+
+    Args:
+        weights: "f16" (every float tensor as fp16) or "q8_0" (the matrices as Q8_0 blocks ``<key>.q8`` int8 and
+            ``<key>.d`` fp16, ``q8_0_blocks``; norms and biases as fp16): about 1.06 bytes a matrix value instead
+            of 2, and the streaming kernel reads the matrices as Q8_0 at decode time.
 
     Returns:
         the folder.
+
+    Raises:
+        ValueError: an unknown ``weights``.
     """
     from safetensors.torch import save_file
 
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"Unknown head weight format {weights!r}; use one of {', '.join(WEIGHT_FORMATS)}.")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in head.state_dict().items()}
+    state = {}
+    for k, v in head.state_dict().items():
+        if weights == "q8_0" and _quantizable(k, v):
+            state[k + ".q8"], state[k + ".d"] = (t.contiguous() for t in q8_0_blocks(v))
+        else:
+            state[k] = v.detach().to(torch.float16 if v.is_floating_point() else v.dtype).contiguous()
     save_file(state, str(folder / "model.safetensors"))
     cfg = {"format": HEAD_FORMAT, "n_layers": head.n_layers, "hidden_size": head.hidden_size,
-           "draft_vocab": int(head.vocab_ids.numel()), **(meta or {})}
+           "draft_vocab": int(head.vocab_ids.numel()), "weights": weights, **(meta or {})}
     (folder / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
     return folder
+
+
+def _dequantized(state: dict) -> dict:
+    """The state dict with each Q8_0 pair (``<key>.q8``, ``<key>.d``) replaced by ``<key>``'s fp32 values.
+
+    Raises:
+        ValueError: a code tensor without its scales (or the reverse), or shapes that do not match."""
+    out = {k: v for k, v in state.items() if not (k.endswith(".q8") or k.endswith(".d"))}
+    for k in state:
+        if k.endswith(".q8"):
+            key = k[:-3]
+            q, d = state[k], state.get(key + ".d")
+            if d is None or q.dtype != torch.int8 or q.dim() != 2 or tuple(d.shape) != (q.shape[0], q.shape[1] // Q8_0) \
+                    or q.shape[1] % Q8_0:
+                raise ValueError(f"{key}: int8 codes [N, K] need fp16 scales [N, K / {Q8_0}]")
+            out[key] = q8_0_values(q, d)
+        elif k.endswith(".d") and k[:-2] + ".q8" not in state:
+            raise ValueError(f"{k[:-2]}: scales without codes")
+    return out
 
 
 def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
@@ -260,6 +349,10 @@ def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
     if not isinstance(cfg, dict) or cfg.get("format") != HEAD_FORMAT:
         raise ModelLoadError(f"{str(folder)!r} holds a draft head of format {cfg.get('format')!r}, "
                              f"expected {HEAD_FORMAT!r}.")
+    try:
+        state = _dequantized(state)
+    except (ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"The draft head in {str(folder)!r} has unreadable Q8_0 blocks: {e}") from None
     if "vocab_ids" not in state or not all(k in cfg for k in ("hidden_size", "n_layers")):
         raise ModelLoadError(f"The draft head in {str(folder)!r} lacks vocab_ids, hidden_size or n_layers.")
     tcfg = target_model.config

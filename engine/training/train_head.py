@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll-weight", type=float, default=0.5)
     ap.add_argument("--noise", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--weights", default="f16", choices=["f16", "q8_0"],
+                    help="how the saved head stores its matrices (engine.decoding.draft_head.save_head)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
     if args.layers is not None and args.layers < 1:
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_answer_tokens": n_tok, "heldout_answers": len(held), "data_minutes": round(data_min, 1),
             "feature_minutes": round(feat_min, 1), "train_minutes": round(train_min, 1),
             "heldout_agreement": ev, "args": vars(args)}
-    save_head(head, args.out, meta={"target": "embedded", "heldout_agreement": ev})
+    save_head(head, args.out, meta={"target": "embedded", "heldout_agreement": ev}, weights=args.weights)
     meta["total_minutes"] = round((time.perf_counter() - t_start) / 60, 1)
     meta["log"] = log
     (Path(args.out) / "train_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
