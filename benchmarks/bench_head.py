@@ -255,7 +255,8 @@ def main() -> int:
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     sc = res["step_cost"]
     lines = [f"# Draft head benchmark ({res['meta']['date']})", "",
-             f"Embedded SmolLM2-135M-Instruct target (fp32 CPU, {res['meta']['threads']} threads), the shipped "
+             f"Embedded SmolLM2-135M-Instruct target (CPU, {res['meta']['threads']} threads; its weights as the "
+             f"machine line says), the shipped "
              f"EAGLE-style head, {len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, methods "
              f"alternating prompt by prompt. `{res['meta']['command']}`", "", machine_line(res["meta"]), "",
              f"Draft step cost: head {sc['head_step_ms']} ms vs target {sc['target_step_ms']} ms per step → "
