@@ -26,6 +26,16 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     curve = machine_pass_cost(target, progress=progress)
     print("Target pass cost on this machine, × one token: "
           + ", ".join(f"{n}: {curve.ratio(n):.2f}" for n in sorted(curve.ms)) + f" ({curve.source})")
+    rounds = curve.extra.get("head_rounds")
+    if rounds:
+        from engine.explain.analytic import default_gamma_here
+
+        plain = float(rounds["plain_ms"])
+        print(f"Draft head rounds on this machine, × a plain step ({plain:.1f} ms): "
+              + ", ".join(f"γ {g}: {float(v) / plain:.2f}" for g, v in sorted(rounds["round_ms"].items(),
+                                                                            key=lambda kv: int(kv[0]))))
+        g, why = default_gamma_here("embedded-head")
+        print(f"The draft head's default γ here: {g} ({why})")
     return 0
 
 

@@ -242,3 +242,49 @@ def test_shipped_medusa_tree_follows_this_machines_curve(embedded, monkeypatch):
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda *a, **k: None)
     shipped = make_proposer("embedded-medusa", embedded)
     assert shipped.choices == shipped.heads.config["medusa_choices"]
+
+
+def test_non_decreasing_bounds_each_size_by_the_larger_ones_by_hand():
+    # a curve measured on a busy AMD EPYC: t(4) above t(5), t(1) above t(2)
+    got = pass_cost.non_decreasing({1: 10.9, 2: 10.5, 3: 11.8, 4: 16.8, 5: 13.6})
+    assert got == {1: 10.5, 2: 10.5, 3: 11.8, 4: 13.6, 5: 13.6}
+    assert pass_cost.non_decreasing({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
+
+
+def test_measured_curve_never_falls_and_keeps_its_fastest_reps(tiny):
+    c = measure_pass_cost(tiny, sizes=(1, 2, 3, 4), reps=2, context=8)
+    ms = [c.ms[n] for n in sorted(c.ms)]
+    assert all(a <= b for a, b in zip(ms, ms[1:]))
+    assert {int(k): v for k, v in c.extra["fastest"].items()}.keys() == c.ms.keys()
+    assert all(c.ms[n] <= c.extra["fastest"][str(n)] for n in c.ms)
+
+
+def test_measure_draft_rounds_times_each_gamma_and_plain_steps(tiny):
+    from engine.decoding.proposers import PromptLookupProposer
+
+    got = pass_cost.measure_draft_rounds(tiny, PromptLookupProposer(32), gammas=(2, 1), rounds=3, reps=2,
+                                         prompt_ids=[5, 6, 7, 8, 5, 6, 7, 8, 5, 6])
+    assert got["draft"] and got["rounds"] == 3 and got["reps"] == 2
+    assert got["plain_ms"] > 0 and set(got["round_ms"]) == {"1", "2"} and all(v > 0 for v in got["round_ms"].values())
+    with pytest.raises(ValueError):
+        pass_cost.measure_draft_rounds(tiny, PromptLookupProposer(32), gammas=(0,))
+
+
+def test_default_gamma_here_reads_the_heads_timed_rounds_by_hand(monkeypatch):
+    from engine.explain import analytic
+
+    # rounds timed on the AMD EPYC (weights as GGUF blocks): a plain step 8.67 ms; γ = 1..4 rounds 10.60, 13.07,
+    # 14.96, 17.34 ms. E(1..4) = 1.6407, 2.0074, 2.2043, 2.3025 (HEAD_RANK_COUNTS), so γ=1 1.6407 / (10.60 / 8.67) =
+    # 1.342 (best), γ=2 2.0074 / 1.5075 = 1.332 (within 3 %: chosen), γ=3 2.2043 / 1.7255 = 1.278, γ=4 1.151; γ ≥ 5
+    # untimed: γ·c + t(γ+1)/t(1) on the curve (t(6) = 1.5, t(7..9) = 1.8 t(1)): γ=5 2.3515 / 2.0 = 1.18
+    curve = _curve({1: 10.0, 2: 10.0, 3: 11.0, 4: 12.0, 5: 13.0, 6: 15.0, 9: 18.0})
+    curve.extra = {"head_rounds": {"plain_ms": 8.67, "round_ms": {"1": 10.60, "2": 13.07, "3": 14.96, "4": 17.34}}}
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: curve)
+    s = analytic.head_speedups(curve.ms, rounds=curve.extra["head_rounds"])
+    assert s[:4] == pytest.approx([1.3420, 1.3316, 1.2775, 1.1512], abs=2e-4)
+    g, why = analytic.default_gamma_here("embedded-head")
+    assert g == 2 and "timed on this machine" in why and "a round 13.1 ms, a plain step 8.7 ms" in why
+    assert "γ = 1 expects 1.34×, within 3%" in why
+    # without timed rounds: the card's c on the pass curve, as before
+    curve.extra = {}
+    assert "c = 0.1" in analytic.default_gamma_here("embedded-head")[1]

@@ -14,9 +14,18 @@ repo's ``benchmarks/results/verify_cost_amd-epyc.json``, labelled with the machi
 
 Measurement: prefill ``context`` random tokens once; then, for each rep and each size n (sizes interleaved
 so a noisy moment hits all sizes alike), one forward over n new tokens (``logits_to_keep=n``, as a verify
-pass needs every position's logits), timed, then ``cache.crop(-n)``. Reported: the fastest rep per size (another
-process's load only ever adds time: measured during a test run on the same 2 cores, medians gave a curve with
-t(4) < t(1) and t(6) = 6.3 t(1); the best of the reps is the steadiest estimate, as ``compute.measure_paths``).
+pass needs every position's logits) in the batch-invariant layout the engine's decode passes run in
+(``compute.batch_invariant``, as ``CachedLM._feed``), timed, then ``cache.crop(-n)``. Reported: the fastest rep per
+size (another process's load only ever adds time: measured during a test run on the same 2 cores, medians gave a
+curve with t(4) < t(1) and t(6) = 6.3 t(1); the best of the reps is the steadiest estimate, as
+``compute.measure_paths``), made non-decreasing from the right (``non_decreasing``): a pass over more tokens never
+costs less, so a larger size's fastest rep bounds a smaller one's from above.
+
+For the embedded target, ``machine_pass_cost`` also times whole rounds of the shipped draft head at γ = 1..6 and
+plain decoding steps (``measure_draft_rounds``, kept in the curve's ``extra["head_rounds"]``): a round's cost is its
+draft steps, its verify pass and the judging around them, which the pass curve alone leaves out (on the AMD EPYC
+with the weights read as GGUF blocks, a γ = 2 round took 1.51 plain steps where the pass curve and the head card's
+c = 0.1 said 1.33), and the head's default γ reads them (``engine.explain.analytic.head_speedups``).
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from typing import Callable
 
 import torch
 
-from engine.decoding.compute import active_stream_rows, cpu_model, measure_key
-from engine.decoding.models import LoadedModel, cache_root
+from engine.decoding.compute import active_stream_rows, batch_invariant, cpu_model, measure_key
+from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, LoadedModel, cache_root
+from engine.errors import SpeedupLabError
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
 """Tokens per pass measured: chains up to γ = 15 and trees up to 15 nodes (+ the bonus/correction token)."""
@@ -50,7 +60,8 @@ class PassCost:
         source: one line saying where the curve comes from, for captions.
         extra: {"stream_rows": the streaming kernel's row limit during the measurement, None off that path}
             (``machine_pass_cost`` measures again under another limit); with two reps or more, "spread": {n: the
-            relative gap between the two fastest reps} (``ratio_noise``).
+            relative gap between the two fastest reps} (``ratio_noise``); "fastest": {n: the fastest rep before
+            ``non_decreasing``}; for the embedded target, "head_rounds" (``measure_draft_rounds``).
     """
 
     ms: dict[int, float]
@@ -159,7 +170,9 @@ def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: 
         for rep in range(reps + 1):  # rep 0 warms up
             for n in (sizes if rep % 2 else sizes[::-1]):
                 t0 = time.perf_counter()
-                target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True, logits_to_keep=n)
+                with batch_invariant():
+                    target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True,
+                                 logits_to_keep=n)
                 if target.device.type == "cuda":
                     torch.cuda.synchronize()
                 dt = (time.perf_counter() - t0) * 1e3
@@ -172,12 +185,87 @@ def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: 
             if rep and should_stop is not None and should_stop():
                 break
     done = min(len(v) for v in times.values())
-    return PassCost(ms={n: round(min(v), 3) for n, v in times.items()}, cpu=cpu_model(),
+    fastest = {n: round(min(v), 3) for n, v in times.items()}
+    return PassCost(ms=non_decreasing(fastest), cpu=cpu_model(),
                     compute=target.compute.path if target.compute else "default", threads=torch.get_num_threads(),
                     date=time.strftime("%Y-%m-%d %H:%M"), context=context, reps=done, measured_here=True,
-                    extra={"stream_rows": _stream_rows(target), **({"spread": _spread(times)} if done > 1 else {})},
+                    extra={"stream_rows": _stream_rows(target), "fastest": {str(n): v for n, v in fastest.items()},
+                           **({"spread": _spread(times)} if done > 1 else {})},
                     source=f"measured on this machine ({cpu_model()}, {target.compute.name if target.compute else 'default'}"
                            f" kernels, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
+
+
+def non_decreasing(ms: dict[int, float]) -> dict[int, float]:
+    """{n: min over m ≥ n of ms[m]}: each size's time bounded by every larger size's (a pass over more tokens reads
+    the same weights and does more work, so where a larger pass was measured faster, the smaller one's fastest rep
+    still held time another process took). E.g. {1: 10.9, 2: 10.5, 3: 11.8, 4: 16.8, 5: 13.6} (a curve measured
+    on a busy AMD EPYC) → {1: 10.5, 2: 10.5, 3: 11.8, 4: 13.6, 5: 13.6}."""
+    out, low = {}, float("inf")
+    for n in sorted(ms, reverse=True):
+        low = min(low, ms[n])
+        out[n] = low
+    return dict(sorted(out.items()))
+
+
+HEAD_ROUND_GAMMAS = (1, 2, 3, 4, 5, 6)
+"""The γ at which ``machine_pass_cost`` times rounds of the shipped draft head (``measure_draft_rounds``)."""
+ROUND_PROMPT = "Explain in a few sentences why the sky looks blue during the day."
+"""The prompt ``measure_draft_rounds`` decodes (any text: a round's time hardly depends on what it drafts)."""
+
+
+def measure_draft_rounds(target: LoadedModel, proposer, gammas=HEAD_ROUND_GAMMAS, rounds: int = 6, reps: int = 3,
+                         progress: Callable[[str, float], None] | None = None,
+                         should_stop: Callable[[], bool] | None = None, prompt_ids: list[int] | None = None) -> dict:
+    """Median wall time of a decoding round with ``proposer`` at each γ in ``gammas`` and of a plain decoding step,
+    on this machine (``SpeculativeDecoder.step``: draft, verify pass, judging, KV rollback).
+
+    Per rep and kind (kinds interleaved, the order reversed every other rep; rep 0 warms up and is not kept): a
+    fresh decoder on ``ROUND_PROMPT`` (greedy, its prefill and first round untimed: the first round's draft reads the
+    whole prompt), then ``rounds`` rounds timed one by one.
+
+    Args:
+        target: the loaded target. proposer: the draft (reset by each decoder's prefill). gammas: γ values (≥ 1).
+        rounds: timed rounds per rep and kind. reps: kept reps. progress: (message, fraction) callback.
+        should_stop: polled between reps; a stop keeps the reps done (at least one).
+        prompt_ids: the prompt to decode (default: ``ROUND_PROMPT`` with the target's chat template).
+
+    Returns:
+        {"draft": the proposer's name, "plain_ms": median ms of a plain step, "round_ms": {γ: median ms of a round},
+        "rounds": rounds, "reps": reps kept}.
+
+    Raises:
+        ValueError: no γ, a γ < 1, rounds < 1 or reps < 1.
+    """
+    import statistics
+
+    from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
+
+    gammas = sorted(set(int(g) for g in gammas))
+    if not gammas or gammas[0] < 1 or rounds < 1 or reps < 1:
+        raise ValueError("timing draft rounds needs γ ≥ 1, at least one round and one rep")
+    ids = list(prompt_ids) if prompt_ids else encode_prompt(target.tokenizer, ROUND_PROMPT)
+    times: dict[int, list[float]] = {g: [] for g in [0, *gammas]}
+    kept = 0
+    for rep in range(reps + 1):
+        for g in ([0, *gammas] if rep % 2 else [*gammas, 0][::-1]):
+            dec = SpeculativeDecoder(target, proposer if g else None, ids, gamma=max(g, 1), stop_on_eos=False,
+                                     max_new_tokens=(rounds + 1) * (max(gammas) + 1))
+            dec.prefill()
+            dec.step()
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                dec.step()
+                if rep:
+                    times[g].append((time.perf_counter() - t0) * 1e3)
+        kept = rep
+        if progress:
+            progress(f"Timing draft rounds at γ = {gammas[0]}–{gammas[-1]} on this machine (rep {rep} of {reps})…",
+                     (rep + 1) / (reps + 1))
+        if rep and should_stop is not None and should_stop():
+            break
+    return {"draft": getattr(proposer, "name", "draft"), "plain_ms": round(statistics.median(times[0]), 3),
+            "round_ms": {str(g): round(statistics.median(times[g]), 3) for g in gammas}, "rounds": rounds,
+            "reps": kept}
 
 
 def _spread(times: dict[int, list[float]]) -> dict[str, float]:
@@ -262,6 +350,14 @@ def machine_pass_cost(target: LoadedModel, measure: bool = True,
     if not measure:
         return shipped_pass_cost()
     got = measure_pass_cost(target, progress=progress)
+    if target.spec == EMBEDDED:  # the shipped head's rounds, for its default γ (engine.explain.analytic)
+        try:
+            from engine.decoding.drafts import make_proposer
+
+            got.extra["head_rounds"] = measure_draft_rounds(target, make_proposer(EMBEDDED_HEAD, target),
+                                                            progress=progress)
+        except (SpeedupLabError, OSError) as e:  # the shipped head missing or unreadable: the card's c serves
+            got.extra["head_rounds_problem"] = str(e)
     try:
         f = _store()
         f.parent.mkdir(parents=True, exist_ok=True)

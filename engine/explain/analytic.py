@@ -308,23 +308,36 @@ def head_alpha_by_depth() -> list[float]:
     return [h[0] / n for h, n in zip(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"])]
 
 
-def head_speedups(ms: Mapping[int, float], gamma_max: int = HEAD_GAMMA_MAX) -> list[float]:
+def head_speedups(ms: Mapping[int, float], gamma_max: int = HEAD_GAMMA_MAX, rounds: Mapping | None = None
+                  ) -> list[float]:
     """The shipped head's expected speedup for γ = 1..gamma_max (index γ − 1) on a pass-cost curve ``ms``
     ({tokens: ms}): E from its acceptance by depth (``head_alpha_by_depth``, the last depth's α beyond it;
-    :func:`expected_tokens_by_position`), over γ·c + t(γ+1)/t(1) with c = ``HEAD_CARD_C`` (Leviathan et al. 2023,
-    Theorem 3.8, with a measured verify cost: :func:`speedup_from_tokens`, :func:`verify_cost_ratio`)."""
+    :func:`expected_tokens_by_position`) over the cost of a round in plain decoding steps.
+
+    The round's cost: where ``rounds`` (``engine.decoding.pass_cost.measure_draft_rounds``: this machine's median
+    round at γ and plain step, in ms) has γ, round_ms[γ] ÷ plain_ms, measured whole (draft steps, verify pass,
+    judging); elsewhere γ·c + t(γ+1)/t(1) with c = ``HEAD_CARD_C`` (Leviathan et al. 2023, Theorem 3.8, with a
+    measured verify cost: :func:`speedup_from_tokens`, :func:`verify_cost_ratio`)."""
     alphas = head_alpha_by_depth()
-    return [speedup_from_tokens(expected_tokens_by_position(alphas, g, alpha_fallback=alphas[-1]), g, HEAD_CARD_C,
-                                verify_cost_ratio(g + 1, measured_ms=ms))
-            for g in range(1, _check_gamma(gamma_max, GAMMA_LIMIT) + 1)]
+    measured = {}
+    if rounds and float(rounds.get("plain_ms") or 0) > 0:
+        measured = {int(g): float(v) / float(rounds["plain_ms"]) for g, v in (rounds.get("round_ms") or {}).items()
+                    if float(v) > 0}
+    out = []
+    for g in range(1, _check_gamma(gamma_max, GAMMA_LIMIT) + 1):
+        e = expected_tokens_by_position(alphas, g, alpha_fallback=alphas[-1])
+        out.append(e / measured[g] if g in measured else
+                   speedup_from_tokens(e, g, HEAD_CARD_C, verify_cost_ratio(g + 1, measured_ms=ms)))
+    return out
 
 
 def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[int, str]:
     """The default γ for a draft on this machine, and why.
 
     For the shipped head ("embedded-head") on the embedded target: the longest γ ≤ ``HEAD_GAMMA_MAX`` whose
-    expected speedup (:func:`head_speedups`: the head's measured acceptance by depth, its card's c and this
-    machine's measured pass-cost curve, ``engine.decoding.pass_cost``) is within the curve's noise
+    expected speedup (:func:`head_speedups`: the head's measured acceptance by depth over its rounds timed on this
+    machine where ``python -m engine prepare`` timed them, else its card's c and this machine's measured pass-cost
+    curve, ``engine.decoding.pass_cost``) is within the curve's noise
     (:func:`gamma_tolerance`) of the best (:func:`choose_within_noise`). For the shipped block drafter
     ("embedded-block"): B − 1 with B from ``engine.decoding.block_drafter.default_block_here`` (its held-out
     acceptance and block cost on this machine's curve). For the shipped Medusa heads ("embedded-medusa"): their
@@ -365,12 +378,19 @@ def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[
     curve = cached_pass_cost(EMBEDDED)
     if curve is None:
         return static, "the shipped default (this machine's pass cost is not measured yet)"
-    s = head_speedups(curve.ms)
+    rounds = curve.extra.get("head_rounds") if isinstance(curve.extra, dict) else None
+    s = head_speedups(curve.ms, rounds=rounds)
     tol = gamma_tolerance(curve)
     i, b = choose_within_noise(s, tol)
     g, best = i + 1, b + 1
-    why = (f"the head's expected speedup (its measured acceptance by position, c = {HEAD_CARD_C}) on this machine's "
-           f"measured pass cost: γ = {g} expects {s[i]:.2f}× (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f})")
+    timed = (rounds or {}).get("round_ms", {}).get(str(g)) if rounds else None
+    if timed is not None:
+        why = (f"the head's expected speedup (its measured acceptance by position) over its rounds timed on this "
+               f"machine: γ = {g} expects {s[i]:.2f}× (a round {float(timed):.1f} ms, a plain step "
+               f"{float(rounds['plain_ms']):.1f} ms)")
+    else:
+        why = (f"the head's expected speedup (its measured acceptance by position, c = {HEAD_CARD_C}) on this "
+               f"machine's measured pass cost: γ = {g} expects {s[i]:.2f}× (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f})")
     if g != best:
         why += (f"; γ = {best} expects {s[b]:.2f}×, within {tol:.0%} (the curve's noise), so the longer draft, "
                 "which shows more tokens per pass")
