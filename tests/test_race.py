@@ -5,6 +5,7 @@ embedded model (slow)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -312,3 +313,41 @@ def test_embedded_bars_add_up_and_the_replay_keeps_the_measured_ratio(embedded, 
         assert lane.pass_ms == pytest.approx(lane.wall_ms, rel=0.05), (lane.kind, lane.pass_ms, lane.wall_ms)
     assert replayed_speedup(race) == pytest.approx(measured_speedup(race), rel=0.02)
     assert race.identical
+
+
+def test_a_race_through_the_room_shares_its_passes_and_records_their_rows(tiny):
+    """Lanes built with ``Room.bind`` step through the room's passes: alone each pass has the lane's row only; with
+    another reader decoding in the room, some of the lanes' rounds share a pass with its row, and the race records
+    the rows (``rows_max``) beside the readers (``others_max``); greedy texts stay identical to the lone race's."""
+    import threading
+
+    from engine.decoding.scheduler import Room
+
+    room = Room(tiny, no_draft_above=None)
+    try:
+        rows = lambda: room.stats().last_pass_rows  # noqa: E731
+        alone = run_race(lambda: room.bind(_decoder(tiny, "ngram")), lambda: room.bind(_decoder(tiny, None)), "lookup",
+                         reps=1, warm_rounds=0, busy=room.readers, pass_rows=rows)
+        assert alone.identical and alone.rows_max == 1 and alone.others_max == 0
+        assert {r.rows for r in alone.spec.rounds} == {1}
+        stop = threading.Event()
+
+        def other_reader():  # a reader that keeps decoding while the race runs
+            while not stop.is_set():
+                room.run(_decoder(tiny, None, max_new=64))
+
+        t = threading.Thread(target=other_reader, daemon=True)
+        t.start()
+        try:
+            time.sleep(0.05)
+            shared = run_race(lambda: room.bind(_decoder(tiny, "ngram")), lambda: room.bind(_decoder(tiny, None)),
+                              "lookup", reps=1, warm_rounds=0, busy=room.readers, pass_rows=rows)
+        finally:
+            stop.set()
+            t.join(timeout=30)
+        assert shared.rows_max >= 2 and shared.others_max >= 1
+        assert shared.spec.token_ids == alone.spec.token_ids and shared.identical
+        again = Race.from_dict(json.loads(json.dumps(shared.to_dict())))
+        assert again.rows_max == shared.rows_max and [r.rows for r in again.spec.rounds] == [r.rows for r in shared.spec.rounds]
+    finally:
+        room.close()

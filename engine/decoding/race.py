@@ -105,7 +105,9 @@ class LaneRound:
         n_accepted: draft tokens kept. next_text, next_kind: the target's own token ("correction", "bonus" or
             "plain"); next_text is "" when an accepted end-of-sequence draft token ended the output.
         emitted: tokens the round added. others: other readers decoding on this server when the round began
-            (``run_race``'s ``busy``; 0 when nobody was asked).
+            (``run_race``'s ``busy``; 0 when nobody was asked). rows: rows of the room's last pass when the round
+            returned (``run_race``'s ``pass_rows``: the shared pass that served it, other readers' rows included; 0
+            when not asked).
         prefill_tokens: prompt tokens its target pass also processed (the prefill fused into the first verify pass,
             as prompt lookup, a draft model and early exit do); 0 otherwise.
     """
@@ -121,6 +123,7 @@ class LaneRound:
     emitted: int
     others: int = 0
     prefill_tokens: int = 0
+    rows: int = 0
 
 
 @dataclass
@@ -189,6 +192,11 @@ class Lane:
         """The most other readers decoding on this server while a round of the lane began."""
         return max((r.others for r in self.rounds), default=0)
 
+    @property
+    def rows_max(self) -> int:
+        """The most rows a pass that served a round of the lane had (0: not recorded; 1: every pass its own)."""
+        return max((r.rows for r in self.rounds), default=0)
+
     def tokens_per_pass_counts(self) -> dict[int, int]:
         """{tokens a target pass yielded: passes}, over every target pass of the lane (Σ passes = the lane's target
         passes, Σ tokens · passes = its tokens). A round with a pass yields its emitted tokens (a plain step 1; a
@@ -224,7 +232,8 @@ def _draft_steps(proposer, rnd) -> int:
 
 
 def record_lane(decoder, kind: str, label: str, clock: Callable[[], float] = time.perf_counter,
-                should_stop: Callable[[], bool] | None = None, busy: Callable[[], int] | None = None) -> Lane:
+                should_stop: Callable[[], bool] | None = None, busy: Callable[[], int] | None = None,
+                pass_rows: Callable[[], int] | None = None) -> Lane:
     """Run ``decoder`` (a fresh ``SpeculativeDecoder``) to its end, one ``step`` at a time, and record its timeline
     (see the module docstring for how each span is placed).
 
@@ -234,6 +243,8 @@ def record_lane(decoder, kind: str, label: str, clock: Callable[[], float] = tim
         clock: seconds (``time.perf_counter``; tests pass a fake one).
         should_stop: returning True between rounds stops the race.
         busy: other readers decoding on this server now (asked when each round begins; None: not asked).
+        pass_rows: rows of the last pass of the room the decoder steps through (asked when each round returns;
+            None: not asked).
 
     Returns:
         the ``Lane``; its tokens are those of ``decoder.new_ids``.
@@ -259,6 +270,9 @@ def record_lane(decoder, kind: str, label: str, clock: Callable[[], float] = tim
         prefill_before = decoder.prefill_ms
         rnd = decoder.step()
         end = (clock() - t0) * 1000
+        if rnd is None:  # a room's step that was cancelled (``ScheduledDecoder.step``)
+            raise RaceStopped("The race was stopped before it ended.")
+        rows = int(pass_rows()) if pass_rows is not None else 0
         cursor = start
         if not rnd.prefill_tokens and decoder.prefill_ms != prefill_before:  # the prompt's pass of its own
             spans.append(Span("prefill", cursor, min(cursor + decoder.prefill_ms, end), None,
@@ -274,7 +288,8 @@ def record_lane(decoder, kind: str, label: str, clock: Callable[[], float] = tim
         rounds.append(LaneRound(index=rnd.index, start_ms=start, end_ms=end, draft=draft,
                                 draft_steps=_draft_steps(decoder.proposer, rnd), n_accepted=rnd.n_accepted,
                                 next_text="" if rnd.ended_in_draft else rnd.next_text, next_kind=rnd.next_kind,
-                                emitted=len(rnd.emitted_ids), others=others, prefill_tokens=rnd.prefill_tokens))
+                                emitted=len(rnd.emitted_ids), others=others, prefill_tokens=rnd.prefill_tokens,
+                                rows=rows))
         for tok, origin in token_origins([rnd]):
             marks.append(TokenMark(end, tok, decoder.token_text(tok), origin, rnd.index))
     stats = decoder.stats()
@@ -288,14 +303,15 @@ class _Recorder:
     """A decoder whose ``run`` records its lane (for ``measure_speedup_ab``, which calls ``run``, ``stats``,
     ``new_ids`` and ``rounds``); ``stats`` returns one object, so the run a measurement kept can be found."""
 
-    def __init__(self, decoder, kind: str, label: str, should_stop, busy):
+    def __init__(self, decoder, kind: str, label: str, should_stop, busy, pass_rows=None):
         self.decoder, self.kind, self.label = decoder, kind, label
-        self.should_stop, self.busy = should_stop, busy
+        self.should_stop, self.busy, self.pass_rows = should_stop, busy, pass_rows
         self.lane: Lane | None = None
         self._stats: RunStats | None = None
 
     def run(self):
-        self.lane = record_lane(self.decoder, self.kind, self.label, should_stop=self.should_stop, busy=self.busy)
+        self.lane = record_lane(self.decoder, self.kind, self.label, should_stop=self.should_stop, busy=self.busy,
+                                pass_rows=self.pass_rows)
         self._stats = self.decoder.stats()
         return self.decoder.result()
 
@@ -325,7 +341,8 @@ class Race:
         greedy: temperature 0 (the texts must then be identical token for token).
         machine: the CPU (and threads, compute path) it was measured on. measured_at: ISO date and time.
         warm_ms: the warm-up. measure_ms: the timed runs, with the decoders' construction.
-        others_max: the most other readers decoding on the server while a timed round began.
+        others_max: the most other readers decoding on the server while a timed round began. rows_max: the most
+            rows a pass serving a timed round had (the room's shared passes; 0: not recorded).
     """
 
     settings: dict
@@ -340,6 +357,7 @@ class Race:
     warm_ms: float = 0.0
     measure_ms: float = 0.0
     others_max: int = 0
+    rows_max: int = 0
 
     @property
     def speedup(self) -> float | None:
@@ -399,7 +417,7 @@ class Race:
             lanes = {k: _lane_from_dict(d[k]) for k in ("plain", "spec")}
             fields = {k: d[k] for k in ("settings", "order", "spec_ms_per_token", "base_ms_per_token", "greedy",
                                         "machine", "measured_at")}
-            extra = {k: d[k] for k in ("warm_ms", "measure_ms", "others_max") if k in d}
+            extra = {k: d[k] for k in ("warm_ms", "measure_ms", "others_max", "rows_max") if k in d}
         except (KeyError, TypeError) as e:
             raise InputError(f"This race record lacks a field: {e}.") from None
         return cls(**fields, **lanes, **extra)
@@ -446,7 +464,8 @@ def load_race(path: str | Path) -> Race:
 def run_race(make_spec, make_base, spec_label: str, settings: dict | None = None, reps: int = REPS,
              warm_rounds: int = WARM_ROUNDS, machine: str = "", greedy: bool = True,
              on_progress: Callable[[int, int, str], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, busy: Callable[[], int] | None = None) -> Race:
+             should_stop: Callable[[], bool] | None = None, busy: Callable[[], int] | None = None,
+             pass_rows: Callable[[], int] | None = None) -> Race:
     """Race speculative against plain decoding on this machine: warm both up, then time ``reps`` runs of each,
     alternating (A B B A …, ``engine.decoding.measure.measure_speedup_ab``), each recorded with its timeline
     (``record_lane``); keep each kind's run at the median.
@@ -459,6 +478,8 @@ def run_race(make_spec, make_base, spec_label: str, settings: dict | None = None
         machine: where it ran (the CPU), recorded with the race. greedy: temperature 0.
         on_progress: ``on_progress(done, total, what)`` before each part ("warm-up", "spec", "base").
         should_stop: returning True (checked between rounds) stops the race. busy: other readers decoding now.
+        pass_rows: rows of the last pass of the room the decoders step through (``Room.bind``: the lanes' rounds
+            then share the room's passes with other readers, and each round records the rows of its pass).
 
     Raises:
         ValueError: reps < 1. RaceStopped: stopped. The builders' and decoders' errors (InputError, …) propagate.
@@ -484,8 +505,8 @@ def run_race(make_spec, make_base, spec_label: str, settings: dict | None = None
 
     def _make(kind: str):
         def make():
-            rec = (_Recorder(make_spec(), SPEC, spec_label, should_stop, busy) if kind == "spec"
-                   else _Recorder(make_base(), PLAIN, "plain decoding", should_stop, busy))
+            rec = (_Recorder(make_spec(), SPEC, spec_label, should_stop, busy, pass_rows) if kind == "spec"
+                   else _Recorder(make_base(), PLAIN, "plain decoding", should_stop, busy, pass_rows))
             recorders.append(rec)
             return rec
         return make
@@ -501,7 +522,8 @@ def run_race(make_spec, make_base, spec_label: str, settings: dict | None = None
                 spec_ms_per_token=ab.spec_ms_per_token, base_ms_per_token=ab.base_ms_per_token, greedy=greedy,
                 machine=machine, measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
                 warm_ms=(t1 - t0) * 1000, measure_ms=(time.perf_counter() - t1) * 1000,
-                others_max=max(r.lane.others_max for r in recorders if r.lane is not None))
+                others_max=max(r.lane.others_max for r in recorders if r.lane is not None),
+                rows_max=max(r.lane.rows_max for r in recorders if r.lane is not None))
 
 
 # ---------------------------------------------------------------------------------------------- playback model
