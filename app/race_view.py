@@ -272,7 +272,9 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .title { font-weight: 700; flex: 1 1 auto; min-width: 0; overflow: hidden; text-overflow: ellipsis;
   white-space: nowrap; }
 .stats { font-variant-numeric: tabular-nums; color: #444; flex: 0 0 auto; white-space: nowrap; }
-@media (max-width: 700px) { .head { flex-wrap: wrap; } .stats { white-space: normal; } }
+/* a phone: the stats line on a row of its own, as wide as the lane, wrapped (as wide as its text, it ran past
+   the lane's edge and the frame cut it) */
+@media (max-width: 700px) { .head { flex-wrap: wrap; } .stats { white-space: normal; flex: 1 1 100%; min-width: 0; } }
 .prog { height: 5px; background: #eef0f3; border-radius: 3px; margin: 3px 0; overflow: hidden; }
 .prog > div { height: 100%; width: 0; background: #8a8f98; }
 .lane.spec .prog > div { background: #2e9b5b; }

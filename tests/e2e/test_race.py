@@ -168,3 +168,26 @@ def test_opening_a_far_round_shows_progress_and_stops_on_stop(page, app_url):
     assert page.get_by_text(re.compile(rf"^Round {stopped.group(1)}: ")).count() >= 1
     assert "opened by the link" not in page.inner_text("body")
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_the_lanes_stats_fit_a_phone(browser, app_url):
+    """At a phone's width (390 px) each lane's statistics line wraps inside its lane: it was one line as wide as its
+    text, so "tokens/pass" and the passes ran past the lane's right edge and were cut off by the player's frame."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844})
+    page = ctx.new_page()
+    try:
+        page.goto(app_url + "/race")  # the recorded race plays: nothing to race
+        wait_idle(page, timeout_ms=180_000)
+        _wait_done(page)
+        player = _player(page)
+        frame = page.locator(PLAYER).first.bounding_box()
+        for lane in player.locator(".lane").all():
+            stats, box = lane.locator(".stats"), lane.bounding_box()
+            s = stats.bounding_box()
+            assert "tokens/pass" in stats.inner_text()
+            assert s["x"] + s["width"] <= box["x"] + box["width"] + 0.5, (stats.inner_text(), s, box)
+            assert s["y"] + s["height"] <= frame["y"] + frame["height"] + 0.5, (s, frame)  # not below the frame
+        page.wait_for_timeout(300)
+        screenshot(page, "race_phone_lanes")
+    finally:
+        ctx.close()
