@@ -110,13 +110,17 @@ def honesty_line(race: Race, speed: float, recorded: bool = False) -> str:
 
 
 def room_line(race: Race) -> str | None:
-    """A line when other readers decoded on the server while the race ran (None when nobody did)."""
-    n = race.others_max
-    if not n:
+    """A line when other readers decoded on the server while the race ran (None when nobody did): how many, and, when
+    the lanes stepped through the room (``run_race``'s ``pass_rows``), the most rows a pass of theirs shared."""
+    n, rows = race.others_max, getattr(race, "rows_max", 0)
+    if not n and rows <= 1:
         return None
-    return (f"While this race ran, up to {n} other reader{'s' if n != 1 else ''} decoded on this server: their "
-            "passes shared its cores with the lanes, so both lanes ran slower than alone and the ratio is unsure. "
-            "Race again when the room is quiet, or play the recorded race.")
+    who = f"up to {n} other reader{'s' if n != 1 else ''}" if n else "other readers"
+    shared = (f": the lanes' rounds shared the room's passes with their rows (up to {rows} rows a pass), so both "
+              "lanes ran slower than alone" if rows > 1 else
+              ": their passes shared the server's cores with the lanes, so both lanes ran slower than alone")
+    return (f"While this race ran, {who} decoded on this server{shared} and the ratio is unsure. Race again when "
+            "the room is quiet, or play the recorded race.")
 
 
 # ---------------------------------------------------------------------------------------------- a round in Live

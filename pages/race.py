@@ -230,10 +230,12 @@ def _settings() -> dict:
                          seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]))
 
 
-def _make(settings: dict, baseline: bool):
-    """A builder of one lane's fresh decoder from the race's recorded settings (as the Live page builds its own)."""
+def _make(settings: dict, baseline: bool, room):
+    """A builder of one lane's fresh decoder from the race's recorded settings (as the Live page builds its own),
+    stepping through the room: alone its passes are its own; beside other readers they share the room's passes,
+    and the race records how many rows they had."""
     kw = decoder_kwargs(settings)
-    return lambda: make_decoder(target, **kw, baseline=baseline, load=get_model)
+    return lambda: room.bind(make_decoder(target, **kw, baseline=baseline, load=get_model))
 
 
 if recorded_clicked and recorded is not None:
@@ -263,8 +265,9 @@ if race_clicked and target is not None:
         f", tree of {S['rc_tree']}" if S["rc_tree"] else "") + f", γ = {S['rc_gamma']}"
     settings = _settings()
     try:
-        race = run_race(_make(settings, False), _make(settings, True), label, settings=settings, machine=machine,
-                        greedy=float(S["rc_temp"]) == 0, on_progress=_progress, busy=room.readers)
+        race = run_race(_make(settings, False, room), _make(settings, True, room), label, settings=settings,
+                        machine=machine, greedy=float(S["rc_temp"]) == 0, on_progress=_progress, busy=room.readers,
+                        pass_rows=lambda: room.stats().last_pass_rows)
     except RaceStopped as e:
         race = None
         status.info(str(e))

@@ -103,6 +103,14 @@ def test_what_the_page_says_about_the_race():
     assert rec.startswith("A recorded race, measured on AMD EPYC (2 cores, 2 threads), 2026-12-04")
     assert room_line(race) is None
     assert "up to 3 other readers" in room_line(_race(others=3))
+    assert "shared the server's cores" in room_line(_race(others=3))
+    shared = _race(others=2)
+    shared.rows_max = 5  # the lanes stepped through the room: some passes had 5 rows
+    line = room_line(shared)
+    assert "up to 2 other readers" in line and "shared the room's passes with their rows (up to 5 rows a pass)" in line
+    alone = _race()
+    alone.rows_max = 1  # through the room, every pass its own row: nothing to say
+    assert room_line(alone) is None
     hover = round_hover(race.spec, race.spec.rounds[0])
     assert "drafted 2 (2 draft calls" in hover and "accepted" in hover and "p 0.900, q 0.800" in hover
     assert "Round 1: one target pass" in round_hover(race.plain, race.plain.rounds[0])
