@@ -1,7 +1,7 @@
 """The race: plain and speculative decoding of one prompt on the embedded model, measured one after the other on this
 server and replayed side by side at their measured pace.
 
-The engine races (``engine.decoding.race.run_race``: a warm-up, then A B B A with nothing drawn in between) and
+The engine races (``engine.decoding.race.run_race``: a warm-up, then A B B A A B with nothing drawn in between) and
 records every token's and pass's time; ``app.race_view`` turns the record into a player that animates in the
 browser (no rerun per token). Decoders are built as the Live page builds them (``app.decoders``).
 """
@@ -211,7 +211,7 @@ with controls:
     row = st.container(horizontal=True)
     race_clicked = row.button("🏁 Race", type="primary", key="rc_race_btn", disabled=target is None,
                               help="Warm up, then time speculative and plain decoding alone, alternating "
-                                   "(A B B A), with nothing drawn meanwhile; then play both back.")
+                                   "(A B B A A B), with nothing drawn meanwhile; then play both back.")
     row.button("Stop", key="rc_stop", help="Ends a race in progress after the run it is timing.")
     recorded_clicked = row.button(
         "Play the recorded race", key="rc_recorded_btn", disabled=recorded is None,

@@ -55,7 +55,7 @@ def test_a_race_replaces_it_and_keeps_the_settings_in_the_url(tiny):
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     race = at.session_state["rc_race"]
-    assert race.order == ["spec", "base", "base", "spec"]
+    assert race.order == ["spec", "base", "base", "spec", "spec", "base"]
     assert race.identical and race.spec.new_tokens == 12 == race.plain.new_tokens
     assert race.settings["draft"] == "ngram" and race.settings["gamma"] == 3 and race.settings["seed"] == 5
     caps = _captions(at)

@@ -244,13 +244,14 @@ def test_run_race_alternates_keeps_the_median_runs_and_greedy_texts_are_identica
     race = run_race(lambda: _decoder(tiny, "early-exit:1"), lambda: _decoder(tiny, None), "early exit",
                     settings={"draft": "early-exit"}, machine="tiny CPU", greedy=True,
                     on_progress=lambda done, total, what: progress.append((done, total, what)), busy=lambda: 2)
-    assert race.order == ["spec", "base", "base", "spec"]
-    assert progress == [(0, 5, "warm-up"), (1, 5, "spec"), (2, 5, "base"), (3, 5, "base"), (4, 5, "spec")]
+    assert race.order == ["spec", "base", "base", "spec", "spec", "base"]
+    assert progress == [(0, 7, "warm-up"), (1, 7, "spec"), (2, 7, "base"), (3, 7, "base"), (4, 7, "spec"),
+                        (5, 7, "spec"), (6, 7, "base")]
     assert race.identical and race.first_difference is None
     assert race.plain.text == race.spec.text
-    # the replayed lane of each kind is its faster run (the median rule of measure_speedup_ab for two runs)
-    assert race.spec.total_ms / race.spec.new_tokens == pytest.approx(min(race.spec_ms_per_token))
-    assert race.plain.total_ms / race.plain.new_tokens == pytest.approx(min(race.base_ms_per_token))
+    # the replayed lane of each kind is its median run (three runs each)
+    assert race.spec.total_ms / race.spec.new_tokens == pytest.approx(sorted(race.spec_ms_per_token)[1])
+    assert race.plain.total_ms / race.plain.new_tokens == pytest.approx(sorted(race.base_ms_per_token)[1])
     assert race.others_max == 2 and race.warm_ms > 0 and race.measure_ms > 0
     assert race.machine == "tiny CPU" and race.settings == {"draft": "early-exit"}
 

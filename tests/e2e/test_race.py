@@ -23,7 +23,7 @@ def _race(page, timeout_ms: int = 120_000) -> float:
     """Click Race; return the seconds from the click until the player starts playing (the new race's player)."""
     page.get_by_role("button", name=re.compile("Race$")).first.click()
     t0 = time.perf_counter()
-    page.get_by_text("Part 1 of 5").first.wait_for(timeout=timeout_ms)
+    page.get_by_text(re.compile(r"Part 1 of \d+")).first.wait_for(timeout=timeout_ms)
     page.wait_for_function(
         "(sel) => { const f = document.querySelector(sel); const b = f && f.contentDocument && f.contentDocument.body;"
         " return b && ['playing', 'done'].includes(b.dataset.state) && b.querySelector('.tok'); }",
