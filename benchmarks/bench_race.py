@@ -1,5 +1,6 @@
 """The Race page's races on the embedded model, measured as the page measures them (``engine.decoding.race.run_race``:
-a warm-up of both kinds, then A B B A, each run to its end with nothing drawn), with how long each part took.
+a warm-up of both kinds, then A B B A A B, each run to its end with nothing drawn, the lanes stepping through the
+embedded target's room as the page's do), with how long each part took.
 
 Races (default): the page's default (the trained draft head, its default γ on this machine, the chat question,
 greedy), prompt lookup on the code edit (greedy), and the draft head sampled (T = 0.8, seed 1). Each is raced
@@ -29,6 +30,7 @@ from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.compute import cpu_model  # noqa: E402
 from engine.decoding.models import load_model  # noqa: E402
 from engine.decoding.race import measured_speedup, replayed_speedup, run_race, save_race  # noqa: E402
+from engine.decoding.scheduler import room_for  # noqa: E402
 from engine.explain.analytic import default_gamma_here  # noqa: E402
 from engine.explain.presets import preset_text  # noqa: E402
 
@@ -57,16 +59,19 @@ def main() -> None:
                     "gamma": gamma, "tree": 0, "temperature": temp, "seed": seed,
                     "max_new_tokens": args.max_new_tokens}
 
+        room = room_for(target)
+
         def make(baseline: bool):
-            return lambda: make_decoder(target, prompt, kind, baseline=baseline, gamma=gamma, temperature=temp,
-                                        seed=seed, max_new_tokens=args.max_new_tokens)
+            return lambda: room.bind(make_decoder(target, prompt, kind, baseline=baseline, gamma=gamma,
+                                                  temperature=temp, seed=seed, max_new_tokens=args.max_new_tokens))
 
         for rep in range(args.repeat):
             marks = []
             t = time.perf_counter()
             race = run_race(make(False), make(True), DRAFT_SHORT[kind] + f", γ = {gamma}",
                             settings=settings, machine=machine, greedy=temp == 0,
-                            on_progress=lambda d, n, what: marks.append((what, time.perf_counter())))
+                            on_progress=lambda d, n, what: marks.append((what, time.perf_counter())),
+                            busy=room.readers, pass_rows=lambda: room.stats().last_pass_rows)
             total = time.perf_counter() - t
             marks.append(("end", time.perf_counter()))
             parts = [f"{w} {(b - a):.2f}" for (w, a), (_, b) in zip(marks, marks[1:])]
@@ -91,8 +96,8 @@ def main() -> None:
                                                       "races": rows}, indent=1) + "\n")
     lines = [f"# The race: plain vs speculative (`benchmarks/bench_race.py`, {time.strftime('%Y-%m-%d')})", "",
              machine_line(meta), "",
-             f"{args.max_new_tokens} new tokens; each race: a warm-up of {3} rounds of each kind, then A B B A "
-             "(speculative, plain, plain, speculative), each kind's median run replayed. Race s: from the call to "
+             f"{args.max_new_tokens} new tokens; each race: a warm-up of {3} rounds of each kind, then A B B A A B "
+             "(A speculative, B plain), through the embedded target's room, each kind's median run replayed. Race s: from the call to "
              "the record (what the page waits for after a click, the model already loaded).", "",
              "| draft | prompt | T | γ | race s | parts (s) | speedup (replayed lanes) | A/B medians | identical | "
              "tokens/pass | bars ÷ wall (spec, plain) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
