@@ -75,3 +75,35 @@ def test_the_result_is_kept_per_target_and_shown_in_the_background(path, monkeyp
     first = invariance.invariance_check(t)
     assert invariance.invariance_check(t) is first and len(calls) == 1
     assert invariance.check_in_background(t) is first
+
+
+@pytest.mark.parametrize("work", ["check", "room"])
+def test_a_process_exiting_mid_work_exits_cleanly(work):
+    """A process that exits while the background self-check, or a room's pass, is inside a torch op ends with exit
+    status 0: both stop at exit (``invariance._stop_at_exit``, ``scheduler._close_rooms``). Without them it aborted
+    ("terminate called without an active exception", 134) on the embedded model."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent(f"""
+        import threading, time
+        from engine.decoding.models import load_model
+        from engine.decoding.speculative import SpeculativeDecoder
+        target = load_model("embedded")
+        if {work!r} == "check":
+            from engine.decoding.invariance import check_in_background
+            check_in_background(target)
+        else:
+            from engine.decoding.scheduler import room_for
+            room = room_for(target, warm_up=False)
+            dec = SpeculativeDecoder(target, None, list(range(100, 140)), max_new_tokens=400)
+            threading.Thread(target=room.run, args=(dec,), daemon=True).start()
+        time.sleep(0.5)
+        print("exiting", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=str(Path(__file__).resolve().parent.parent))
+    assert "exiting" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-2000:])

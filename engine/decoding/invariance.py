@@ -16,6 +16,7 @@ the result; the README's promise is worded from it.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 import weakref
@@ -124,7 +125,7 @@ def run_check(target: LoadedModel) -> InvarianceCheck:
     alone = []
     for d in _decoders(target):
         d.prefill()
-        alone.append(d.run())
+        alone.append(d.run(should_stop=_STOP.is_set))
     room = Room(target, no_draft_above=None)
     got: dict[int, object] = {}
     errors: list[BaseException] = []
@@ -135,7 +136,7 @@ def run_check(target: LoadedModel) -> InvarianceCheck:
 
         def go(i, d):
             try:
-                got[i] = room.run(d)
+                got[i] = room.run(d, should_stop=_STOP.is_set)
             except BaseException as e:  # noqa: BLE001 - reported as the check's result
                 errors.append(e)
 
@@ -147,6 +148,8 @@ def run_check(target: LoadedModel) -> InvarianceCheck:
         shared = sum(p.fed_rows >= 2 for p in room.passes)
     finally:
         room.close()
+    if _STOP.is_set():
+        raise _Stopped("the process is exiting")
     mismatched = [i for i in range(READERS)
                   if i not in got or got[i].token_ids != alone[i].token_ids
                   or _bits(got[i].rounds) != _bits(alone[i].rounds)]
@@ -196,6 +199,31 @@ def invariance_check(target: LoadedModel) -> InvarianceCheck:
         return got
 
 
+class _Stopped(Exception):
+    """The check stopped because the process is exiting (``_stop_at_exit``); nothing is memoized."""
+
+
+_STOP = threading.Event()
+_THREADS: list[threading.Thread] = []
+
+
+def _in_background(target: LoadedModel) -> None:
+    try:
+        invariance_check(target)
+    except _Stopped:
+        pass
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stop a background check between rounds and wait for it, before the interpreter finalizes. Why: a daemon thread
+    still inside a torch op when Python finalizes aborts the process ("terminate called without an active
+    exception", exit status 134), so a server stopped, or a test file ended, while the check ran looked crashed."""
+    _STOP.set()
+    for th in list(_THREADS):
+        th.join(timeout=30)
+
+
 def check_in_background(target: LoadedModel) -> InvarianceCheck | None:
     """The check's result if it has run for ``target`` in this process, else None after starting it in a daemon
     thread (once per target): a page shows "checking" meanwhile instead of waiting for it."""
@@ -206,8 +234,10 @@ def check_in_background(target: LoadedModel) -> InvarianceCheck | None:
         ref = _STARTED.get(id(target))
         if ref is None or ref() is not target:
             _STARTED[id(target)] = weakref.ref(target)
-            threading.Thread(target=invariance_check, args=(target,), daemon=True,
-                             name="speedup-lab-invariance-check").start()
+            th = threading.Thread(target=_in_background, args=(target,), daemon=True,
+                                  name="speedup-lab-invariance-check")
+            _THREADS.append(th)
+            th.start()
     return None
 
 

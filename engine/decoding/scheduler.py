@@ -58,6 +58,7 @@ the same distribution but are no longer the same text as alone (fewer draws are 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import gc
 import itertools
@@ -772,6 +773,16 @@ class ScheduledDecoder:
 
 _rooms: dict[int, tuple[weakref.ref, Room]] = {}
 _rooms_lock = threading.Lock()
+
+
+@atexit.register
+def _close_rooms() -> None:
+    """Close every room ``room_for`` made (each worker ends after its pass in flight) before the interpreter
+    finalizes: a worker thread still inside a torch op then aborts the process (exit status 134)."""
+    with _rooms_lock:
+        rooms = [room for _, room in _rooms.values()]
+    for room in rooms:
+        room.close()
 
 
 def room_for(target: LoadedModel, **kw) -> Room:
