@@ -379,6 +379,59 @@ def _section_batch() -> None:
                    "step is charged c × a plain decode step at the same batch.")
     _section_batch_measured()
 
+def _section_weight_bytes(bandwidth_gbs: float) -> None:
+    """What bytes cost: the weight formats' measured points under this machine's bandwidth ceiling
+    (``engine.explain.weight_bytes``)."""
+    from engine.explain.weight_bytes import ceiling_tokens_per_s, format_points
+
+    try:
+        points, meta = format_points()
+    except SpeedupLabError as e:
+        st.info(str(e))
+        return
+    st.subheader("What bytes cost")
+    fw = go.Figure()
+    lo, hi = 0.5 * min(p.mb_per_token for p in points), 2 * max(p.mb_per_token for p in points)
+    xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
+    fw.add_scatter(x=xs, y=[ceiling_tokens_per_s(bandwidth_gbs, x) for x in xs], mode="lines",
+                   name=f"ceiling: this machine's {bandwidth_gbs:.1f} GB/s ÷ bytes a token", line={"dash": "dash"})
+    fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.tokens_per_s for p in points], mode="markers+text",
+                   text=[p.label.split(" (")[0] for p in points], textposition="top center",
+                   name="plain decoding, measured",
+                   marker={"size": 12})
+    fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.head_tokens_per_s for p in points], mode="markers",
+                   name="draft head, measured", marker={"size": 10, "symbol": "diamond"})
+    fw.update_layout(title="Tokens a second against the weight bytes a decode step reads",
+                     xaxis={"title": "MB of weights read a token", "type": "log"},
+                     yaxis={"title": "tokens/s", "type": "log"}, height=CHART_H, margin={"t": 40, "b": 10},
+                     legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+    left, right = st.columns(2)
+    show_chart(fw, key="wi_fig_bytes", where=left)
+    fk = go.Figure()
+    for p in points:
+        fk.add_scatter(x=list(p.pass_ratio), y=list(p.pass_ratio.values()), mode="lines+markers", name=p.label)
+    fk.update_layout(title="A pass over k tokens, × a one-token pass, by weight format",
+                     xaxis_title="tokens in the pass k", yaxis_title="t(k) / t(1)", height=CHART_H,
+                     margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+    show_chart(fk, key="wi_fig_bytes_curve", where=right)
+    few, many = points[0], points[-1]
+    st.markdown(
+        f"A decode step reads every weight once, so fewer bytes a token make plain decoding faster: "
+        f"{few.label} read {few.mb_per_token:.0f} MB a token and decoded {few.tokens_per_s:.1f} tokens/s, "
+        f"{many.label} {many.mb_per_token:.0f} MB and {many.tokens_per_s:.1f} tokens/s "
+        f"({few.tokens_per_s / many.tokens_per_s:.2f}× for {many.mb_per_token / few.mb_per_token:.1f}× fewer "
+        f"bytes). Neither reaches the line: they read {few.read_gbs:.1f} and {many.read_gbs:.1f} GB/s of weights, "
+        "the rest of each step being small operations (norms, attention, rebuilding each value from its block). "
+        f"Cheaper weights make the one-token pass cheaper but not the work each extra token adds, so a pass over "
+        f"3 tokens costs {few.pass_ratio.get(3, float('nan')):.2f}× one token with {few.label} against "
+        f"{many.pass_ratio.get(3, float('nan')):.2f}× with {many.label}, and the draft head's lead shrinks from "
+        f"{many.head_speedup:.2f}× to {few.head_speedup:.2f}×: speculation pays most where the weights cost most.")
+    st.caption(f"Points measured by `benchmarks/bench_formats.py` on {meta.get('cpu', 'another machine')} "
+               f"({meta.get('threads', '?')} threads, {meta.get('date', '?')}; `benchmarks/results/formats_amd-epyc.md`), "
+               "the same greedy tokens in both formats; the line uses this machine's measured bandwidth "
+               "(`engine.explain.weight_bytes`).")
+
+
 # ------------------------------------------------------------------ batch: measured on this machine
 # A real sweep on the embedded model (engine.decoding.batch.batch_sweep) drawn over the roofline of THIS
 # machine, whose bandwidth and FLOP/s are measured (engine.decoding.batch.measure_machine); the numbers
@@ -425,6 +478,7 @@ def _section_batch_measured() -> None:
               help=f"Best of 3 fp32 {peaks.matmul_n} × {peaks.matmul_n} matrix products (2n³ FLOPs each).")
     m3.metric("A pass turns compute-bound from", f"≈ {peaks.ridge_tokens(4.0):,.0f} tokens",
               help="The ridge of the roofline for fp32 weights: 4 bytes · FLOP/s ÷ (2 · bandwidth).")
+    _section_weight_bytes(peaks.bandwidth_gbs)
     c1, c2, c3 = st.columns(3)
     c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
     c2.number_input("New tokens per sequence", 1, 64, step=1, key="wi_bs_tokens")

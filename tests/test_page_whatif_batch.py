@@ -190,3 +190,27 @@ def test_presenter_mode_marks_the_rooms_live_batch(patched, tiny, monkeypatch):
                 if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Speculative ÷ plain tokens/s"))
     assert any(s.get("type") == "line" and s.get("x0") == b for s in spec["layout"].get("shapes", []))
     assert any(f"the room now: B = {b}" in a.get("text", "") for a in spec["layout"]["annotations"])
+
+
+def test_what_bytes_cost_draws_the_formats_under_the_bandwidth_line(patched):
+    """The weight formats' measured points (the shipped bench_formats result) under this machine's measured
+    bandwidth ceiling, their pass-cost curves, and the lesson with the measured numbers (engine.explain.weight_bytes)."""
+    from engine.explain.weight_bytes import ceiling_tokens_per_s, format_points
+
+    at = _tab()
+    assert not at.exception
+    assert any(h.value == "What bytes cost" for h in at.subheader)
+    specs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    fig = specs["Tokens a second against the weight bytes a decode step reads"]
+    points, _ = format_points()
+    plain = next(t for t in fig["data"] if t["name"] == "plain decoding, measured")
+    assert plain["x"] == pytest.approx([p.mb_per_token for p in points])
+    assert plain["y"] == pytest.approx([p.tokens_per_s for p in points])
+    line = next(t for t in fig["data"] if t["name"].startswith("ceiling"))
+    bw = float(line["name"].split("this machine's ")[1].split(" GB/s")[0])
+    assert line["y"][0] == pytest.approx(ceiling_tokens_per_s(bw, line["x"][0]), rel=0.01)
+    curves = specs["A pass over k tokens, × a one-token pass, by weight format"]
+    assert {t["name"] for t in curves["data"]} == {p.label for p in points}
+    lesson = next(m.value for m in at.markdown if "fewer bytes a token make plain decoding faster" in m.value)
+    assert f"{points[0].tokens_per_s:.1f} tokens/s" in lesson and f"{points[-1].head_speedup:.2f}×" in lesson
+    assert any("bench_formats.py" in c.value for c in at.caption)
