@@ -332,11 +332,11 @@ def _dequantized(state: dict) -> dict:
     return out
 
 
-def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
-    """Load a saved head for ``target_model`` (cast to the target's dtype and device) and bind it.
+def read_head_files(folder: str | Path) -> tuple[dict, dict]:
+    """(``head_config.json`` as a dict, ``model.safetensors``'s tensors as stored) of a saved head folder.
 
     Raises:
-        ModelLoadError: missing files, another format, or a hidden size that differs from the target's.
+        ModelLoadError: a file is missing or unreadable, or the config names another format.
     """
     from safetensors.torch import load_file
 
@@ -347,8 +347,19 @@ def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
     except Exception as e:  # noqa: BLE001 - OSError, JSON and safetensors errors all mean "unreadable"
         raise ModelLoadError(f"Cannot read the draft head in {str(folder)!r}: {e}") from None
     if not isinstance(cfg, dict) or cfg.get("format") != HEAD_FORMAT:
-        raise ModelLoadError(f"{str(folder)!r} holds a draft head of format {cfg.get('format')!r}, "
-                             f"expected {HEAD_FORMAT!r}.")
+        got = cfg.get("format") if isinstance(cfg, dict) else None
+        raise ModelLoadError(f"{str(folder)!r} holds a draft head of format {got!r}, expected {HEAD_FORMAT!r}.")
+    return cfg, state
+
+
+def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
+    """Load a saved head for ``target_model`` (cast to the target's dtype and device) and bind it.
+
+    Raises:
+        ModelLoadError: missing files, another format, or a hidden size that differs from the target's.
+    """
+    folder = Path(folder)
+    cfg, state = read_head_files(folder)
     try:
         state = _dequantized(state)
     except (ValueError, RuntimeError) as e:

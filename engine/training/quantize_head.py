@@ -43,19 +43,13 @@ def quantize_head(src: str | Path, out: str | Path) -> Path:
         ModelLoadError: ``src`` holds no readable head, or one already stored as Q8_0.
     """
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    from engine.decoding.draft_head import HEAD_CONFIG, HEAD_FORMAT, _quantizable, q8_0_blocks
+    from engine.decoding.draft_head import HEAD_CONFIG, _quantizable, q8_0_blocks, read_head_files
     from engine.errors import ModelLoadError
 
     src, out = Path(src), Path(out)
-    try:
-        cfg = json.loads((src / HEAD_CONFIG).read_text())
-        state = load_file(str(src / "model.safetensors"))
-    except Exception as e:  # noqa: BLE001 - OSError, JSON and safetensors errors all mean "unreadable"
-        raise ModelLoadError(f"Cannot read the draft head in {str(src)!r}: {e}") from None
-    if not isinstance(cfg, dict) or cfg.get("format") != HEAD_FORMAT:
-        raise ModelLoadError(f"{str(src)!r} holds no draft head of format {HEAD_FORMAT!r}.")
+    cfg, state = read_head_files(src)
     if cfg.get("weights", "f16") == "q8_0" or any(k.endswith(".q8") for k in state):
         raise ModelLoadError(f"The draft head in {str(src)!r} is stored as Q8_0 already.")
     new = {}
