@@ -766,6 +766,32 @@ def test_weights_mapped_from_the_checkpoint_are_copied_into_own_memory(tmp_path)
 
 
 @needs_compact
+def test_a_path_applied_under_inference_mode_keeps_every_exact_compact_form(tmp_path):
+    """The path choice times each path under ``torch.inference_mode`` (``measure_paths``), and applying a path copies
+    weights still mapped from the checkpoint into own memory (``_own_memory``). Those copies must stay plain tensors:
+    an inference tensor has no version counter, so ``compact_weight`` would leave it fp32, and the process that
+    measured the path (the first load on a machine: ``python -m engine prepare``) would time its pass-cost curve on
+    weights the later processes read in fewer bytes."""
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny_llama(tmp_path / "tiny", layers=2, hidden=64)
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    with torch.no_grad():
+        for prm in model.parameters():  # fp16-exact values: every matrix has the exact "f16" compact form
+            prm.copy_(prm.half().float())
+    model.save_pretrained(tmp_path / "f16")
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "f16")).eval()
+    try:
+        with torch.inference_mode():
+            apply_path(model, "stream")
+        assert not [n for n, p in model.named_parameters() if p.is_inference()]
+        f = compute.weight_formats(model)
+        assert f["count"].get("f16") and not f["count"].get("fp32"), f
+    finally:
+        apply_path(model, "default")
+
+
+@needs_compact
 @pytest.mark.slow
 def test_the_embedded_models_layers_are_read_as_their_gguf_blocks(embedded):
     """On the stream path every layer matrix of the embedded model (Q4_1 in its GGUF) takes the exact Q4_1 form and

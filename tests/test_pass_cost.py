@@ -103,6 +103,28 @@ def test_a_curve_measured_under_another_stream_row_limit_is_measured_again(tiny,
     assert machine_pass_cost(target12).extra == {"stream_rows": 12} and calls == [1, 1]
 
 
+def test_a_curve_timed_on_other_weight_bytes_is_measured_again(tiny, monkeypatch):
+    """The curve remembers the weight bytes a pass read (``compute.weight_formats``): one timed while some matrices
+    were still read as fp32 (311 MB a token instead of 111 as GGUF blocks) is not the curve of this process's passes,
+    and a stored one without the figure is measured again too."""
+    import dataclasses
+
+    def with_bytes(n):
+        return dataclasses.replace(tiny, compute=dataclasses.replace(
+            tiny.compute, path="stream", stream_rows=16, formats={"count": {"q41": 1}, "read_bytes": n,
+                                                                   "fp32_bytes": 4 * n}))
+
+    calls = []
+    monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: calls.append(1) or PassCost(
+        ms={1: 10.0, 2: 11.0}, cpu="x", compute="stream", threads=2, date="d",
+        extra={"stream_rows": 16, "read_bytes": pass_cost._read_bytes(t)}))
+    fast = with_bytes(111_000_000)
+    assert machine_pass_cost(fast).extra["read_bytes"] == 111_000_000 and calls == [1]
+    assert machine_pass_cost(fast).extra["read_bytes"] == 111_000_000 and calls == [1]  # stored, current
+    assert machine_pass_cost(with_bytes(311_000_000)).extra["read_bytes"] == 311_000_000 and calls == [1, 1]
+    assert pass_cost.refresh_stale_pass_cost(fast).extra["read_bytes"] == 111_000_000 and calls == [1, 1, 1]
+
+
 def test_a_stored_curve_under_another_row_limit_is_not_this_process_curve(tiny, monkeypatch):
     """Without a model at hand (the head's default γ, the Medusa tree, What-if), a "stream" curve stored under
     another row limit than the one this process's passes run with is not returned; under the same limit, or before

@@ -1107,7 +1107,9 @@ def _own_memory(modules) -> int:
         return 0
     roots = [modules] if isinstance(modules, nn.Module) else list(modules)
     copied = 0
-    with torch.no_grad():
+    # Copies made under ``torch.inference_mode`` (``measure_paths`` applies paths inside it) would be inference
+    # tensors, which have no version counter, so ``compact_weight`` leaves them fp32: the copies are plain tensors.
+    with torch.inference_mode(False), torch.no_grad():
         for root in roots:
             for prm in root.parameters():
                 if prm.device.type != "cpu" or prm.numel() == 0:

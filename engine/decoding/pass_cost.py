@@ -58,8 +58,9 @@ class PassCost:
         date: when measured ("YYYY-MM-DD HH:MM"). context: cached tokens before the pass. reps: reps per size.
         measured_here: True when measured on this machine (CPU model and compute path as now).
         source: one line saying where the curve comes from, for captions.
-        extra: {"stream_rows": the streaming kernel's row limit during the measurement, None off that path}
-            (``machine_pass_cost`` measures again under another limit); with two reps or more, "spread": {n: the
+        extra: {"stream_rows": the streaming kernel's row limit during the measurement, None off that path;
+            "read_bytes": the weight bytes a pass read (``compute.weight_formats``, None off the "stream" path)}
+            (``machine_pass_cost`` measures again under another limit or other weight bytes); with two reps or more, "spread": {n: the
             relative gap between the two fastest reps} (``ratio_noise``); "fastest": {n: the fastest rep before
             ``non_decreasing``}; for the embedded target, "head_rounds" (``measure_draft_rounds``).
     """
@@ -189,7 +190,7 @@ def measure_pass_cost(target: LoadedModel, sizes=SIZES, reps: int = 5, context: 
     return PassCost(ms=non_decreasing(fastest), cpu=cpu_model(),
                     compute=target.compute.path if target.compute else "default", threads=torch.get_num_threads(),
                     date=time.strftime("%Y-%m-%d %H:%M"), context=context, reps=done, measured_here=True,
-                    extra={"stream_rows": _stream_rows(target), "fastest": {str(n): v for n, v in fastest.items()},
+                    extra={"stream_rows": _stream_rows(target), "read_bytes": _read_bytes(target), "fastest": {str(n): v for n, v in fastest.items()},
                            **({"spread": _spread(times)} if done > 1 else {})},
                     source=f"measured on this machine ({cpu_model()}, {target.compute.name if target.compute else 'default'}"
                            f" kernels, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
@@ -331,13 +332,23 @@ def _stream_rows(target: LoadedModel) -> int | None:
     return int(c.stream_rows) if c is not None and c.path == "stream" else None
 
 
+def _read_bytes(target: LoadedModel) -> int | None:
+    """The weight bytes a pass of ``target`` reads on the "stream" path (its exact compact forms counted as stored,
+    ``compute.weight_formats``), else None: a curve timed while some weights were read as fp32 is not the curve of
+    passes that read them as blocks."""
+    c = target.compute
+    return int(c.formats["read_bytes"]) if c is not None and c.path == "stream" and c.formats else None
+
+
 def _path(target: LoadedModel) -> str:
     return target.compute.path if target.compute else "default"
 
 
 def _current_for(curve: PassCost, target: LoadedModel) -> bool:
-    """``curve`` was measured on ``target``'s compute path under the kernel row limit it runs with."""
-    return curve.compute == _path(target) and curve.extra.get("stream_rows") == _stream_rows(target)
+    """``curve`` was measured on ``target``'s compute path under the kernel row limit it runs with, reading the
+    weight bytes it reads."""
+    return (curve.compute == _path(target) and curve.extra.get("stream_rows") == _stream_rows(target)
+            and curve.extra.get("read_bytes") == _read_bytes(target))
 
 
 def machine_pass_cost(target: LoadedModel, measure: bool = True,
