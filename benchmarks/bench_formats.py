@@ -4,7 +4,9 @@ streaming kernel, the same outputs.
 
 Each format runs in its own process (``SPEEDUP_LAB_WEIGHTS=blocks`` / ``fp32``), in alternating order (A B B A …,
 ``--reps`` pairs). Per run: the bytes a decode step reads (``compute.weight_formats``); target passes over k = 1,
-2, 3, 4, 8 new tokens after ~100 cached tokens (median of 9, ms) and t(k)/t(1); plain greedy decoding and the shipped
+2, 3, 4, 8 new tokens after 100 cached tokens, timed as the engine times its pass-cost curve
+(``engine.decoding.pass_cost.measure_pass_cost``: sizes interleaved, fastest of 9 reps, non-decreasing), and
+t(k)/t(1); across runs the median; plain greedy decoding and the shipped
 draft head at this machine's default γ, 64 new tokens on 3 prompts no draft was trained on (median tokens/s); and
 whether both formats gave the same tokens. Every plain token is checked equal across formats (the same bits).
 
@@ -34,43 +36,35 @@ PASS_TOKENS = (1, 2, 3, 4, 8)
 
 def one_run(max_new: int) -> dict:
     """This process's format: bytes, pass times, plain and head tokens/s, the tokens."""
-    import torch
-
     from engine.decoding import compute
     from engine.decoding.drafts import make_proposer
     from engine.decoding.models import EMBEDDED_HEAD, load_model
-    from engine.decoding.proposers import CachedLM
+    from engine.decoding.pass_cost import measure_pass_cost
     from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
     from engine.explain.analytic import default_gamma_here
 
     t = load_model("embedded")
     fmt = compute.weight_formats(t.model)
     gamma = default_gamma_here(EMBEDDED_HEAD)[0]
-    ids = encode_prompt(t.tokenizer, PROMPTS[0] * 4)[:100]
-    pass_ms = {}
-    with torch.inference_mode():
-        for k in PASS_TOKENS:
-            xs = []
-            for _ in range(9):
-                lm = CachedLM(t.model, t.device)
-                lm._feed(ids, 0, 1)
-                t0 = time.perf_counter()
-                lm._feed(ids + ids[:k], len(ids), k)
-                xs.append((time.perf_counter() - t0) * 1000)
-            pass_ms[k] = statistics.median(xs)
+    # the engine's own curve measurement (sizes interleaved rep by rep, the fastest rep of each size, made
+    # non-decreasing: engine.decoding.pass_cost), so the page draws the curve the engine prices rounds with
+    curve = measure_pass_cost(t, sizes=PASS_TOKENS, reps=9)
+    pass_ms = {k: curve.ms[k] for k in PASS_TOKENS}
     out = {"weights": compute.weight_format(), "bytes": fmt, "label": t.compute.formats_label(), "gamma": gamma,
            "pass_ms": pass_ms, "tokens": {}}
-    for kind in ("plain", "head"):
-        rates = []
-        for p in PROMPTS:
-            d = SpeculativeDecoder(t, None if kind == "plain" else make_proposer(EMBEDDED_HEAD, t),
-                                   encode_prompt(t.tokenizer, p), gamma=gamma, max_new_tokens=max_new)
+    rates = {"plain": [], "head": []}
+    head = make_proposer(EMBEDDED_HEAD, t)
+    for i, p in enumerate(PROMPTS):  # plain and the head alternate prompt by prompt, so a slow moment hits both
+        for kind in (("plain", "head") if i % 2 == 0 else ("head", "plain")):
+            d = SpeculativeDecoder(t, None if kind == "plain" else head, encode_prompt(t.tokenizer, p), gamma=gamma,
+                                   max_new_tokens=max_new)
             d.prefill()
             t0 = time.perf_counter()
             r = d.run()
-            rates.append(len(r.token_ids) / (time.perf_counter() - t0))
+            rates[kind].append(len(r.token_ids) / (time.perf_counter() - t0))
             out["tokens"].setdefault(kind, []).append(r.token_ids)
-        out[f"{kind}_tokens_per_s"] = statistics.median(rates)
+    for kind, v in rates.items():
+        out[f"{kind}_tokens_per_s"] = statistics.median(v)
     return out
 
 

@@ -8,7 +8,6 @@ header, so a number is never read without the machine and the kernels that produ
 from __future__ import annotations
 
 import os
-import re
 import platform
 
 import torch
@@ -37,11 +36,8 @@ def machine_line(meta: dict) -> str:
 
 
 def machine_slug() -> str:
-    """The machine's part of a result file's name, as the shipped results spell it: "amd-epyc", "xeon" (an Intel
-    Xeon), else the CPU model in lower case with dashes."""
-    model = cpu_model()
-    if "EPYC" in model:
-        return "amd-epyc"
-    if "Xeon" in model:
-        return "xeon"
-    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "cpu"
+    """The machine's part of a result file's name, as the shipped results spell it ("amd-epyc", "xeon", …;
+    ``engine.explain.measured.machine_slug``, which the pages use to find this machine's results)."""
+    from engine.explain.measured import machine_slug as slug
+
+    return slug()

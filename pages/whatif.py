@@ -379,19 +379,25 @@ def _section_batch() -> None:
                    "step is charged c × a plain decode step at the same batch.")
     _section_batch_measured()
 
+# tick values of the bytes chart's log axes (plotly's own ticks label every digit on a short log range)
+LOG_TICKS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+
+
 def _section_weight_bytes(bandwidth_gbs: float) -> None:
-    """What bytes cost: the weight formats' measured points under this machine's bandwidth ceiling
-    (``engine.explain.weight_bytes``)."""
-    from engine.explain.weight_bytes import ceiling_tokens_per_s, format_points
+    """What bytes cost: the weight formats' measured points, and llama.cpp's on the same GGUF, under this machine's
+    bandwidth ceiling (``engine.explain.weight_bytes``)."""
+    from engine.explain.weight_bytes import above_ceiling, ceiling_tokens_per_s, format_points, peer_point
 
     try:
         points, meta = format_points()
     except SpeedupLabError as e:
         st.info(str(e))
         return
+    peer = peer_point()
     st.subheader("What bytes cost")
     fw = go.Figure()
-    lo, hi = 0.5 * min(p.mb_per_token for p in points), 2 * max(p.mb_per_token for p in points)
+    sizes = [p.mb_per_token for p in points] + ([peer.mb_per_token] if peer else [])
+    lo, hi = 0.5 * min(sizes), 2 * max(sizes)
     xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
     fw.add_scatter(x=xs, y=[ceiling_tokens_per_s(bandwidth_gbs, x) for x in xs], mode="lines",
                    name=f"ceiling: this machine's {bandwidth_gbs:.1f} GB/s ÷ bytes a token", line={"dash": "dash"})
@@ -401,9 +407,14 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
                    marker={"size": 12})
     fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.head_tokens_per_s for p in points], mode="markers",
                    name="draft head, measured", marker={"size": 10, "symbol": "diamond"})
+    if peer:
+        fw.add_scatter(x=[peer.mb_per_token], y=[peer.tokens_per_s], mode="markers+text", text=["llama.cpp"],
+                       textposition="middle left", name="llama.cpp plain, the same GGUF (C++)",
+                       marker={"size": 12, "symbol": "square"})
     fw.update_layout(title="Tokens a second against the weight bytes a decode step reads",
-                     xaxis={"title": "MB of weights read a token", "type": "log"},
-                     yaxis={"title": "tokens/s", "type": "log"}, height=CHART_H, margin={"t": 40, "b": 10},
+                     xaxis={"title": "MB of weights read a token", "type": "log", "tickvals": LOG_TICKS},
+                     yaxis={"title": "tokens/s", "type": "log", "tickvals": LOG_TICKS}, height=CHART_H,
+                     margin={"t": 40, "b": 10},
                      legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     left, right = st.columns(2)
     show_chart(fw, key="wi_fig_bytes", where=left)
@@ -415,21 +426,43 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fk, key="wi_fig_bytes_curve", where=right)
     few, many = points[0], points[-1]
+    lead = (f"the draft head's lead shrinks from {many.head_speedup:.2f}× to {few.head_speedup:.2f}×"
+            if few.head_speedup < many.head_speedup else
+            f"the draft head measured {many.head_speedup:.2f}× plain with {many.label} and {few.head_speedup:.2f}× "
+            f"with {few.label}")
+    over = above_ceiling(points, bandwidth_gbs)
+    if not over:
+        roof = ("neither reaches the line, the rest of each step being small operations (norms, attention, "
+                "rebuilding each value from its block)")
+    else:
+        roof = (" and ".join(p.label for p in over) + " above the line, which is this machine's measured copy (a read "
+                "and a write of each byte); a decode step mostly reads, and the processor's last-level cache can hold "
+                "part of the weights between steps")
     st.markdown(
         f"A decode step reads every weight once, so fewer bytes a token make plain decoding faster: "
         f"{few.label} read {few.mb_per_token:.0f} MB a token and decoded {few.tokens_per_s:.1f} tokens/s, "
         f"{many.label} {many.mb_per_token:.0f} MB and {many.tokens_per_s:.1f} tokens/s "
         f"({few.tokens_per_s / many.tokens_per_s:.2f}× for {many.mb_per_token / few.mb_per_token:.1f}× fewer "
-        f"bytes). Neither reaches the line: they read {few.read_gbs:.1f} and {many.read_gbs:.1f} GB/s of weights, "
-        "the rest of each step being small operations (norms, attention, rebuilding each value from its block). "
+        f"bytes). They read {few.read_gbs:.1f} and {many.read_gbs:.1f} GB/s of weights: {roof}. "
         f"Cheaper weights make the one-token pass cheaper but not the work each extra token adds, so a pass over "
         f"3 tokens costs {few.pass_ratio.get(3, float('nan')):.2f}× one token with {few.label} against "
-        f"{many.pass_ratio.get(3, float('nan')):.2f}× with {many.label}, and the draft head's lead shrinks from "
-        f"{many.head_speedup:.2f}× to {few.head_speedup:.2f}×: speculation pays most where the weights cost most.")
-    st.caption(f"Points measured by `benchmarks/bench_formats.py` on {meta.get('cpu', 'another machine')} "
-               f"({meta.get('threads', '?')} threads, {meta.get('date', '?')}; `benchmarks/results/formats_amd-epyc.md`), "
-               "the same greedy tokens in both formats; the line uses this machine's measured bandwidth "
-               "(`engine.explain.weight_bytes`).")
+        f"{many.pass_ratio.get(3, float('nan')):.2f}× with {many.label}, and {lead}: speculation pays most where "
+        "the weights cost most.")
+    if peer:
+        ours = (f" (this engine's plain decoding in the same run: {peer.ours_tokens_per_s:.1f} tokens/s, "
+                f"{peer.ours_tokens_per_s / peer.tokens_per_s:.2f}× llama.cpp's)" if peer.ours_tokens_per_s else "")
+        st.markdown(
+            f"llama.cpp reads the same GGUF as it is stored, {peer.mb_per_token:.0f} MB a token, and decoded "
+            f"{peer.tokens_per_s:.1f} tokens/s{ours}: {peer.read_gbs:.1f} GB/s of weights. It multiplies the 4-bit "
+            "blocks by activations rounded to 8 bits with integer instructions, so its text can part from the exact "
+            "model's after a few tokens; this engine keeps every product bit for bit the fp32 model's.")
+    src = (f"Points measured by `benchmarks/bench_formats.py` on {meta.get('cpu', 'another machine')} "
+           f"({meta.get('threads', '?')} threads, {meta.get('date', '?')}; `benchmarks/results/{meta['file']}`), "
+           "the same greedy tokens in both formats")
+    if peer:
+        src += (f"; llama.cpp's by `benchmarks/bench_peer.py` on {peer.meta.get('cpu', 'another machine')} "
+                f"({peer.meta.get('date', '?')}; `benchmarks/results/{peer.meta['file']}`, decode alone)")
+    st.caption(src + ". The line uses this machine's measured bandwidth (`engine.explain.weight_bytes`).")
 
 
 # ------------------------------------------------------------------ batch: measured on this machine

@@ -195,14 +195,14 @@ def test_presenter_mode_marks_the_rooms_live_batch(patched, tiny, monkeypatch):
 def test_what_bytes_cost_draws_the_formats_under_the_bandwidth_line(patched):
     """The weight formats' measured points (the shipped bench_formats result) under this machine's measured
     bandwidth ceiling, their pass-cost curves, and the lesson with the measured numbers (engine.explain.weight_bytes)."""
-    from engine.explain.weight_bytes import ceiling_tokens_per_s, format_points
+    from engine.explain.weight_bytes import ceiling_tokens_per_s, format_points, peer_point
 
     at = _tab()
     assert not at.exception
     assert any(h.value == "What bytes cost" for h in at.subheader)
     specs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
     fig = specs["Tokens a second against the weight bytes a decode step reads"]
-    points, _ = format_points()
+    points, meta = format_points()
     plain = next(t for t in fig["data"] if t["name"] == "plain decoding, measured")
     assert plain["x"] == pytest.approx([p.mb_per_token for p in points])
     assert plain["y"] == pytest.approx([p.tokens_per_s for p in points])
@@ -213,4 +213,11 @@ def test_what_bytes_cost_draws_the_formats_under_the_bandwidth_line(patched):
     assert {t["name"] for t in curves["data"]} == {p.label for p in points}
     lesson = next(m.value for m in at.markdown if "fewer bytes a token make plain decoding faster" in m.value)
     assert f"{points[0].tokens_per_s:.1f} tokens/s" in lesson and f"{points[-1].head_speedup:.2f}×" in lesson
-    assert any("bench_formats.py" in c.value for c in at.caption)
+    assert any("bench_formats.py" in c.value and meta["file"] in c.value for c in at.caption)
+    peer = peer_point()
+    assert peer is not None  # the reference machine's bench_peer result records the GGUF's bytes
+    dot = next(t for t in fig["data"] if t["name"].startswith("llama.cpp plain"))
+    assert dot["x"] == pytest.approx([peer.mb_per_token]) and dot["y"] == pytest.approx([peer.tokens_per_s])
+    said = next(m.value for m in at.markdown if m.value.startswith("llama.cpp reads the same GGUF"))
+    assert f"{peer.tokens_per_s:.1f} tokens/s" in said and f"{peer.mb_per_token:.0f} MB a token" in said
+    assert any("bench_peer.py" in c.value and peer.meta["file"] in c.value for c in at.caption)

@@ -42,3 +42,59 @@ def test_shipped_measurement_reads_and_blocks_read_fewer_bytes():
     blocks = next(p for p in points if p.name == "blocks")
     fp32 = next(p for p in points if p.name == "fp32")
     assert blocks.mb_per_token < fp32.mb_per_token / 4 and blocks.tokens_per_s > fp32.tokens_per_s
+
+
+def test_peer_point_reads_llamacpps_decode_rate_against_the_ggufs_bytes_by_hand(tmp_path):
+    from engine.explain.weight_bytes import peer_point
+
+    f = tmp_path / "peer.json"
+    rows = {"chat": (100.0, 60.0), "code": (80.0, 70.0), "edit": (90.0, 50.0)}
+    f.write_text(json.dumps({"meta": {"cpu": "Test CPU", "llama_read_mb": 96.5}, "results": {
+        k: {"llama.cpp: plain": {"server_decode_tokens_per_s": a}, "ours: plain": {"decode_tokens_per_s": b}}
+        for k, (a, b) in rows.items()}}))
+    p = peer_point(f)
+    # medians over the prompts: llama.cpp 90, ours 60; 96.5 MB × 90 tok/s = 8.685 GB/s
+    assert p.tokens_per_s == 90.0 and p.ours_tokens_per_s == 60.0 and p.mb_per_token == 96.5
+    assert p.read_gbs == pytest.approx(8.685) and p.meta["file"] == "peer.json" and p.meta["cpu"] == "Test CPU"
+    # a result without the GGUF's bytes (an older bench_peer) or no file at all draws no llama.cpp point
+    f.write_text(json.dumps({"meta": {}, "results": {"chat": {"llama.cpp: plain": {"server_decode_tokens_per_s": 9}}}}))
+    assert peer_point(f) is None and peer_point(tmp_path / "missing.json") is None
+
+
+def test_gguf_weight_bytes_counts_the_tensors_as_stored(tmp_path):
+    import gguf
+    import numpy as np
+
+    from engine.explain.weight_bytes import gguf_weight_bytes
+
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("a", np.zeros((4, 8), dtype=np.float32))  # 32 × 4 bytes
+    w.add_tensor("b", np.zeros((2, 16), dtype=np.float16))  # 32 × 2 bytes
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert gguf_weight_bytes(path) == 128 + 64
+    with pytest.raises(InputError, match="Cannot read the GGUF"):
+        gguf_weight_bytes(tmp_path / "missing.gguf")
+
+
+def test_this_machines_result_is_read_when_the_repository_has_one(tmp_path):
+    from engine.explain.measured import machine_slug, result_path
+
+    assert machine_slug("AMD EPYC 7B13") == "amd-epyc" and machine_slug("Intel(R) Xeon(R) Processor") == "xeon"
+    assert machine_slug("Apple M2 Pro") == "apple-m2-pro" and machine_slug("???") == "cpu"
+    (tmp_path / "formats_xeon.json").write_text("{}")
+    assert result_path("formats", "Intel(R) Xeon(R) Processor", tmp_path).name == "formats_xeon.json"
+    assert result_path("formats", "Apple M2 Pro", tmp_path).name == "formats_amd-epyc.json"  # the reference
+    assert result_path("peer", "Intel(R) Xeon(R) Processor", tmp_path).name == "peer_amd-epyc.json"
+
+
+def test_points_above_the_ceiling_by_hand():
+    from engine.explain.weight_bytes import FormatPoint, above_ceiling
+
+    a = FormatPoint("blocks", "blocks", 100.0, 50.0, 55.0, 2, {1: 1.0})   # ceiling at 8 GB/s: 80 tok/s
+    b = FormatPoint("fp32", "fp32", 500.0, 26.0, 30.0, 2, {1: 1.0})      # ceiling at 8 GB/s: 16 tok/s
+    assert above_ceiling([a, b], 8.0) == [b]
+    assert above_ceiling([a, b], 20.0) == []                              # 200 and 40 tok/s
