@@ -402,8 +402,8 @@ def _unpack_q41(codes, k):
 
 @needs_compact
 def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
-    """The Q4_1 entry computes exactly what the fp32 kernel computes on the weights it holds (torch.equal, 0-24
-    rows, with and without bias): it rebuilds each fp32 weight d · q + m in registers and adds in the same order."""
+    """The Q4_1 entry computes exactly what the fp32 kernel computes on the weights it holds (torch.equal, 0-24, 33
+    and 64 rows, with and without bias): it rebuilds each fp32 weight d · q + m in registers and adds in the same order."""
     op = compute._STREAM["op"]
     q41 = compute._STREAM["compact"]["q41"]
     gen = torch.Generator().manual_seed(41)
@@ -414,7 +414,7 @@ def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
         codes, scales, mins = got
         assert torch.equal(_unpack_q41(codes, k) * scales.repeat_interleave(32, 1) + mins.repeat_interleave(32, 1), w)
         b = torch.randn(n, generator=gen)
-        for rows in range(25):
+        for rows in [*range(25), 33, 64]:  # one pass up to 16 rows, blocks of 8 rows above (a room's passes)
             x = torch.randn(rows, k, generator=gen)
             for bias in (None, b):
                 assert torch.equal(q41(x, codes, scales, mins, bias), op(x, w, bias)), (n, k, rows)

@@ -96,11 +96,11 @@ def test_a_curve_measured_under_another_stream_row_limit_is_measured_again(tiny,
     calls = []
     monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: calls.append(1) or PassCost(
         ms={1: 10.0, 2: 11.0}, cpu="x", compute="stream", threads=2, date="d",
-        extra={"stream_rows": t.compute.stream_rows}))
+        extra={"stream_rows": t.compute.stream_rows, "read_bytes": pass_cost._read_bytes(t)}))
     first = machine_pass_cost(target)
-    assert first.extra == {"stream_rows": 16} and machine_pass_cost(target) == first and calls == [1]
+    assert first.extra["stream_rows"] == 16 and machine_pass_cost(target) == first and calls == [1]
     target12 = dataclasses.replace(target, compute=dataclasses.replace(target.compute, stream_rows=12))
-    assert machine_pass_cost(target12).extra == {"stream_rows": 12} and calls == [1, 1]
+    assert machine_pass_cost(target12).extra["stream_rows"] == 12 and calls == [1, 1]
 
 
 def test_a_curve_timed_on_other_weight_bytes_is_measured_again(tiny, monkeypatch):
@@ -160,14 +160,14 @@ def test_a_stale_curve_is_measured_again_when_the_model_loads(tiny, monkeypatch)
     calls = []
     monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: calls.append(1) or PassCost(
         ms={1: 10.0, 2: 11.0}, cpu="x", compute="stream", threads=2, date="d",
-        extra={"stream_rows": t.compute.stream_rows}))
+        extra={"stream_rows": t.compute.stream_rows, "read_bytes": pass_cost._read_bytes(t)}))
     assert pass_cost.refresh_stale_pass_cost(target) is None and calls == []      # none stored: prepare's job
     target8 = dataclasses.replace(target, compute=dataclasses.replace(target.compute, stream_rows=8))
     machine_pass_cost(target8)
     assert calls == [1]
     assert pass_cost.refresh_stale_pass_cost(target8) is None and calls == [1]    # current
     got = pass_cost.refresh_stale_pass_cost(target)                               # stored under 8 rows, runs 24
-    assert calls == [1, 1] and got.extra == {"stream_rows": 24}
+    assert calls == [1, 1] and got.extra["stream_rows"] == 24
     assert pass_cost.refresh_stale_pass_cost(target) is None and calls == [1, 1]
     onednn = dataclasses.replace(target, compute=dataclasses.replace(target.compute, path="onednn"))
     assert pass_cost.refresh_stale_pass_cost(onednn) is None and calls == [1, 1]  # another path: not its curve
