@@ -18,7 +18,7 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 
 # A C++ compiler and ninja: `python -m engine prepare` builds the streaming kernel with them once per machine
-# (engine/decoding/small_linear.cpp, the "stream" compute path), and llama.cpp needs the compiler too. Installed
+# (engine/decoding/compute/small_linear.cpp, the "stream" compute path), and llama.cpp needs the compiler too. Installed
 # with apt-get when missing and possible (as root, as CI does); without them the engine runs oneDNN and says why.
 toolchain:
 	@{ command -v c++ >/dev/null 2>&1 && command -v ninja >/dev/null 2>&1; } || \

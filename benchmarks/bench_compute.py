@@ -1,7 +1,7 @@
 """The compute path on this machine: PyTorch's default (MKL), oneDNN and the streaming kernel, side by side in one
 process.
 
-Measures, alternating the paths rep by rep (``engine/decoding/compute.py``'s ``apply_path``):
+Measures, alternating the paths rep by rep (``engine/decoding/compute/apply.py``'s ``apply_path``):
 1. the LM head product (49152 × 576) for 1, 2, 3, 8 and 16 rows;
 2. a whole target pass over n = 1, 2, 3, 4, 9, 16 new tokens after 100 cached tokens, and a 9-node token
    tree's verify pass (tree attention mask, ``engine.decoding.attention``);
@@ -57,7 +57,7 @@ def read_bandwidth_gbs(reps: int = 5) -> float:
 @torch.inference_mode()
 def lm_head_ms(target, rows=(1, 2, 3, 8, 16), reps: int = 7) -> dict:
     w = target.model.get_output_embeddings().weight.detach()
-    op = compute._ONEDNN_OP
+    op = compute.onednn._ONEDNN_OP
     stream = compute.stream_kernel()
     out = {p: {r: [] for r in rows} for p in PATHS}
     for rep in range(reps + 1):
@@ -116,7 +116,7 @@ def pass_ms(target, sizes=(1, 2, 3, 4, 9, 16), reps: int = 7, context: int = 100
 def decode_tps(target, prompt: str, n: int, reps: int) -> dict:
     """Plain greedy decoding on each path, alternating, by this engine and by transformers' ``generate``; on
     the fast paths also this engine with transformers' own decoder layers instead of the lean ones
-    (``compute._lean_layers``: what the lean layers buy). Tokens/s counts the whole run (prefill included)
+    (``compute.lean._lean_layers``: what the lean layers buy). Tokens/s counts the whole run (prefill included)
     and, for this engine, the decode steps alone: (n − 1) tokens ÷ (total − prefill) time, each step reading
     every weight once."""
     ids = encode_prompt(target.tokenizer, prompt)
@@ -141,7 +141,7 @@ def decode_tps(target, prompt: str, n: int, reps: int) -> dict:
                 texts[key] = o[0, len(ids):].tolist()
                 continue
             if kind != "engine":
-                compute._lean_layers(target.model, on=False)
+                compute.lean._lean_layers(target.model, on=False)
             res = generate(target, None, ids, max_new_tokens=n, stop_on_eos=False)
             if rep:
                 out[key].append(res.stats.tokens_per_s)
@@ -162,7 +162,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if compute._ONEDNN_OP is None:
+    if compute.onednn._ONEDNN_OP is None:
         print("this PyTorch build has no oneDNN linear op: nothing to compare", file=sys.stderr)
         return 2
     target = load_model("embedded", device="cpu")
@@ -171,7 +171,7 @@ def main() -> int:
     params = sum(p.numel() * p.element_size() for p in target.model.parameters())
     # bytes a decode step reads per path: the stream path reads a weight's exact compact copy instead of its fp32
     # values where it has one (compute.compact_weight: the embedded model's LM head as int8 blocks)
-    forms = {id(f): (w, f) for m in compute._linears(target.model)
+    forms = {id(f): (w, f) for m in compute.apply._linears(target.model)
              for w in (m.weight, m.__dict__.get("_fused_weight")) if w is not None
              for f in [w.__dict__.get(compute.COMPACT_ATTR)] if f is not None}
     saved = sum(w.numel() * w.element_size() - f.nbytes for w, f in forms.values())
@@ -211,7 +211,7 @@ def main() -> int:
     lines += ["", f"## Plain greedy decoding, {args.max_new_tokens} new tokens", "",
               "Whole run: new tokens ÷ wall time, prefill included. Decode steps: (n − 1) ÷ (wall − prefill), "
               "each step reading every weight once. \"transformers' layers\": this engine with transformers' own "
-              "decoder-layer forward instead of the lean one (`compute._lean_forward`).", "",
+              "decoder-layer forward instead of the lean one (`compute.lean._lean_forward`).", "",
               "| path, decoder | tokens/s | share of read bandwidth | decode steps: tokens/s | share | "
               "same tokens as default engine |", "|---|---|---|---|---|---|"]
 

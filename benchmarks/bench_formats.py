@@ -1,5 +1,5 @@
 """What the bytes of the weights cost: the embedded model with its layers read as their GGUF blocks (Q4_1, exactly
-the fp32 values: ``engine/decoding/compute.py``'s ``compact_weight``) against every weight read as fp32, the same
+the fp32 values: ``engine.decoding.compute.formats.compact_weight``) against every weight read as fp32, the same
 streaming kernel, the same outputs.
 
 Each format runs in its own process (``SPEEDUP_LAB_WEIGHTS=blocks`` / ``fp32``), in alternating order (A B B A …,

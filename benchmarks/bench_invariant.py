@@ -1,6 +1,7 @@
 """What batch invariance costs in the room's shared pass: the decode attention on this project's kernel
-(``engine/decoding/invariant_attention.cpp``) against the per-row PyTorch SDPA fallback (a call per row, laid out
-as its lone pass), both exact by construction (``engine/decoding/compute.py``, ``invariant_attention``).
+(``engine/decoding/compute/invariant_attention.cpp``) against the per-row PyTorch SDPA fallback (a call per row,
+laid out as its lone pass), both exact by construction (``engine/decoding/compute/invariant.py``,
+``invariant_attention``).
 
 K readers of the Live page's default settings (the trained head, the chat preset, temperatures alternating 0 and
 0.8, reader i seeded i) decode together in one in-process ``Room``; each variant runs ``--reps`` times in
@@ -42,7 +43,7 @@ def _in_thread(fn):
 def _set_variant(name: str, kernel_op) -> None:
     from engine.decoding import compute
 
-    compute._STREAM["attention"] = kernel_op if name == "kernel" else None
+    compute.extension._STREAM["attention"] = kernel_op if name == "kernel" else None
 
 
 def run_room(target, k: int, max_new: int) -> dict:
@@ -107,7 +108,7 @@ def main() -> None:
     from engine.decoding.invariance import invariance_check
 
     target = _in_thread(lambda: load_model(EMBEDDED))
-    kernel_op = compute._STREAM.get("attention")
+    kernel_op = compute.extension._STREAM.get("attention")
     if kernel_op is None:
         sys.exit(f"error: the streaming kernel's attention is not built here ({compute.stream_problem()})")
     check = _in_thread(lambda: invariance_check(target))

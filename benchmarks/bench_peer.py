@@ -175,7 +175,7 @@ def main() -> int:
              f"{args.reps} alternating reps; load average (1 min) {load_start[0]:.2f} at the start, "
              f"{load_end[0]:.2f} at the end.", "",
              f"llama.cpp: {meta['llama_cpp']}; model {meta['llama_model']}. Ours: {meta['ours_model']}, compute path "
-             f"{meta['ours_compute_path']} (engine/decoding/compute.py).", "",
+             f"{meta['ours_compute_path']} (engine/decoding/compute/).", "",
              "Command: `" + meta["command"] + "`", "",
              "| prompt | method | tokens | tok/s (whole request) | decode tok/s | ÷ same engine's plain | ÷ our plain "
              "| same output as its plain |",

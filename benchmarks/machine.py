@@ -2,7 +2,7 @@
 
 ``machine_meta(target)`` goes into each result's JSON ``meta``; ``machine_line(meta)`` into its markdown
 header, so a number is never read without the machine and the kernels that produced it
-(``engine/decoding/compute.py``).
+(``engine/decoding/compute/``).
 """
 
 from __future__ import annotations

@@ -205,11 +205,11 @@ n_layers = len(getattr(getattr(target.model, "model", None), "layers", [])) if t
 # the target's room: every session's rounds run in one worker thread, batched into shared target passes
 room = room_for(target) if target is not None else None
 if target is not None and target.compute is not None:
-    with st.sidebar:  # which kernels every pass below runs (engine/decoding/compute.py)
+    with st.sidebar:  # which kernels every pass below runs (engine/decoding/compute/)
         st.caption(f"How this CPU runs each pass (the compute path): {target.compute.label()}. "
                    f"CPU: {target.compute.cpu}, {target.compute.threads} threads.",
                    help="At load the engine timed, on this CPU, the ways it can multiply the model's weights by a "
-                        "few tokens and uses the fastest for every pass (engine/decoding/compute.py). "
+                        "few tokens and uses the fastest for every pass (engine/decoding/compute/). "
                         + target.compute.reason)
 
 with st.sidebar:

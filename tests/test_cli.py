@@ -170,7 +170,7 @@ def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):
     assert st["speedup"] == pytest.approx(statistics.median(t["base_ms_per_token"])
                                           / statistics.median(t["spec_ms_per_token"]), rel=1e-9)
     assert st["baseline_tokens_per_s"] == pytest.approx(1000 / statistics.median(t["base_ms_per_token"]))
-    compute = out["settings"].pop("compute")  # the compute path the run used (engine/decoding/compute.py)
+    compute = out["settings"].pop("compute")  # the compute path the run used (engine/decoding/compute/)
     assert compute["path"] in ("default", "onednn", "stream") and compute["reason"] and compute["cpu"]
     inv = out["settings"].pop("batch_invariance")  # the room's self-check on this machine (engine/decoding/invariance.py)
     assert inv["label"] and inv["readers"] > 0 and inv["holds"] == (inv["by_construction"] and not inv["mismatched"])

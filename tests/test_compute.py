@@ -1,4 +1,4 @@
-"""The compute path (engine/decoding/compute.py): choice, override, self-check, fallback, exactness."""
+"""The compute path (engine/decoding/compute/): choice, override, self-check, fallback, exactness."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from engine.errors import InputError
 from tests.conftest import ROOT
 from tests.tiny_models import save_tiny_llama
 
-needs_onednn = pytest.mark.skipif(compute._ONEDNN_OP is None, reason="this PyTorch build has no oneDNN linear op")
+needs_onednn = pytest.mark.skipif(compute.onednn._ONEDNN_OP is None,
+                                  reason="this PyTorch build has no oneDNN linear op")
 
-needs_reorder = pytest.mark.skipif(compute._REORDER_OP is None or compute._ONEDNN_OP is None,
+needs_reorder = pytest.mark.skipif(compute.onednn._REORDER_OP is None or compute.onednn._ONEDNN_OP is None,
                                    reason="this PyTorch build has no oneDNN weight reorder op")
 
 
@@ -87,7 +88,7 @@ def test_subclasses_with_their_own_forward_are_left_alone():
 def test_self_check_passes_and_reports_a_disagreeing_kernel(monkeypatch):
     m = nn.Sequential(_lin(), _lin(5, 7))
     assert compute.self_check(m) is None
-    monkeypatch.setattr(compute, "_ONEDNN_OP", lambda x, w, b, *a: F.linear(x, w, b) + 1e-2)
+    monkeypatch.setattr(compute.onednn, "_ONEDNN_OP", lambda x, w, b, *a: F.linear(x, w, b) + 1e-2)
     msg = compute.self_check(m)
     assert msg and "disagreed" in msg and "7×5" in msg
 
@@ -96,7 +97,7 @@ def test_missing_onednn_falls_back_to_default_and_says_why(monkeypatch, tmp_path
     path = save_tiny_llama(tmp_path / "tiny")
     from engine.decoding.models import load_model
 
-    monkeypatch.setattr(compute, "_ONEDNN_OP", None)
+    monkeypatch.setattr(compute.onednn, "_ONEDNN_OP", None)
     lm = load_model(str(path), device="cpu", compute="auto")
     assert lm.compute.path == "default" and "fallback" in lm.compute.reason and "oneDNN" in lm.compute.reason
     assert path_of(lm.model) == "default"
@@ -111,7 +112,7 @@ def test_override_forces_each_path_and_a_bad_one_is_a_clear_error(monkeypatch, t
     lm = load_model(str(path), device="cpu", compute="default")
     assert lm.compute.path == "default" and "override" in lm.compute.reason
     assert path_of(lm.model) == "default"
-    if compute._ONEDNN_OP is not None:
+    if compute.onednn._ONEDNN_OP is not None:
         monkeypatch.setenv(compute.ENV_VAR, "onednn")
         lm = load_model(str(path), device="cpu")
         assert lm.compute.path == "onednn" and path_of(lm.model) == "onednn"
@@ -127,10 +128,10 @@ def test_auto_measures_both_paths_once_and_remembers_the_choice(tmp_path, monkey
 
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     store = tmp_path / "paths.json"
-    monkeypatch.setattr(compute, "_MEMO", {})
+    monkeypatch.setattr(compute.choice, "_MEMO", {})
     calls = []
     real = compute.measure_paths
-    monkeypatch.setattr(compute, "measure_paths", lambda m, **kw: calls.append(1) or real(m, **kw))
+    monkeypatch.setattr(compute.choice, "measure_paths", lambda m, **kw: calls.append(1) or real(m, **kw))
     choice = choose_path(model, "auto", store=store)
     offered = {"default", "onednn"} | ({"stream"} if compute.stream_kernel() is not None else set())
     assert set(choice.pass_ms) == offered and choice.path in compute.PATHS
@@ -140,7 +141,7 @@ def test_auto_measures_both_paths_once_and_remembers_the_choice(tmp_path, monkey
     assert len(saved) == 1 and next(iter(saved.values()))["path"] == choice.path
     assert compute.cpu_model() in next(iter(saved))
     # a new process (empty memo) reads the stored choice instead of measuring again
-    monkeypatch.setattr(compute, "_MEMO", {})
+    monkeypatch.setattr(compute.choice, "_MEMO", {})
     again = choose_path(model, "auto", store=store)
     # the streaming kernel's row limit is timed once more when the kernel won, else not at all
     assert again.path == choice.path and "earlier" in again.reason and len(calls) == 1 + (choice.path == "stream")
@@ -322,7 +323,7 @@ def test_streaming_kernel_gives_a_row_the_same_bits_whatever_rows_share_the_call
         assert torch.equal(op(x[:rows], w, None), alone[:rows]), rows
 
 
-needs_compact = pytest.mark.skipif(compute.stream_kernel() is None or compute._STREAM.get("compact") is None,
+needs_compact = pytest.mark.skipif(compute.stream_kernel() is None or compute.extension._STREAM.get("compact") is None,
                                    reason="no compact-weight entries in this kernel build (AVX-512 only)")
 
 
@@ -340,7 +341,8 @@ def test_compact_weights_give_the_fp32_weights_bits_for_every_row_count():
     """The fp16 and int8-block entries compute exactly what the fp32 kernel computes on the weights they hold:
     torch.equal for 0-24 rows (one pass and the blocked schedule), with and without bias. K must be whole vectors of 16
     (a scalar tail compiled for each form added in other orders: K = 40 differed in the last bits)."""
-    op, f16, q8 = compute._STREAM["op"], compute._STREAM["compact"]["f16"], compute._STREAM["compact"]["q8"]
+    stream = compute.extension._STREAM
+    op, f16, q8 = stream["op"], stream["compact"]["f16"], stream["compact"]["q8"]
     gen = torch.Generator().manual_seed(11)
     for n, k in ((7, 16), (9, 48), (301, 576), (64, 1536)):
         w16 = torch.randn(n, k, generator=gen).half()
@@ -369,17 +371,17 @@ def test_q8_check_in_pieces_is_the_whole_check():
     gen = torch.Generator().manual_seed(5)
     w, q, d = _q8_exact(7, 64, gen)
     for rows in (1, 2, 3, 7, 1024):
-        got = compute._exact_q8(w, rows=rows)
+        got = compute.formats._exact_q8(w, rows=rows)
         assert got is not None and torch.equal(got[0], q) and torch.equal(got[1], d)
         for r in (0, 6):  # the first piece, the last piece
             off = w.clone()
             off[r, 40] += 1e-7 * float(off[r, 40].abs() + 1)
-            assert compute._exact_q8(off, rows=rows) is None
+            assert compute.formats._exact_q8(off, rows=rows) is None
     nan = w.clone()
     nan[4, 3] = float("nan")
-    assert compute._exact_q8(nan, rows=2) is None
+    assert compute.formats._exact_q8(nan, rows=2) is None
     zero = torch.zeros(3, 32)  # an all-zero block: scale 0, values 0
-    got = compute._exact_q8(zero, rows=2)
+    got = compute.formats._exact_q8(zero, rows=2)
     assert got is not None and not got[0].any() and not got[1].any()
 
 
@@ -404,12 +406,12 @@ def _unpack_q41(codes, k):
 def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
     """The Q4_1 entry computes exactly what the fp32 kernel computes on the weights it holds (torch.equal, 0-24, 33
     and 64 rows, with and without bias): it rebuilds each fp32 weight d · q + m in registers and adds in the same order."""
-    op = compute._STREAM["op"]
-    q41 = compute._STREAM["compact"]["q41"]
+    op = compute.extension._STREAM["op"]
+    q41 = compute.extension._STREAM["compact"]["q41"]
     gen = torch.Generator().manual_seed(41)
     for n, k in ((5, 32), (301, 576), (64, 1536)):
         w, q, d, m = _q41_exact(n, k, gen)
-        got = compute._exact_q41(w)
+        got = compute.formats._exact_q41(w)
         assert got is not None
         codes, scales, mins = got
         assert torch.equal(_unpack_q41(codes, k) * scales.repeat_interleave(32, 1) + mins.repeat_interleave(32, 1), w)
@@ -426,19 +428,19 @@ def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
 def test_q41_check_finds_the_blocks_and_rejects_any_value_off_them():
     gen = torch.Generator().manual_seed(4)
     w, q, d, m = _q41_exact(9, 64, gen)
-    codes, scales, mins = compute._exact_q41(w)
+    codes, scales, mins = compute.formats._exact_q41(w)
     assert torch.equal(mins, m) and torch.equal(_unpack_q41(codes, 64), q)
     for r in (0, 8):  # one ulp off the grid in the first row and in the last
         off = w.clone()
         off[r, 40] = torch.nextafter(off[r, 40], torch.tensor(float("inf")))
-        assert compute._exact_q41(off) is None
+        assert compute.formats._exact_q41(off) is None
     for bad in (float("nan"), float("inf")):
         off = w.clone()
         off[4, 3] = bad
-        assert compute._exact_q41(off) is None
-    assert compute._exact_q41(torch.randn(4, 32, generator=gen)) is None
+        assert compute.formats._exact_q41(off) is None
+    assert compute.formats._exact_q41(torch.randn(4, 32, generator=gen)) is None
     const = torch.full((2, 32), 0.25)  # a constant block: d 0, every code 0
-    got = compute._exact_q41(const)
+    got = compute.formats._exact_q41(const)
     assert got is not None and not got[0].any() and torch.equal(got[2], torch.full((2, 1), 0.25))
     assert compute.compact_weight(w) == "q41"
     form = w.__dict__[compute.COMPACT_ATTR]
@@ -467,25 +469,25 @@ def test_compact_form_is_found_only_where_exact_and_dropped_when_the_weight_chan
     lin = nn.Linear(48, 9)
     with torch.no_grad():
         lin.weight.copy_(exact16)
-    monkeypatch.setitem(compute._STREAM, "max_rows", 16)
+    monkeypatch.setitem(compute.extension._STREAM, "max_rows", 16)
     apply_path(lin, "stream")
     try:
         assert lin.weight.__dict__[compute.COMPACT_ATTR].kind == "f16"
         assert compute.compact_bytes(lin) == 9 * 48 * 2
         calls = []
-        real = compute._STREAM["compact"]["f16"]
-        monkeypatch.setitem(compute._STREAM, "compact", {**compute._STREAM["compact"],
-                                                         "f16": lambda *a: calls.append(1) or real(*a)})
+        real = compute.extension._STREAM["compact"]["f16"]
+        monkeypatch.setitem(compute.extension._STREAM, "compact", {**compute.extension._STREAM["compact"],
+                                                                   "f16": lambda *a: calls.append(1) or real(*a)})
         lin.weight.__dict__[compute.COMPACT_ATTR] = compute.CompactWeight(
-            "f16", lin.weight.__dict__[compute.COMPACT_ATTR].tensors, compute._STREAM["compact"]["f16"],
+            "f16", lin.weight.__dict__[compute.COMPACT_ATTR].tensors, compute.extension._STREAM["compact"]["f16"],
             lin.weight.data_ptr(), lin.weight._version)
         x = torch.randn(3, 48, generator=gen)
         with torch.inference_mode():
-            assert torch.equal(lin(x), compute._STREAM["op"](x, exact16, lin.bias)) and calls == [1]
+            assert torch.equal(lin(x), compute.extension._STREAM["op"](x, exact16, lin.bias)) and calls == [1]
         with torch.no_grad():
             lin.weight.mul_(1.5)  # the compact form is stale now
         with torch.inference_mode():
-            assert torch.equal(lin(x), compute._STREAM["op"](x, exact16 * 1.5, lin.bias)) and calls == [1]
+            assert torch.equal(lin(x), compute.extension._STREAM["op"](x, exact16 * 1.5, lin.bias)) and calls == [1]
     finally:
         apply_path(lin, "default")
 
@@ -497,9 +499,10 @@ def test_stream_path_routes_few_rows_to_the_kernel_and_more_to_onednn(monkeypatc
     try:
         assert type(lin) is OneDNNLinear and path_of(lin) == "stream"
         calls = []
-        real = compute._STREAM["op"]
-        monkeypatch.setitem(compute._STREAM, "max_rows", 16)  # an earlier load may have left its measured limit
-        monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+        real = compute.extension._STREAM["op"]
+        # an earlier load may have left its measured limit
+        monkeypatch.setitem(compute.extension._STREAM, "max_rows", 16)
+        monkeypatch.setitem(compute.extension._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
         with torch.inference_mode():
             for rows in (1, 16, 17, 40):
                 x = torch.randn(1, rows, 20)
@@ -507,7 +510,7 @@ def test_stream_path_routes_few_rows_to_the_kernel_and_more_to_onednn(monkeypatc
             torch.testing.assert_close(compute.linear(torch.ones(20), lin.weight), lin.weight.sum(1))  # 1-D input
         assert calls == [1, 16, 1]
         assert compute.self_check(lin, kernel="stream") is None
-        monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: real(x, w, b) + 1e-2)
+        monkeypatch.setitem(compute.extension._STREAM, "op", lambda x, w, b: real(x, w, b) + 1e-2)
         msg = compute.self_check(lin, kernel="stream")
         assert msg and "streaming kernel disagreed" in msg
     finally:
@@ -521,11 +524,11 @@ def test_stream_row_limit_is_the_largest_candidate_where_the_kernel_is_not_slowe
 
     def timings(stream, onednn):
         def fake(model, tokens, reps, paths):
-            seen.append(compute._STREAM["max_rows"])
+            seen.append(compute.extension._STREAM["max_rows"])
             return {"stream": dict(zip(tokens, stream)), "onednn": dict(zip(tokens, onednn))}
         return fake
 
-    monkeypatch.setitem(compute._STREAM, "max_rows", 16)
+    monkeypatch.setitem(compute.extension._STREAM, "max_rows", 16)
     cases = [  # (stream ms at 8, 12, 16, 24 tokens; oneDNN ms) → limit
         ((40.0, 52.6, 58.9, 80.5), (51.1, 54.2, 58.3, 63.9), 12),  # the Intel Xeon's (compute_xeon.md)
         ((30.0, 35.0, 40.0, 50.0), (31.0, 36.0, 41.0, 51.0), 24),  # never slower: the most tried
@@ -536,11 +539,11 @@ def test_stream_row_limit_is_the_largest_candidate_where_the_kernel_is_not_slowe
         ((30.0, 36.0, 40.0, 60.0), (31.0, 36.0, 39.0, 51.0), 12),  # a tie keeps the kernel; 16 and 24 lost
     ]
     for stream, onednn, want in cases:
-        monkeypatch.setattr(compute, "measure_paths", timings(stream, onednn))
+        monkeypatch.setattr(compute.choice, "measure_paths", timings(stream, onednn))
         rows, ms = compute.measure_stream_rows(nn.Linear(2, 2))
         assert rows == want, (stream, onednn)
         assert ms["stream"][24] == stream[3]
-    assert seen == [24] * len(cases) and compute._STREAM["max_rows"] == 16
+    assert seen == [24] * len(cases) and compute.extension._STREAM["max_rows"] == 16
 
 
 @needs_stream
@@ -548,19 +551,19 @@ def test_use_path_applies_the_measured_row_limit(monkeypatch):
     """A "stream" choice with a row limit of 3 sends 3-row products to the kernel and 4-row ones to oneDNN; the
     label names the limit."""
     lin = _lin(9, 20)
-    monkeypatch.setitem(compute._STREAM, "max_rows", 16)
+    monkeypatch.setitem(compute.extension._STREAM, "max_rows", 16)
     choice = ComputePath("stream", "measured: test", "cpu", 2, stream_rows=3)
     assert "≤ 3 rows" in choice.label()
     use_path(lin, choice)
     try:
         calls = []
-        real = compute._STREAM["op"]
-        monkeypatch.setitem(compute._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+        real = compute.extension._STREAM["op"]
+        monkeypatch.setitem(compute.extension._STREAM, "op", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
         with torch.inference_mode():
             for rows in (1, 3, 4, 16):
                 x = torch.randn(rows, 20)
                 torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-        assert calls == [1, 3] and compute._STREAM["max_rows"] == 3
+        assert calls == [1, 3] and compute.extension._STREAM["max_rows"] == 3
     finally:
         apply_path(lin, "default")
 
@@ -569,7 +572,7 @@ def test_stream_path_that_cannot_be_built_falls_back_and_says_why(monkeypatch, t
     path = save_tiny_llama(tmp_path / "tiny")
     from engine.decoding.models import load_model
 
-    monkeypatch.setattr(compute, "_STREAM", {"tried": True, "op": None, "problem": "no C++ compiler (test)"})
+    monkeypatch.setattr(compute.extension, "_STREAM", {"tried": True, "op": None, "problem": "no C++ compiler (test)"})
     lm = load_model(str(path), device="cpu", compute="stream")
     assert lm.compute.path in ("onednn", "default") and "no C++ compiler (test)" in lm.compute.reason
     assert parse_override("STREAM") == "stream"
@@ -586,9 +589,9 @@ def test_built_kernel_is_imported_directly_and_a_stale_build_lock_is_removed(mon
     from torch.utils import cpp_extension
 
     msgs = []
-    monkeypatch.setattr(compute, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
+    monkeypatch.setattr(compute.extension, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
     assert compute.stream_kernel(msgs.append) is not None and msgs == []
-    name = compute._STREAM["name"]
+    name = compute.extension._STREAM["name"]
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     lock = tmp_path / name / "lock"
     lock.parent.mkdir()
@@ -598,7 +601,7 @@ def test_built_kernel_is_imported_directly_and_a_stale_build_lock_is_removed(mon
     seen = []
     monkeypatch.setattr(cpp_extension, "load",
                         lambda **kw: seen.append(lock.exists()) or SimpleNamespace(small_linear=F.linear))
-    monkeypatch.setattr(compute, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
+    monkeypatch.setattr(compute.extension, "_STREAM", {"tried": False, "op": None, "problem": None, "name": ""})
     assert compute.stream_kernel(msgs.append) is F.linear
     assert seen == [False] and len(msgs) == 1 and msgs[0].startswith("Building")
 
@@ -642,12 +645,12 @@ def test_lean_decoder_layers_give_the_same_bits_as_transformers_layers(tmp_path,
     layer = model.model.layers[0]
     assert type(layer).__name__ == "LeanLlamaDecoderLayer" and type(layer).forward.__name__ == "_lean_forward"
     lean = _passes(model)
-    assert compute._lean_layers(model, on=False) == 3  # transformers' layers, same fused products
+    assert compute.lean._lean_layers(model, on=False) == 3  # transformers' layers, same fused products
     assert type(layer).__name__ == "LlamaDecoderLayer"
     ref = _passes(model)
     for got, want in zip(lean, ref):
         assert torch.equal(got, want)
-    compute._lean_layers(model, on=True)
+    compute.lean._lean_layers(model, on=True)
     # training on a fast path: transformers' forward, gradients reach the weights
     model.train()
     model(torch.tensor([[3, 4, 5]])).logits.sum().backward()
@@ -669,7 +672,7 @@ def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
 
     from torch.utils import cpp_extension
 
-    flags = (compute._cpu_flags() or "").split()
+    flags = (compute.extension._cpu_flags() or "").split()
     if platform.machine() not in ("x86_64", "AMD64") or "avx2" not in flags or "fma" not in flags:
         pytest.skip("not an x86 CPU with AVX2 and FMA")
     name = "speedup_lab_small_linear_avx2_" + hashlib.sha256(
@@ -712,9 +715,9 @@ def test_big_products_run_on_a_packed_copy_with_the_dense_weights_bits(monkeypat
     apply_path(lin, "onednn")
     try:
         made = []
-        real = compute._REORDER_OP
-        monkeypatch.setattr(compute, "_REORDER_OP", lambda w: made.append(tuple(w.shape)) or real(w))
-        dense = compute._ONEDNN_OP
+        real = compute.onednn._REORDER_OP
+        monkeypatch.setattr(compute.onednn, "_REORDER_OP", lambda w: made.append(tuple(w.shape)) or real(w))
+        dense = compute.onednn._ONEDNN_OP
         with torch.inference_mode():
             for rows in (compute.PACK_MIN_ROWS - 1, compute.PACK_MIN_ROWS, 48, 130):
                 x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
@@ -746,7 +749,7 @@ def test_weights_mapped_from_the_checkpoint_are_copied_into_own_memory(tmp_path)
 
     path = save_tiny_llama(tmp_path / "tiny", layers=2)
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-    ranges = compute._file_ranges()
+    ranges = compute.memory._file_ranges()
     mapped = [n for n, p in model.named_parameters() if any(lo <= p.data_ptr() < hi for lo, hi in ranges)]
     if not mapped:
         pytest.skip("this transformers build did not map the checkpoint")
@@ -755,13 +758,13 @@ def test_weights_mapped_from_the_checkpoint_are_copied_into_own_memory(tmp_path)
     with torch.inference_mode():
         ref = model(ids).logits
     apply_path(model, "onednn")
-    ranges = compute._file_ranges()
+    ranges = compute.memory._file_ranges()
     assert not [n for n, p in model.named_parameters() if any(lo <= p.data_ptr() < hi for lo, hi in ranges)]
     after = model.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before)
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-4)
-    assert compute._own_memory(model) == 0  # nothing left to copy
+    assert compute.memory._own_memory(model) == 0  # nothing left to copy
     apply_path(model, "default")
 
 

@@ -296,7 +296,7 @@ def test_direct_draft_steps_are_the_body_forward_bit_for_bit(tiny, path):
     from engine.decoding import compute
     from engine.decoding.attention import model_mask
 
-    if path == "onednn" and compute._ONEDNN_OP is None:
+    if path == "onednn" and compute.onednn._ONEDNN_OP is None:
         pytest.skip("this PyTorch build has no oneDNN linear op")
     target = tiny["target"]
     head = FeatureHead(target.model.config, 2, torch.arange(0, 32, 2))

@@ -54,7 +54,7 @@ def test_the_check_catches_one_ulp_of_difference_in_a_shared_pass(path, monkeypa
 
 def test_without_the_kernels_attention_the_promise_is_not_made(path, monkeypatch):
     t = load_model(str(path), device="cpu", compute="stream")
-    monkeypatch.setitem(compute._STREAM, "attention", None)
+    monkeypatch.setitem(compute.extension._STREAM, "attention", None)
     c = invariance.run_check(t)
     assert c.attention == "sdpa per row" and not c.by_construction and not c.holds
     assert "not by construction" in c.reason or c.mismatched

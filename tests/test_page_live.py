@@ -398,7 +398,7 @@ def test_block_kind_needs_the_embedded_target(tiny):
 
 
 def test_compute_path_shown_beside_the_model(tiny):
-    """The sidebar names the kernels every pass runs (engine/decoding/compute.py), with the CPU."""
+    """The sidebar names the kernels every pass runs (engine/decoding/compute/), with the CPU."""
     from engine.decoding.compute import cpu_model
 
     at = _app(tiny)

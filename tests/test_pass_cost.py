@@ -83,7 +83,7 @@ def test_the_curve_is_keyed_by_how_big_products_run(tiny, monkeypatch):
     got = measure_pass_cost(tiny, sizes=(1, 2), reps=1, context=4)
     monkeypatch.setattr(pass_cost, "measure_pass_cost", lambda t, progress=None: got)
     assert machine_pass_cost(tiny) == got and cached_pass_cost(tiny.spec) == got
-    monkeypatch.setattr(compute, "PACK_MIN_ROWS", compute.PACK_MIN_ROWS + 1)
+    monkeypatch.setattr(compute.onednn, "PACK_MIN_ROWS", compute.onednn.PACK_MIN_ROWS + 1)
     assert cached_pass_cost(tiny.spec) is None
 
 
@@ -133,21 +133,22 @@ def test_a_stored_curve_under_another_row_limit_is_not_this_process_curve(tiny, 
 
     stored = PassCost(ms={1: 10.0, 9: 22.5}, cpu="x", compute="stream", threads=2, date="d", extra={"stream_rows": 8})
     monkeypatch.setattr(pass_cost, "_read", lambda: {pass_cost._key("embedded"): stored.to_dict()})
-    monkeypatch.setitem(compute._ACTIVE, "path", "stream")
-    monkeypatch.setitem(compute._STREAM, "applied_rows", 24)
+    monkeypatch.setitem(compute.products._ACTIVE, "path", "stream")
+    monkeypatch.setitem(compute.extension._STREAM, "applied_rows", 24)
     assert compute.active_stream_rows() == 24
     assert cached_pass_cost("embedded") is None and cached_pass_cost("embedded", compute="stream") is None
     assert not pass_cost.current_pass_cost("embedded").measured_here  # the shipped fallback, labelled
-    monkeypatch.setitem(compute._STREAM, "applied_rows", 8)
+    monkeypatch.setitem(compute.extension._STREAM, "applied_rows", 8)
     assert cached_pass_cost("embedded") == stored
-    monkeypatch.setitem(compute._STREAM, "applied_rows", None)  # no "stream" choice applied yet in this process
+    # no "stream" choice applied yet in this process
+    monkeypatch.setitem(compute.extension._STREAM, "applied_rows", None)
     assert cached_pass_cost("embedded") == stored
-    monkeypatch.setitem(compute._STREAM, "applied_rows", 24)
-    monkeypatch.setitem(compute._ACTIVE, "path", "onednn")      # another path active: no row limit applies
+    monkeypatch.setitem(compute.extension._STREAM, "applied_rows", 24)
+    monkeypatch.setitem(compute.products._ACTIVE, "path", "onednn")  # another path active: no row limit applies
     assert compute.active_stream_rows() is None and cached_pass_cost("embedded") == stored
     other = PassCost(ms={1: 10.0, 2: 11.0}, cpu="x", compute="onednn", threads=2, date="d")
     monkeypatch.setattr(pass_cost, "_read", lambda: {pass_cost._key("embedded"): other.to_dict()})
-    monkeypatch.setitem(compute._ACTIVE, "path", "stream")
+    monkeypatch.setitem(compute.products._ACTIVE, "path", "stream")
     assert cached_pass_cost("embedded") == other
 
 

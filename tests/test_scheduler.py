@@ -240,10 +240,10 @@ def test_invariant_attention_gives_each_row_its_lone_bits(kernel, dim, monkeypat
     from engine.decoding.compute import invariant_attention
 
     if kernel == "stream":
-        if compute.stream_kernel() is None or compute._STREAM.get("attention") is None:
+        if compute.stream_kernel() is None or compute.extension._STREAM.get("attention") is None:
             pytest.fail(f"the streaming kernel's extension did not build here: {compute.stream_problem()}")
     else:
-        monkeypatch.setitem(compute._STREAM, "attention", None)
+        monkeypatch.setitem(compute.extension._STREAM, "attention", None)
     gen = torch.Generator().manual_seed(dim)
     heads, kv_heads, scale = 6, 2, dim ** -0.5
     for widths in ([3, 3, 3], [3, 1, 2], [1, 1, 1], [4, 0, 2]):
@@ -298,9 +298,9 @@ def test_invariant_attention_kernel_rejects_bad_shapes():
     """The kernel's own checks: a clear error, not a crash, for shapes it cannot serve."""
     from engine.decoding import compute
 
-    if compute.stream_kernel() is None or compute._STREAM.get("attention") is None:
+    if compute.stream_kernel() is None or compute.extension._STREAM.get("attention") is None:
         pytest.fail(f"the streaming kernel's extension did not build here: {compute.stream_problem()}")
-    op = compute._STREAM["attention"]
+    op = compute.extension._STREAM["attention"]
     q, k = torch.zeros(1, 3, 1, 16), torch.zeros(1, 2, 4, 16)
     one = torch.ones(1, dtype=torch.long)
     with pytest.raises(RuntimeError, match="multiple of G"):

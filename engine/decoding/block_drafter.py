@@ -124,7 +124,7 @@ class BlockDrafter(nn.Module):
         w = target_model.get_output_embeddings().weight.detach()
         with torch.inference_mode(False), torch.no_grad():  # a plain tensor: it can hold its compact form
             self.head_weight = w[self.vocab_ids.to(w.device)].to(self.fc.weight.dtype)
-        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute.py)
+        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute/formats.py)
         return self
 
     def init_from_target(self, target_model: nn.Module) -> None:
@@ -245,7 +245,7 @@ def load_block_drafter(folder: str | Path, target_model: nn.Module) -> BlockDraf
         raise ModelLoadError(f"The block drafter in {str(folder)!r} does not match its config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     drafter.to(device=param.device, dtype=param.dtype).eval()
-    apply_path(drafter, path_of(target_model))  # the target's compute path (engine/decoding/compute.py)
+    apply_path(drafter, path_of(target_model))  # the target's compute path (engine/decoding/compute/)
     drafter.config = cfg
     return drafter.bind(target_model)
 

@@ -90,7 +90,7 @@ class FeatureHead(nn.Module):
         w = target_model.get_output_embeddings().weight.detach()
         with torch.inference_mode(False), torch.no_grad():  # a plain tensor: it can hold its compact form
             self.head_weight = w[self.vocab_ids.to(w.device)].to(self.fc.weight.dtype)
-        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute.py)
+        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute/formats.py)
         return self
 
     def init_from_target(self, target_model: nn.Module) -> None:
@@ -136,7 +136,7 @@ class FeatureHead(nn.Module):
                     layer.mlp.down_proj.weight.zero_()
         p = self.fc.weight
         big = big.to(device=p.device, dtype=p.dtype)
-        apply_path(big, path_of(self))  # this head's compute path (engine/decoding/compute.py), as with_vocab
+        apply_path(big, path_of(self))  # this head's compute path (engine/decoding/compute/), as with_vocab
         return big.bind(target_model)
 
     def with_vocab(self, vocab_ids: torch.Tensor, target_model: nn.Module) -> "FeatureHead":
@@ -150,7 +150,7 @@ class FeatureHead(nn.Module):
         head.load_state_dict({k: v for k, v in self.state_dict().items() if k != "vocab_ids"}, strict=False)
         p = self.fc.weight
         head = head.to(device=p.device, dtype=p.dtype).train(self.training)
-        apply_path(head, path_of(self))  # this head's compute path (engine/decoding/compute.py), as load_head
+        apply_path(head, path_of(self))  # this head's compute path (engine/decoding/compute/), as load_head
         return head.bind(target_model)
 
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -233,7 +233,7 @@ class FeatureHead(nn.Module):
 
 def q8_0_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GGUF Q8_0 quantization of a matrix, laid out so its values are an exact "q8" compact form of the streaming
-    kernel (``engine.decoding.compute._exact_q8``).
+    kernel (``engine.decoding.compute.formats._exact_q8``).
 
     Each block of 32 values along the last dimension becomes int8 codes q and one fp16 scale d, the value being
     d · q (ggml's ``quantize_row_q8_0``: d = max |w| ÷ 127, q = round(w ÷ d)). One change: d is rounded *down* to
@@ -382,6 +382,6 @@ def load_head(folder: str | Path, target_model: nn.Module) -> FeatureHead:
         raise ModelLoadError(f"The draft head in {str(folder)!r} does not match its config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     head.to(device=param.device, dtype=param.dtype).eval()
-    apply_path(head, path_of(target_model))  # the target's compute path (engine/decoding/compute.py)
+    apply_path(head, path_of(target_model))  # the target's compute path (engine/decoding/compute/)
     head.config = cfg
     return head.bind(target_model)

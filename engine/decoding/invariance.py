@@ -83,7 +83,7 @@ def _attention_kind(target: LoadedModel) -> tuple[str, str]:
         return "not invariant", f"the streaming kernel does not run its products ({why})"
     if compute.lean_layer_count(target.model) == 0:
         return "not invariant", "the target's layers keep transformers' forward (not a Llama architecture)"
-    if compute._STREAM.get("attention") is None:
+    if compute.extension._STREAM.get("attention") is None:
         return "sdpa per row", "the attention runs as one PyTorch SDPA call per row (the kernel's attention is missing)"
     return "kernel", ""
 

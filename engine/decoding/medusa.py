@@ -110,7 +110,7 @@ class MedusaHeads(nn.Module):
         w = target_model.get_output_embeddings().weight.detach()
         with torch.inference_mode(False), torch.no_grad():  # a plain tensor: it can hold its compact form
             self.head_weight = w[self.vocab_ids.to(w.device)].to(self.heads[0][0].linear.weight.dtype)
-        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute.py)
+        prepare_weight(self.head_weight)  # read from its exact compact form on the "stream" path (compute/formats.py)
         return self
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -215,7 +215,7 @@ def load_medusa(folder: str | Path, target_model: nn.Module) -> MedusaHeads:
         raise ModelLoadError(f"The Medusa heads in {str(folder)!r} do not match their config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}).")
     heads.to(device=param.device, dtype=param.dtype).eval()
-    apply_path(heads, path_of(target_model))  # the target's compute path (engine/decoding/compute.py)
+    apply_path(heads, path_of(target_model))  # the target's compute path (engine/decoding/compute/)
     heads.config = cfg
     return heads.bind(target_model)
 

@@ -35,7 +35,7 @@ alone: greedy identical, sampled with the same seed the same text. The passes ar
 (``propose_many``), gets the bits of its lone pass (logits, q, KV entries), so even a near tie goes the same way;
 prefills run alone. By construction, on any CPU where the streaming kernel's extension runs the products
 (``small_linear.cpp``) and the attention (``invariant_attention.cpp``) and the layers take the lean path
-(``compute._lean_forward``: the embedded model and its head): every sum a row's result depends on is computed from
+(``compute.lean._lean_forward``: the embedded model and its head): every sum a row's result depends on is computed from
 that row alone in an order this project fixes. ``engine.decoding.invariance`` checks it on the machine when the
 Live page first shows the room (and for the CLI's ``--json``) and the room panel says what it found; elsewhere (CUDA,
 no compiler, other architectures) a batched pass can differ by rounding, which changes a token only at a near tie
@@ -76,7 +76,8 @@ from typing import Callable, Iterator
 import torch
 
 from engine.decoding.attention import KVScratch, fed_visibility, model_mask, stack_left_padded
-from engine.decoding.compute import _aligned, batch_invariant
+from engine.decoding.compute import batch_invariant
+from engine.decoding.compute.invariant import _aligned
 from engine.decoding.models import LoadedModel
 from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
 from engine.decoding.trace import Round
@@ -444,8 +445,8 @@ class Room:
 
         Measured in the room benchmark's server (Intel Xeon, Sapphire Rapids, 16 readers): the room's first 16-row pass
         took 559–599 ms against ~130 ms for the next ones, ~17 % of the room's run. About 160 ms of it was the
-        target's LM head being packed for oneDNN (``compute._packed``: a lone reader's passes never make a product
-        that large); most of the rest was memory touched for the first time (the stacked batch cache, the
+        target's LM head being packed for oneDNN (``compute.onednn._packed``: a lone reader's passes never make a
+        product that large); most of the rest was memory touched for the first time (the stacked batch cache, the
         activations: page faults in this thread's allocator) and each row's first KV block (now made at its prefill:
         ``reserve_block``). So, once per room:
 

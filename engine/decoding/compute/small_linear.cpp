@@ -1,4 +1,4 @@
-// The "stream" compute path's kernel (engine/decoding/compute.py builds and loads it; nothing else does).
+// The "stream" compute path's kernel (engine/decoding/compute/extension.py builds and loads it; nothing else does).
 //
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for x [M, K] with few rows (a decode step, a verify pass)
 // and w [N, K] row-major fp32, the layout of nn.Linear's weight.
@@ -72,7 +72,7 @@ constexpr int kInputBlock = 4;
 #endif
 
 // How a block reads its weights. Weights are read 16 values at a time as fp32 vectors; a loader turns what is
-// stored into exactly the fp32 weights (compact storage, "exact compact weights" in engine/decoding/compute.py):
+// stored into exactly the fp32 weights (compact storage: engine/decoding/compute/formats.py, "exact compact weights"):
 //   F32: the fp32 weight itself (nn.Linear's layout [N, K]).
 //   F16: fp16 values [N, K] whose fp32 values are the weights (fp16 → fp32 is exact), half the bytes: a draft
 //        head saved in fp16 and cast to fp32 at load.

@@ -1,4 +1,4 @@
-// Causal attention of a decode pass in a summation order this project fixes (engine/decoding/compute.py's
+// Causal attention of a decode pass in a summation order this project fixes (engine/decoding/compute/invariant.py's
 // invariant_attention calls it; built into the streaming kernel's extension, small_linear.cpp registers it).
 //
 // out[b, h, j, :] = sum_c softmax_c(scale · q[b, h, j] · k[b, g, cols[b, c]]) · v[b, g, cols[b, c]]

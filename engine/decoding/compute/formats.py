@@ -1,0 +1,164 @@
+"""Exact compact weights: the forms the streaming kernel reads instead of a weight's fp32 values when they hold exactly
+the same values (fp16, Q8_0 blocks, GGUF Q4_1 blocks: ``compact_weight``), and ``SPEEDUP_LAB_WEIGHTS``, which has every
+weight read as fp32 instead (``weight_format``). What a model's compact forms add and save is counted where paths are
+applied (``engine.decoding.compute.apply``: ``compact_bytes``, ``weight_formats``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.decoding.compute import extension
+from engine.errors import InputError
+
+WEIGHT_FORMAT_ENV = "SPEEDUP_LAB_WEIGHTS"
+WEIGHT_FORMATS = ("blocks", "fp32")
+
+
+def weight_format() -> str:
+    """How the streaming kernel reads weights, from ``SPEEDUP_LAB_WEIGHTS``: "blocks" (default: each weight's exact
+    compact form where it has one, ``compact_weight``: the embedded model's GGUF Q4_1 and Q8_0 blocks) or "fp32"
+    (every weight as fp32, 4 bytes a value: the same results, more bytes; for measuring what bytes cost).
+
+    Raises:
+        InputError: for another value."""
+    value = (os.environ.get(WEIGHT_FORMAT_ENV) or "blocks").strip().lower()
+    if value not in WEIGHT_FORMATS:
+        raise InputError(f"{WEIGHT_FORMAT_ENV} must be one of {', '.join(WEIGHT_FORMATS)}, got {value!r}.")
+    return value
+
+
+COMPACT_ATTR = "_stream_compact"
+"""The attribute of a weight tensor holding its exact compact form (``CompactWeight``)."""
+Q8_BLOCK = 32
+"""Values per scale in the "q8" compact form (the GGUF format Q8_0's block)."""
+
+
+@dataclass(frozen=True)
+class CompactWeight:
+    """A weight's exact compact storage for the streaming kernel (``compact_weight``).
+
+    Attributes:
+        kind: "f16" (the weight's values as fp16), "q8" (int8 values and one fp32 scale per ``Q8_BLOCK``) or
+            "q41" (4-bit codes, one fp32 scale and one fp32 minimum per ``Q41_BLOCK``: GGUF's Q4_1).
+        tensors: ("f16": [N, K] fp16), ("q8": [N, K] int8, [N, K / 32] fp32 scales) or ("q41": [N, K / 2] uint8
+            codes, [N, K / 32] fp32 scales, [N, K / 32] fp32 minimums).
+        op: the kernel entry reading this form.
+        ptr, version: the fp32 weight's ``data_ptr`` and version counter when the form was made; a weight changed
+            since (an in-place update, new data) no longer matches and is read as fp32 again.
+    """
+
+    kind: str
+    tensors: tuple
+    op: Callable
+    ptr: int
+    version: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the compact form (memory it adds beside the fp32 weight)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def compact_weight(weight: torch.Tensor) -> str | None:
+    """Give ``weight`` ([N, K] fp32, contiguous, on the CPU) an exact compact form the streaming kernel reads
+    instead of its fp32 values, when one exists: "f16" when every value is an fp16 number (a draft head saved in
+    fp16 and cast to fp32 at load: half the bytes), else "q8" when every block of 32 values along K is an int8
+    vector times one scale (d = the block's largest magnitude ÷ 127; the GGUF format Q8_0, as the embedded model's
+    token embedding, which is also its LM head: 1.125 bytes a value instead of 4), else "q41" when every block of 32
+    is d · q + m with 4-bit codes (the GGUF format Q4_1, as the embedded model's layers: 0.75 bytes a value;
+    ``_exact_q41``). The form is checked value by
+    value (each value, its sign bit included, must come back exactly), so the kernel's products are bit for bit
+    those on the fp32 weight: the compact form changes the bytes read, never a result. Why: decoding is memory-
+    bound, and on an Intel Xeon (Sapphire Rapids) a draft-head call read its 31 MB of fp32 layers at ~10 GB/s.
+
+    The fp32 weight is kept (training, the other paths, the state dict); the compact form costs its bytes
+    beside it (``CompactWeight.nbytes``). Inference tensors (made under ``torch.inference_mode``) have no version
+    counter, so they are left as they are.
+
+    Returns:
+        "f16", "q8", "q41", or None (no exact compact form, ``weight_format()`` "fp32", not fp32/2-D/contiguous/CPU, an inference tensor, an input
+        size K that is not a multiple of 16 (the kernel reads compact forms in whole vectors: small_linear.cpp), or
+        a kernel build without compact entries: ``_STREAM["compact"]``).
+    """
+    ops = extension._STREAM.get("compact")
+    if (ops is None or weight_format() == "fp32" or weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
+            or not weight.is_contiguous() or weight.is_inference() or weight.numel() == 0 or weight.shape[1] % 16):
+        return None
+    with torch.no_grad():
+        w = weight.detach()
+        kinds = [kind for kind, exact in (("f16", _exact_f16), ("q8", _exact_q8), ("q41", _exact_q41))
+                 if kind in ops and exact(w[:1]) not in (False, None)]  # the first row rules most forms out cheaply
+        form = None
+        for kind in kinds:
+            if kind == "f16":
+                got = (w.to(torch.float16),) if _exact_f16(w) else None
+            else:
+                got = (_exact_q8 if kind == "q8" else _exact_q41)(w)
+            if got is not None:
+                form = CompactWeight(kind, got, ops[kind], weight.data_ptr(), weight._version)
+                break
+        if form is None:
+            return None
+    weight.__dict__[COMPACT_ATTR] = form
+    return form.kind
+
+
+def _exact_f16(w: torch.Tensor) -> bool:
+    back = w.to(torch.float16).float()
+    return torch.equal(back, w) and torch.equal(back.signbit(), w.signbit())
+
+
+def _exact_q8(w: torch.Tensor, rows: int = 1024):
+    """(int8 values [n, k], scales [n, k / 32]) when every block of 32 is exactly int8 × scale, else None.
+
+    Checked ``rows`` rows at a time (cache-sized pieces, stopping at the first piece that fails): the embedded
+    LM head (49152 × 576) took 1.3 s as one piece and 0.45 s in pieces of 1024 rows, on one thread of an Intel
+    Xeon (Sapphire Rapids), which kept a cached model load near the 3 s bound of tests/test_models.py."""
+    n, k = w.shape
+    if k % Q8_BLOCK:
+        return None
+    values = torch.empty((n, k), dtype=torch.int8)
+    scales = torch.empty((n, k // Q8_BLOCK), dtype=torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
+    for i in range(0, n, rows):
+        blocks = w[i:i + rows].reshape(-1, k // Q8_BLOCK, Q8_BLOCK)
+        scale = blocks.abs().amax(-1).div_(127.0)
+        # an all-zero block has scale 0: its values divide by the tiniest float to ±0 and come back as ±0 × 0
+        q = (blocks / scale.clamp_min(tiny)[..., None]).round_()
+        # |q| ≤ 127 by construction; a NaN or an infinity in the block fails the exact comparison below
+        back = q * scale[..., None]
+        if not (torch.equal(back, blocks) and torch.equal(back.signbit(), blocks.signbit())):
+            return None
+        values[i:i + rows] = q.view(-1, k)
+        scales[i:i + rows] = scale
+    return values, scales
+
+
+Q41_BLOCK = 32
+"""Values per scale and minimum in the "q41" compact form (the GGUF format Q4_1's block)."""
+
+
+def _exact_q41(w: torch.Tensor):
+    """(codes [n, k / 2] uint8, scales [n, k / 32], mins [n, k / 32] fp32) when every block of 32 values along k is
+    exactly d · q + m with codes q in [0, 15] (the GGUF format Q4_1's dequantization, as the embedded model's layers
+    were dequantized: gguf's ``d * q + m`` in fp32), else None. The kernel's ``q41_pack`` finds each block's m (its
+    smallest value, code 0) and d (fp16(span ÷ 15) or fp16(span ÷ 14), or an fp16 neighbour of them: what a Q4_1
+    quantizer stores) and requires every value back with the same bits (non-finite values never are). Codes are
+    packed as the kernel reads them (``small_linear.cpp``, ``Q41``): byte i of each block of 32 holds value i (low
+    nibble) and value i + 16 (high nibble). In C++ because the check runs on every load of the embedded model (its
+    120 layer weights in ~0.1 s on 2 cores, where the same search in torch ops took 1.6 s)."""
+    pack = extension._STREAM.get("q41_pack")
+    if pack is None or w.dim() != 2 or w.shape[1] % Q41_BLOCK:
+        return None
+    got = pack(w.contiguous())
+    return tuple(got) if got else None
+
+
+def _compact_fresh(weight: torch.Tensor) -> bool:
+    c = weight.__dict__.get(COMPACT_ATTR)
+    return c is not None and c.ptr == weight.data_ptr() and c.version == weight._version

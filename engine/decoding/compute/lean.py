@@ -1,0 +1,158 @@
+"""Lean decoder layers: on the fast paths transformers' Llama decoder layers switch to a subclass whose forward is one
+Python function with the same operations in the same order (``_lean_forward``), so the same bits with less Python.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.decoding.compute import invariant
+from engine.decoding.compute.fusion import FusedLeadLinear
+from engine.decoding.compute.invariant import invariant_attention
+from engine.decoding.compute.products import _product
+
+_LEAN_CLASSES: dict[type, type] = {}
+"""Original decoder-layer class → its lean subclass (``_lean_class``)."""
+_LEAN_CLASSES_INV: dict[type, type] = {}
+"""Lean subclass → its original decoder-layer class (``_lean_layers`` switches back with it)."""
+
+
+_GQA_IN_SDPA = True
+"""Masked multi-token passes give SDPA the grouped k/v heads (``enable_gqa``) instead of transformers' copies
+(``_lean_forward``); False runs transformers' attention function there (for A/B measurements)."""
+
+
+def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, cache=None,
+                  use_cache=False, position_embeddings=None, **kwargs) -> torch.Tensor:
+    """transformers' ``LlamaDecoderLayer.forward`` (5.x) with the same tensor operations in the same order, so
+    its output is bit for bit the same, but called as one Python function: the fused q/k/v and gate/up products
+    (``_fuse_siblings``) are computed here, the norms are computed inline (``_rms_norm``) and q and k get the
+    rotary embedding together (one set of element-wise operations on [B, Hq + Hk, Q, D] instead of two),
+    instead of through nine submodule calls per layer with their hooks, keyword plumbing and deprecation
+    wrappers.
+
+    Why: on the AMD EPYC (2 threads, the embedded target, a 1-token pass after ~50 cached tokens with every
+    matrix product replaced by a stub returning zeros), the passes cost 16–17 ms of Python and small operators
+    with transformers' layers and 7.7–8.8 ms with these; whole decoding is compared in
+    ``benchmarks/bench_compute.py`` (rows "engine, transformers' layers"). The inline norms and the joint
+    rotary embedding took another 1.2 ms off that stubbed pass (5.9 → 4.8 ms) and 1.2–1.5 ms off a real 1- or
+    3-token pass (22.5 → 21.1 and 24.4 → 22.8 ms, best of 10, median of 12 alternating reps; AMD EPYC,
+    2026-12-02). Masked passes over several tokens (a chain's verify pass, a token tree, a padded batch) give SDPA
+    the grouped k/v heads (``enable_gqa``) where transformers copies them per query head (``repeat_kv``): same
+    bits; A/B in one process (12 alternating reps, medians), a 3-token pass 25.6 → 23.3 ms after 100 cached tokens
+    and 30.4 → 25.8 ms after 250, a 9-node tree pass 33.6 → 28.3 ms after 250 (unchanged after 100). Falls back to
+    the original forward whenever autograd is on (training), in training mode, when
+    attention weights are asked for, when a layer is not fused, or when its norms are not transformers'
+    ``LlamaRMSNorm``.
+
+    Args and returns: those of ``LlamaDecoderLayer.forward``: hidden_states [B, Q, H] → [B, Q, H].
+    """
+    original = _LEAN_CLASSES_INV[type(self)]
+    attn, mlp = self.self_attn, self.mlp
+    if (self.training or torch.is_grad_enabled() or position_embeddings is None or kwargs.get("output_attentions")
+            or type(attn.q_proj) is not FusedLeadLinear or type(mlp.gate_proj) is not FusedLeadLinear
+            or type(self.input_layernorm).forward is not _RMS_FORWARD()
+            or type(self.post_attention_layernorm).forward is not _RMS_FORWARD()
+            or any(size % attn.head_dim for size in attn.q_proj._fused_sizes)):
+        return original.forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    from transformers.models.llama import modeling_llama as ml
+
+    residual = hidden_states
+    x = _rms_norm(self.input_layernorm, hidden_states)
+    lead = attn.q_proj
+    head_dim = attn.head_dim
+    qkv = _product(x, lead._fused_weight, lead._fused_bias)
+    input_shape = qkv.shape[:-1]
+    heads = [size // head_dim for size in lead._fused_sizes]
+    # q and k side by side ([B, Hq + Hk, Q, D]) get the rotary embedding in one set of operations: the same
+    # element-wise operations as transformers' apply_rotary_pos_emb, so the same bits
+    qkv = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
+    qk, v = qkv[:, :heads[0] + heads[1]], qkv[:, heads[0] + heads[1]:]
+    cos, sin = position_embeddings
+    qk = (qk * cos.unsqueeze(1)) + (ml.rotate_half(qk) * sin.unsqueeze(1))
+    q, k = qk[:, :heads[0]], qk[:, heads[0]:]
+    kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what the attention module gets
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+    if cache is not None and getattr(invariant._INVARIANT, "on", False) and q.device.type == "cpu":
+        # a decode pass in the batch-invariant layout (``batch_invariant``): the mask is built from the rows' spans
+        out = invariant_attention(q, k, v, attn.scaling, invariant._INVARIANT.rows,
+                                  invariant._INVARIANT.new_at).transpose(1, 2)
+    elif (_GQA_IN_SDPA and attention_mask is not None and q.shape[2] > 1 and attn.config._attn_implementation == "sdpa"
+            and getattr(attn, "num_key_value_groups", 1) > 1 and q.device.type == "cpu"):
+        # a masked pass over several tokens (a verify pass, a tree, a padded batch): SDPA reads the grouped k and v
+        # heads itself (enable_gqa) instead of transformers' repeat_kv copying them per query head, 2 copies per
+        # layer of the whole cache; the same kernel and arithmetic, so the same bits (tested against transformers'
+        # layers)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.0, scale=attn.scaling,
+                                             is_causal=False, enable_gqa=True).transpose(1, 2)
+    else:
+        attention = ml.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation,
+                                                             ml.eager_attention_forward)
+        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    out = out.reshape(*input_shape, -1).contiguous()
+    o = attn.o_proj
+    hidden_states = residual + _product(out, o.weight, o.bias)
+    residual = hidden_states
+    x = _rms_norm(self.post_attention_layernorm, hidden_states)
+    lead = mlp.gate_proj
+    gate, up = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
+    down = mlp.down_proj
+    return residual + _product(mlp.act_fn(gate) * up, down.weight, down.bias)
+
+
+@functools.lru_cache(maxsize=1)
+def _RMS_FORWARD():  # noqa: N802 - a constant looked up once
+    """transformers' ``LlamaRMSNorm.forward``: the norm ``_rms_norm`` computes inline."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return LlamaRMSNorm.forward
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm.forward`` (5.x): the same operations in the same order, so the same bits,
+    called without the module call (``norm`` is a ``LlamaRMSNorm``; x [..., H] → [..., H]). The casts are skipped
+    where they are no-ops (fp32 in and out)."""
+    dtype = x.dtype
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
+
+
+def _lean_class(cls: type) -> type:
+    if cls not in _LEAN_CLASSES:
+        lean = type("Lean" + cls.__name__, (cls,), {"forward": _lean_forward, "__doc__": _lean_forward.__doc__})
+        _LEAN_CLASSES[cls] = lean
+        _LEAN_CLASSES_INV[lean] = cls
+    return _LEAN_CLASSES[cls]
+
+
+def _lean_layers(modules, on: bool) -> int:
+    """Switch every transformers ``LlamaDecoderLayer`` inside ``modules`` to its lean subclass (``on``) or back.
+    Other architectures keep transformers' forward. Returns the number of layers switched."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    except ImportError:  # pragma: no cover - transformers without Llama
+        return 0
+    roots = [modules] if isinstance(modules, nn.Module) else list(modules)
+    n = 0
+    for root in roots:
+        for m in root.modules():
+            if on and type(m) is LlamaDecoderLayer:
+                m.__class__ = _lean_class(LlamaDecoderLayer)
+                n += 1
+            elif not on and type(m) in _LEAN_CLASSES_INV:
+                m.__class__ = _LEAN_CLASSES_INV[type(m)]
+                n += 1
+    return n
+
+
+def lean_layer_count(module: nn.Module) -> int:
+    """How many of ``module``'s decoder layers run ``_lean_forward`` (the layers whose decode passes can run in the
+    batch-invariant layout: ``batch_invariant``)."""
+    return sum(type(m) in _LEAN_CLASSES_INV for m in module.modules())
