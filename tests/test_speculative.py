@@ -543,8 +543,8 @@ def test_absorbing_every_layer_in_one_block_gives_the_per_layer_cache(tiny):
                     lm.crop(lm.cached_len - 1)
         got = [lm.logits_for(lm.ids + [20, 21], 2) for lm in lms]
     assert torch.equal(got[0], got[1])
-    # logits_for concatenated onto lms[1]'s views (transformers' update): they are no longer its block's
-    assert lms[1].kv_block() is None
+    # logits_for wrote its entries into lms[1]'s block in place (BlockLayer): still every layer a view of it
+    assert lms[1].kv_block() is not None
     empty = CachedLM(model, torch.device("cpu"))  # nothing cached yet: the block goes in layer by layer
     blk = torch.zeros(len(lms[0].cache.layers), 1, *lms[0].cache.layers[0].keys.shape[1:2], 2,
                       lms[0].cache.layers[0].keys.shape[-1])
@@ -586,6 +586,48 @@ def test_a_block_takes_new_entries_in_place_until_full_then_grows(tiny, monkeypa
     # 4 cached + 2 makes a block of 4 + 2 + 3; + 1 (after a crop of 1) and + 2 fit in it; 8 + 3 does not: a new
     # block of 11 + 3, which then takes the last entry in place
     assert ptrs[0] == ptrs[1] == ptrs[2] != ptrs[3] == ptrs[4]
+
+
+def test_decode_passes_write_into_the_block_in_place_with_the_entries_and_logits_of_concatenation(tiny, monkeypatch):
+    """A lone ``CachedLM``'s decode passes put the cache into a block (``_ensure_block``) and its layers
+    (``BlockLayer``) write each pass's entries there in place, growing the block when full, and the kept hidden states
+    grow in a buffer the same way (``append_hidden``): after every step, crops (a rejected draft's rollback) included,
+    the cached entries, hidden states and logits are exactly those of concatenating (transformers'
+    ``DynamicLayer.update``, ``torch.cat``), and the layers stay views of one block."""
+    import engine.decoding.proposers as proposers
+    from engine.decoding.proposers import CachedLM, _block_layer_class
+
+    monkeypatch.setattr(proposers, "BLOCK_SPARE", 3)
+    layer_cls = _block_layer_class()
+    model = tiny["target"].model
+    seqs = [5, 6, 7, 8]
+    with torch.inference_mode():
+        lm, ref = CachedLM(model, torch.device("cpu"), keep_hidden=True), CachedLM(model, torch.device("cpu"),
+                                                                                    keep_hidden=True)
+        ref.append_hidden = lambda h: setattr(ref, "hidden", h if ref.hidden is None else torch.cat([ref.hidden, h]))
+        ptrs = []
+        for step, (feed, crop) in enumerate((([9], 0), ([10, 11, 12], 2), ([13, 14], 0), ([15], 1), ([16, 17, 18, 19], 0),
+                                             ([20], 0))):
+            seqs = seqs + feed
+            got = lm.logits_for(seqs, len(feed))
+            monkeypatch.setattr(layer_cls, "IN_PLACE", False)
+            want = ref.logits_for(seqs, len(feed))
+            monkeypatch.setattr(layer_cls, "IN_PLACE", True)
+            assert torch.equal(got, want), step
+            assert torch.equal(lm.hidden, ref.hidden), step
+            for a, b in zip(lm.cache.layers, ref.cache.layers):
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            if step:  # the first decode pass made the block; every pass since wrote into a block
+                blk = lm.kv_block()
+                assert blk is not None and blk[0].shape[-2] == lm.cached_len
+                ptrs.append(blk[0].data_ptr())
+            if crop:
+                seqs = seqs[:-crop]
+                for x in (lm, ref):
+                    x.crop(len(seqs))
+    assert type(lm.cache.layers[0]) is layer_cls and len(set(ptrs)) >= 2  # in place, and grown when full
+    assert ptrs.count(ptrs[0]) >= 2
+    assert lm.hidden.data_ptr() == lm._hidden_buf.data_ptr()  # the hidden states are a view of their buffer
 
 
 def test_token_text_memo_is_shared_by_the_decoders_of_one_tokenizer(tiny):

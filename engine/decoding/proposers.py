@@ -62,6 +62,50 @@ class Proposal:
 BLOCK_SPARE = 32  # entries of room a new ``CachedLM`` block is made with (``_append_block``): several passes' worth
 
 
+def _block_layer_class():
+    """``BlockLayer``, made on first use (transformers is imported lazily here, as in ``CachedLM.reset``)."""
+    global BlockLayer
+    if BlockLayer is None:
+        from transformers.cache_utils import DynamicLayer
+
+        class _BlockLayer(DynamicLayer):
+            """transformers' ``DynamicLayer`` whose keys and values may be views of a ``CachedLM`` block (``block``:
+            this layer's [1, heads, capacity, head dim] slots of keys and values, set by ``CachedLM._ensure_block``).
+            While they are, and the new entries fit, ``update`` writes them in place after the cached ones and
+            returns longer views: the same entries ``DynamicLayer.update`` concatenates, without copying the whole
+            layer's cache every pass (60 copies a pass of the embedded target, each as long as the context).
+            Otherwise (no block, a layer that an ``update`` or a reset took off it, no room left, entries that
+            autograd tracks) it is ``DynamicLayer.update``."""
+
+            block: tuple[torch.Tensor, torch.Tensor] | None = None
+            IN_PLACE = True
+            """False: always concatenate (``DynamicLayer``), for A/B measurements and tests."""
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                blk = self.block
+                if blk is not None and self.IN_PLACE and self.is_initialized and self.keys is not None:
+                    kb, vb = blk
+                    k, v = self.keys, self.values
+                    n, w = k.shape[-2], key_states.shape[-2]
+                    if (k.dim() == 4 and n + w <= kb.shape[-2] and k.data_ptr() == kb.data_ptr()
+                            and v.data_ptr() == vb.data_ptr() and k.stride() == kb.stride() and v.stride() == vb.stride()
+                            and key_states.shape[:2] == kb.shape[:2] and key_states.shape[3] == kb.shape[3]
+                            and value_states.shape == key_states.shape and key_states.dtype == kb.dtype
+                            and not (key_states.requires_grad or value_states.requires_grad)):  # no autograd graph
+                        kb[:, :, n:n + w].copy_(key_states)
+                        vb[:, :, n:n + w].copy_(value_states)
+                        self.keys, self.values = kb[:, :, :n + w], vb[:, :, :n + w]
+                        return self.keys, self.values
+                return super().update(key_states, value_states, *args, **kwargs)
+
+        BlockLayer = _BlockLayer
+    return BlockLayer
+
+
+BlockLayer = None
+"""The cache layer of ``CachedLM`` caches (``_block_layer_class``); None until the first cache is made."""
+
+
 class CachedLM:
     """A causal LM with its own DynamicCache that remembers which token ids it holds.
 
@@ -87,9 +131,11 @@ class CachedLM:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
+        self.cache.layer_class_to_replicate = _block_layer_class()  # decode passes write into the block in place
         self._block: tuple[torch.Tensor, torch.Tensor] | None = None  # ``_append_block``'s keys and values
         self.ids: list[int] = []
         self.hidden: torch.Tensor | None = None
+        self._hidden_buf: torch.Tensor | None = None  # ``append_hidden``'s buffer: ``hidden`` is a view of it
         self.last_logits: torch.Tensor | None = None  # [V] float32, of the last cached position
 
     @property
@@ -177,9 +223,32 @@ class CachedLM:
             for i, (k, v) in enumerate(zip(keys, values)):
                 self.cache.update(k, v, i)
         if self.keep_hidden:
-            self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
+            self.append_hidden(hidden)
         self.ids = self.ids + list(feed)
         self.last_logits = last_logits
+
+    def append_hidden(self, h: torch.Tensor) -> None:
+        """Append [w, H] last hidden states to ``hidden`` ([cached_len, H]). ``hidden`` is a view of a buffer with room
+        to spare (``BLOCK_SPARE`` rows when made): while it still is and the rows fit, they are copied in after it,
+        else a new buffer is made and ``hidden`` copied in once. The same rows as ``torch.cat([hidden, h])`` without
+        copying every cached row each pass (a verify pass at 400 cached tokens copied 0.9 MB for it). Rows past a
+        crop are overwritten; a tensor autograd tracks is concatenated."""
+        old, w = self.hidden, h.shape[0]
+        if old is None:
+            self.hidden = h
+            return
+        buf = self._hidden_buf
+        n = old.shape[0]
+        if h.requires_grad or old.requires_grad:
+            self.hidden = torch.cat([old, h])
+            return
+        if (buf is None or old.data_ptr() != buf.data_ptr() or old.stride() != buf.stride() or n + w > buf.shape[0]
+                or buf.dtype != h.dtype or buf.shape[1:] != h.shape[1:]):
+            buf = h.new_empty((n + w + BLOCK_SPARE, *h.shape[1:]))
+            buf[:n] = old
+            self._hidden_buf = buf
+        buf[n:n + w] = h
+        self.hidden = buf[:n + w]
 
     def _append_block(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Append [layers, 1, heads, w, head dim] new entries to every layer of the cache at once.
@@ -231,8 +300,11 @@ class CachedLM:
             torch.stack([la.keys for la in layers], out=new_k[:, :, :, :n])
             torch.stack([la.values for la in layers], out=new_v[:, :, :, :n])
         self._block = (new_k, new_v)
-        for la, k, v in zip(layers, new_k[:, :, :, :n].unbind(0), new_v[:, :, :, :n].unbind(0)):
+        for i, (la, k, v) in enumerate(zip(layers, new_k[:, :, :, :n].unbind(0), new_v[:, :, :, :n].unbind(0))):
             la.keys, la.values = k, v
+            # BlockLayer.update writes the next entries here in place: single views (``unbind``'s may not be written
+            # to in place where autograd is on)
+            la.block = (new_k[i], new_v[i])
 
     def reserve_block(self) -> bool:
         """Put the cache into a block now (``_append_block``), with ``BLOCK_SPARE`` entries to spare: the room does
@@ -275,6 +347,8 @@ class CachedLM:
         cache (a decode pass) runs in the batch-invariant layout (``compute.batch_invariant``), so it gives the bits
         the same sequence gets as a row of the room's batched pass; a prefill (empty cache) runs as it is."""
         if common > 0:
+            if self._filled() and not torch.is_grad_enabled():  # the layers write the new entries into the block
+                self._ensure_block(len(seq) - common)            # in place (BlockLayer); no autograd graph here
             with batch_invariant():
                 return self._feed_tokens(seq, common, n_logits)
         return self._feed_tokens(seq, common, n_logits)
@@ -284,7 +358,7 @@ class CachedLM:
         inp = torch.tensor([new], dtype=torch.long, device=self.device)
         if self.keep_hidden:
             h = self.model.get_decoder()(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state
-            self.hidden = h[0] if self.hidden is None else torch.cat([self.hidden, h[0]])
+            self.append_hidden(h[0])
             self.ids = list(seq)
             logits = self.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
         else:

@@ -182,7 +182,7 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
     if lm.keep_hidden:
         h = lm.model.get_decoder()(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask,
                                    position_ids=pos_t).last_hidden_state
-        lm.hidden = h[0] if lm.hidden is None else torch.cat([lm.hidden, h[0]])
+        lm.append_hidden(h[0])
         logits = lm.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
     else:
         out = lm.model(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask, position_ids=pos_t,
