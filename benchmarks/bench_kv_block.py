@@ -1,7 +1,7 @@
 """The KV cache written in place against concatenated: a lone decoder's passes on the embedded model with
-``CachedLM``'s block layers (``engine.decoding.proposers.BlockLayer``: each pass's keys and values copied after the
-cached ones in a preallocated block) against transformers' ``DynamicLayer.update`` (every pass concatenates each
-layer's whole cache with its new entries: 60 copies a pass, each as long as the context).
+``CachedLM``'s block layers (``BlockLayer``, ``engine.decoding.proposers.block_layer_class``: each pass's keys and
+values copied after the cached ones in a preallocated block) against transformers' ``DynamicLayer.update`` (every
+pass concatenates each layer's whole cache with its new entries: 60 copies a pass, each as long as the context).
 
 Per context length (a prompt of about that many tokens, then ``--max-new`` greedy tokens): plain decoding and the
 default draft head (its default γ on this machine), each with the layers writing in place and concatenating,
@@ -47,7 +47,7 @@ def main() -> None:
     t = load_model("embedded")
     head = make_proposer(EMBEDDED_HEAD, t)
     gamma = default_gamma_here(EMBEDDED_HEAD)[0]
-    layer = proposers._block_layer_class()
+    layer = proposers.block_layer_class()
     rows, runs = [], []
     for ctx in (int(c) for c in args.contexts.split(",")):
         ids = encode_prompt(t.tokenizer, (TOPIC * (ctx // 20 + 1)))

@@ -595,10 +595,10 @@ def test_decode_passes_write_into_the_block_in_place_with_the_entries_and_logits
     the cached entries, hidden states and logits are exactly those of concatenating (transformers'
     ``DynamicLayer.update``, ``torch.cat``), and the layers stay views of one block."""
     import engine.decoding.proposers as proposers
-    from engine.decoding.proposers import CachedLM, _block_layer_class
+    from engine.decoding.proposers import CachedLM, block_layer_class
 
     monkeypatch.setattr(proposers, "BLOCK_SPARE", 3)
-    layer_cls = _block_layer_class()
+    layer_cls = block_layer_class()
     model = tiny["target"].model
     seqs = [5, 6, 7, 8]
     with torch.inference_mode():

@@ -17,6 +17,7 @@ Kinds:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 
@@ -62,48 +63,43 @@ class Proposal:
 BLOCK_SPARE = 32  # entries of room a new ``CachedLM`` block is made with (``_append_block``): several passes' worth
 
 
-def _block_layer_class():
-    """``BlockLayer``, made on first use (transformers is imported lazily here, as in ``CachedLM.reset``)."""
-    global BlockLayer
-    if BlockLayer is None:
-        from transformers.cache_utils import DynamicLayer
+@functools.cache
+def block_layer_class() -> type:
+    """The cache layer of ``CachedLM`` caches, ``BlockLayer`` (made on first use: transformers is imported lazily here,
+    as in ``CachedLM.reset``)."""
+    from transformers.cache_utils import DynamicLayer
 
-        class _BlockLayer(DynamicLayer):
-            """transformers' ``DynamicLayer`` whose keys and values may be views of a ``CachedLM`` block (``block``:
-            this layer's [1, heads, capacity, head dim] slots of keys and values, set by ``CachedLM._ensure_block``).
-            While they are, and the new entries fit, ``update`` writes them in place after the cached ones and
-            returns longer views: the same entries ``DynamicLayer.update`` concatenates, without copying the whole
-            layer's cache every pass (60 copies a pass of the embedded target, each as long as the context).
-            Otherwise (no block, a layer that an ``update`` or a reset took off it, no room left, entries that
-            autograd tracks) it is ``DynamicLayer.update``."""
+    class BlockLayer(DynamicLayer):
+        """transformers' ``DynamicLayer`` whose keys and values may be views of a ``CachedLM`` block (``block``:
+        this layer's [1, heads, capacity, head dim] slots of keys and values, set by ``CachedLM._ensure_block``).
+        While they are, and the new entries fit, ``update`` writes them in place after the cached ones and
+        returns longer views: the same entries ``DynamicLayer.update`` concatenates, without copying the whole
+        layer's cache every pass (60 copies a pass of the embedded target, each as long as the context).
+        Otherwise (no block, a layer that an ``update`` or a reset took off it, no room left, entries that
+        autograd tracks) it is ``DynamicLayer.update``."""
 
-            block: tuple[torch.Tensor, torch.Tensor] | None = None
-            IN_PLACE = True
-            """False: always concatenate (``DynamicLayer``), for A/B measurements and tests."""
+        block: tuple[torch.Tensor, torch.Tensor] | None = None
+        IN_PLACE = True
+        """False: always concatenate (``DynamicLayer``), for A/B measurements and tests."""
 
-            def update(self, key_states, value_states, *args, **kwargs):
-                blk = self.block
-                if blk is not None and self.IN_PLACE and self.is_initialized and self.keys is not None:
-                    kb, vb = blk
-                    k, v = self.keys, self.values
-                    n, w = k.shape[-2], key_states.shape[-2]
-                    if (k.dim() == 4 and n + w <= kb.shape[-2] and k.data_ptr() == kb.data_ptr()
-                            and v.data_ptr() == vb.data_ptr() and k.stride() == kb.stride() and v.stride() == vb.stride()
-                            and key_states.shape[:2] == kb.shape[:2] and key_states.shape[3] == kb.shape[3]
-                            and value_states.shape == key_states.shape and key_states.dtype == kb.dtype
-                            and not (key_states.requires_grad or value_states.requires_grad)):  # no autograd graph
-                        kb[:, :, n:n + w].copy_(key_states)
-                        vb[:, :, n:n + w].copy_(value_states)
-                        self.keys, self.values = kb[:, :, :n + w], vb[:, :, :n + w]
-                        return self.keys, self.values
-                return super().update(key_states, value_states, *args, **kwargs)
+        def update(self, key_states, value_states, *args, **kwargs):
+            blk = self.block
+            if blk is not None and self.IN_PLACE and self.is_initialized and self.keys is not None:
+                kb, vb = blk
+                k, v = self.keys, self.values
+                n, w = k.shape[-2], key_states.shape[-2]
+                if (k.dim() == 4 and n + w <= kb.shape[-2] and k.data_ptr() == kb.data_ptr()
+                        and v.data_ptr() == vb.data_ptr() and k.stride() == kb.stride() and v.stride() == vb.stride()
+                        and key_states.shape[:2] == kb.shape[:2] and key_states.shape[3] == kb.shape[3]
+                        and value_states.shape == key_states.shape and key_states.dtype == kb.dtype
+                        and not (key_states.requires_grad or value_states.requires_grad)):  # no autograd graph
+                    kb[:, :, n:n + w].copy_(key_states)
+                    vb[:, :, n:n + w].copy_(value_states)
+                    self.keys, self.values = kb[:, :, :n + w], vb[:, :, :n + w]
+                    return self.keys, self.values
+            return super().update(key_states, value_states, *args, **kwargs)
 
-        BlockLayer = _BlockLayer
     return BlockLayer
-
-
-BlockLayer = None
-"""The cache layer of ``CachedLM`` caches (``_block_layer_class``); None until the first cache is made."""
 
 
 class CachedLM:
@@ -131,7 +127,7 @@ class CachedLM:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
-        self.cache.layer_class_to_replicate = _block_layer_class()  # decode passes write into the block in place
+        self.cache.layer_class_to_replicate = block_layer_class()  # decode passes write into the block in place
         self._block: tuple[torch.Tensor, torch.Tensor] | None = None  # ``_append_block``'s keys and values
         self.ids: list[int] = []
         self.hidden: torch.Tensor | None = None
