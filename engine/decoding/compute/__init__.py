@@ -58,15 +58,16 @@ weight tensor (a draft head's LM-head rows).
 
 Modules, each importing only those above it:
 
-- ``extension``: the C++ extension (``small_linear.cpp``, ``invariant_attention.cpp``) built and loaded once per
-  machine (``stream_kernel``), its build name (``kernel_name``), the CPU (``cpu_model``).
+- ``extension``: the C++ extension (``small_linear.cpp``, ``invariant_attention.cpp``, ``fused_layer.cpp``) built and
+  loaded once per machine (``stream_kernel``), its build name (``kernel_name``), the CPU (``cpu_model``).
 - ``onednn``: oneDNN's ops, fp32 pinned, weights packed for big products (``_packed``, ``PACK_MIN_ROWS``).
 - ``memory``: weights still mapped from a checkpoint copied into own memory (``_own_memory``).
 - ``invariant``: batch-invariant decode passes (``batch_invariant``, ``invariant_attention``).
 - ``formats``: exact compact weights (``compact_weight``, ``CompactWeight``, ``weight_format``).
 - ``products``: the active path's product (``linear``, ``OneDNNLinear``, ``prepare_weight``).
 - ``fusion``: sibling linears as one product (``FusedLeadLinear``, ``FusedFollowerLinear``).
-- ``lean``: the lean decoder layers (``_lean_forward``, ``lean_layer_count``).
+- ``lean``: the lean decoder layers (``_lean_forward``, ``lean_layer_count``); in a batch-invariant decode pass on the
+  "stream" path a layer is two calls of the fused layer (``fused_layer.cpp``, ``_fused_layer``).
 - ``apply``: a path applied to a model (``ComputePath``, ``self_check``, ``apply_path``, ``use_path``, ``path_of``) and
   what it costs (``compact_bytes``, ``packed_bytes``, ``weight_formats``).
 - ``choice``: the path chosen per machine (``choose_path``, ``measure_paths``, ``measure_stream_rows``,

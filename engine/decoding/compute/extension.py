@@ -1,8 +1,9 @@
 """The streaming kernel's C++ extension: built once per machine and loaded (``stream_kernel``), and what its build and
 this machine's measurements are keyed by (``kernel_name``, ``cpu_model``).
 
-The extension holds the "stream" path's products (``small_linear.cpp``) and the batch-invariant decode attention
-(``invariant_attention.cpp``), both next to this file. ``_STREAM`` keeps what loading it found (its ops, why it is not
+The extension holds the "stream" path's products (``small_linear.cpp``), the batch-invariant decode attention
+(``invariant_attention.cpp``) and the fused decoder layer of batch-invariant passes (``fused_layer.cpp``), all next to
+this file. ``_STREAM`` keeps what loading it found (its ops, why it is not
 available, the row limit the "stream" path runs with); the other modules of the compute path read it here
 (``extension._STREAM``), so it is one state wherever it is read or replaced.
 """
@@ -24,9 +25,11 @@ STREAM_MAX_ROWS = 16
 ``choose_path`` measured this machine's own limit (``ComputePath.stream_rows``; ``measure_stream_rows``)."""
 KERNEL_SOURCE = Path(__file__).with_name("small_linear.cpp")
 ATTENTION_SOURCE = Path(__file__).with_name("invariant_attention.cpp")
-KERNEL_SOURCES = (KERNEL_SOURCE, ATTENTION_SOURCE)
-"""The streaming kernel's extension: the products (``small_linear.cpp``) and the batch-invariant decode attention
-(``invariant_attention.cpp``), built together once per machine."""
+FUSED_SOURCE = Path(__file__).with_name("fused_layer.cpp")
+KERNEL_SOURCES = (KERNEL_SOURCE, ATTENTION_SOURCE, FUSED_SOURCE)
+"""The streaming kernel's extension: the products (``small_linear.cpp``), the batch-invariant decode attention
+(``invariant_attention.cpp``) and the decoder layer of a batch-invariant pass in two calls (``fused_layer.cpp``), built
+together once per machine."""
 STREAM_CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 
 _KERNEL_LOCK = threading.Lock()
@@ -107,6 +110,7 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
                                          extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
             _STREAM["op"] = mod.small_linear
             _STREAM["attention"] = getattr(mod, "invariant_attention", None)
+            _STREAM["fused_layer"] = getattr(mod, "FusedLayer", None)
             if getattr(mod, "compact_supported", lambda: False)():
                 _STREAM["compact"] = {"f16": mod.small_linear_f16, "q8": mod.small_linear_q8}
                 if hasattr(mod, "small_linear_q41"):

@@ -87,6 +87,15 @@ def _spans(rows: list[tuple] | None, length: int, n_q: int, new_at: int | None, 
             torch.tensor([w for _, w in rows], device=device))
 
 
+def pass_spans(rows: list[tuple] | None, length: int, n_q: int, new_at: int | None, device) -> tuple:
+    """``_spans`` for the current pass, made once per pass, not per layer (kept in ``_INVARIANT`` under the pass's
+    rows, cache length and width): (cols [B, C], n_cols [B], n_fed [B]) int64."""
+    key = (id(rows), length, n_q, new_at)
+    if getattr(_INVARIANT, "span_key", None) != key:
+        _INVARIANT.spans, _INVARIANT.span_key = _spans(rows, length, n_q, new_at, device), key
+    return _INVARIANT.spans
+
+
 def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                         rows: list[tuple[int, int]] | None = None, new_at: int | None = None) -> torch.Tensor:
     """Causal attention of a decode pass whose every query gets the same bits as in a lone pass of its sequence,
@@ -116,10 +125,7 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
         raise ValueError(f"invariant_attention: a batch of {b} needs each row's span (rows, new_at)")
     op = extension._STREAM.get("attention") if q.device.type == "cpu" and q.dtype == torch.float32 else None
     if op is not None and k.stride(-1) == 1 and v.stride(-1) == 1:
-        key = (id(rows), k.shape[2], n_q, new_at)  # one set of spans per pass, not per layer
-        if getattr(_INVARIANT, "span_key", None) != key:
-            _INVARIANT.spans, _INVARIANT.span_key = _spans(rows, k.shape[2], n_q, new_at, q.device), key
-        return op(q, k, v, *_INVARIANT.spans, scale)
+        return op(q, k, v, *pass_spans(rows, k.shape[2], n_q, new_at, q.device), scale)
     if rows is None:
         kk, vv = _padded(k, v, k.shape[2])
         return F.scaled_dot_product_attention(q, kk, vv, attn_mask=_causal(k.shape[2], n_q, kk.shape[2], q.device),

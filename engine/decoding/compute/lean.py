@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.decoding.compute import invariant
+from engine.decoding.compute import extension, invariant, products
+from engine.decoding.compute.formats import COMPACT_ATTR
 from engine.decoding.compute.fusion import FusedLeadLinear
 from engine.decoding.compute.invariant import invariant_attention
 from engine.decoding.compute.products import _product
@@ -60,6 +61,16 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
             or any(size % attn.head_dim for size in attn.q_proj._fused_sizes)):
         return original.forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                 cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    if cache is not None and getattr(invariant._INVARIANT, "on", False) and hidden_states.device.type == "cpu":
+        fused = _fused_layer(self)
+        if fused is not None:  # a batch-invariant decode pass: the layer in two calls (fused_layer.cpp)
+            cos, sin = position_embeddings
+            q, k, v = fused.qkv(hidden_states, cos, sin)
+            k, v = cache.update(k, v, attn.layer_idx, kwargs={"position_ids": position_ids, "use_cache": use_cache,
+                                                             **kwargs})
+            spans = invariant.pass_spans(invariant._INVARIANT.rows, k.shape[2], q.shape[2],
+                                         invariant._INVARIANT.new_at, q.device)
+            return fused.rest(hidden_states, q, k, v, *spans, attn.scaling)
     from transformers.models.llama import modeling_llama as ml
 
     residual = hidden_states
@@ -104,6 +115,72 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
     gate, up = _product(x, lead._fused_weight, lead._fused_bias).split(lead._fused_sizes, dim=-1)
     down = mlp.down_proj
     return residual + _product(mlp.act_fn(gate) * up, down.weight, down.bias)
+
+
+FUSED_ATTR = "_fused_layer"
+"""The attribute of a lean layer holding its ``FusedLayer`` (``_fused_layer``) and the weights' state it was made from."""
+
+
+def _form(weight: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
+    """How the streaming kernel reads ``weight``: its exact compact form when it has a fresh one
+    (``formats.compact_weight``), else its fp32 values."""
+    c = weight.__dict__.get(COMPACT_ATTR)
+    if c is not None and c.ptr == weight.data_ptr() and c.version == weight._version:
+        return c.kind, list(c.tensors)
+    return "fp32", [weight.detach()]
+
+
+def _fused_layer(layer: nn.Module):
+    """The layer's ``FusedLayer`` (``fused_layer.cpp``: a batch-invariant decode pass's layer in two calls), made once
+    and again whenever a weight or its compact form changed; None where the layer cannot take it: no kernel here, a
+    path other than "stream", weights that are not fp32 on the CPU, an activation other than
+    SiLU, a rotary embedding on part of the head, or norms other than transformers' RMSNorm (checked by the caller).
+
+    Why: a decode pass of the embedded model ran ~40 PyTorch operations per layer beside its products (norms,
+    rotary, views, residuals), about 9 ms of a 14 ms pass on the AMD EPYC once the weights were read as their GGUF
+    blocks. The fused layer computes each row by the same instructions whatever rows share the pass, so the
+    batch-invariant promise holds by construction; its values are within fp32 rounding of ``_lean_forward``'s
+    (tests/test_fused_layer.py)."""
+    make = extension._STREAM.get("fused_layer")
+    if make is None or products._ACTIVE["path"] != "stream":
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    lead, gate = attn.q_proj, mlp.gate_proj
+    weights = (lead._fused_weight, attn.o_proj.weight, gate._fused_weight, mlp.down_proj.weight,
+               layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    key = tuple((w.data_ptr(), w._version, id(w.__dict__.get(COMPACT_ATTR))) for w in weights)
+    held = layer.__dict__.get(FUSED_ATTR)
+    if held is not None and held[0] == key:
+        return held[1]
+    fused = None
+    head_dim = attn.head_dim
+    sizes = lead._fused_sizes
+    if (len(sizes) == 3 and sizes[1] == sizes[2] and len(gate._fused_sizes) == 2
+            and gate._fused_sizes[0] == gate._fused_sizes[1] and isinstance(mlp.act_fn, _SILU())
+            and all(w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() for w in weights)
+            and layer.input_layernorm.weight.shape == layer.post_attention_layernorm.weight.shape
+            and getattr(attn.config, "partial_rotary_factor", 1.0) in (None, 1.0)):
+        def bias(b):
+            return None if b is None else b.detach().contiguous()
+        args = []
+        for w, b in ((lead._fused_weight, lead._fused_bias), (attn.o_proj.weight, attn.o_proj.bias)):
+            args += [*_form(w), bias(b)]
+        fused = make(layer.input_layernorm.weight.detach(), float(layer.input_layernorm.variance_epsilon),
+                     *args, layer.post_attention_layernorm.weight.detach(),
+                     float(layer.post_attention_layernorm.variance_epsilon),
+                     *_form(gate._fused_weight), bias(gate._fused_bias),
+                     *_form(mlp.down_proj.weight), bias(mlp.down_proj.bias),
+                     sizes[0] // head_dim, sizes[1] // head_dim, head_dim, gate._fused_sizes[0])
+    layer.__dict__[FUSED_ATTR] = (key, fused)
+    return fused
+
+
+@functools.lru_cache(maxsize=1)
+def _SILU():  # noqa: N802 - a constant looked up once
+    """The activation classes the fused layer computes as SiLU (transformers' ``SiLUActivation`` and torch's)."""
+    from transformers.activations import SiLUActivation
+
+    return (SiLUActivation, nn.SiLU)
 
 
 @functools.lru_cache(maxsize=1)

@@ -272,6 +272,31 @@ static void run(const float* X, const L& W, const float* B, float* Y, int64_t K,
   for (int64_t n0 = full * kRows; n0 < N; ++n0) rows<1>(X, W, B, Y, K, M, N, n0);
 }
 
+// A weight as the kernel reads it, for callers inside this extension (fused_layer.cpp declares the same struct):
+// kind 0 fp32 [N, K] (w), 1 fp16 [N, K] (w), 2 Q8 (w int8 [N, K], s [N, K / 32]), 3 Q41 (w uint8 [N, K / 2],
+// s and mn [N, K / 32]).
+struct StreamWeight {
+  int kind;
+  const void* w;
+  const float* s;
+  const float* mn;
+  int64_t N, K;
+};
+
+// y [M, N] = x [M, K] · Wᵀ (+ b): the same products, in the same order, as the Python entries below.
+void stream_product(const float* X, const StreamWeight& W, const float* B, float* Y, int64_t M) {
+  const int64_t N = W.N, K = W.K;
+  switch (W.kind) {
+    case 0: run(X, F32{static_cast<const float*>(W.w), K}, B, Y, K, M, N); return;
+#if defined(__AVX512F__)
+    case 1: run(X, F16{static_cast<const uint16_t*>(W.w), K}, B, Y, K, M, N); return;
+    case 2: run(X, Q8{static_cast<const int8_t*>(W.w), W.s, K}, B, Y, K, M, N); return;
+    case 3: run(X, Q41{static_cast<const uint8_t*>(W.w), W.s, W.mn, K}, B, Y, K, M, N); return;
+#endif
+    default: TORCH_CHECK(false, "stream_product: this build cannot read weight kind ", W.kind);
+  }
+}
+
 // The checks every entry shares; returns contiguous x and the bias pointer (or nullptr).
 static const float* inputs(torch::Tensor& x, int64_t N, int64_t K, const c10::optional<torch::Tensor>& b,
                            torch::Tensor& bias) {
@@ -461,7 +486,11 @@ std::vector<torch::Tensor> q41_pack(torch::Tensor w) {
   return {codes, scales, mins};
 }
 
+// fused_layer.cpp (built into this extension): the decoder layer of a batch-invariant decode pass as two calls.
+void register_fused_layer(pybind11::module_& m);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_fused_layer(m);
   m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (fp32, CPU)");
   m.def("small_linear_f16", &small_linear_f16, "small_linear for weights stored exactly as fp16");
   m.def("small_linear_q8", &small_linear_q8, "small_linear for weights stored exactly as int8 x fp32 scale per 32");

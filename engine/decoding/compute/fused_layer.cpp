@@ -1,0 +1,295 @@
+// A Llama decoder layer of a batch-invariant decode pass in two calls (engine/decoding/compute/lean.py calls them for
+// the passes inside compute.batch_invariant on the "stream" path; small_linear.cpp registers them).
+//
+//   qkv(x)                 RMSNorm → the fused q/k/v product → the rotary embedding on q and k
+//   (Python)               the cache's update: the new keys and values after the cached ones
+//   rest(x, q, k, v, …)    attention (invariant_attention.cpp) → o_proj → + x → RMSNorm → the fused gate/up
+//                          product → SiLU(gate) · up → down_proj → + residual
+//
+// Why: after the weights are read as their GGUF blocks, the products of a 1-token pass of the embedded model take
+// about 4 ms of a 14 ms pass on the AMD EPYC (2 threads); the rest is ~40 PyTorch operations and their Python per
+// layer (norms, rotary, views, residuals: 2,000 small operations a pass at 2-4 µs each). Here a layer is two calls.
+//
+// Every number is computed per row (a token of a sequence) by the same instructions whatever the other rows: the
+// norm's sum of squares in 16 lanes in dimension order, added as the fixed pairwise tree of small_linear.cpp, then
+// the tail; the products by the streaming kernel (its order does not depend on the row count); SiLU with the exp
+// polynomial of invariant_attention.cpp. So a row's result depends only on its own input, its own keys and values
+// and the weights: the same bits alone, in a verify pass over several tokens, and in the room's shared pass
+// (engine.decoding.invariance checks it on the machine). The values are within fp32 rounding of transformers'
+// layer, not bit for bit its values (PyTorch's reductions and exp are not written to be reproduced);
+// tests/test_fused_layer.py checks both.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+// small_linear.cpp: a weight as its kernel reads it, and its product (the same struct there).
+struct StreamWeight {
+  int kind;
+  const void* w;
+  const float* s;
+  const float* mn;
+  int64_t N, K;
+};
+void stream_product(const float* X, const StreamWeight& W, const float* B, float* Y, int64_t M);
+
+// invariant_attention.cpp.
+torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cols,
+                                  torch::Tensor n_cols, torch::Tensor n_fed, double scale);
+
+namespace {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+inline v16 load(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v16));
+  return v;
+}
+
+inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v16)); }
+
+inline float lanes_sum(v16 v) {  // the fixed pairwise tree of small_linear.cpp
+  float a0 = v[0] + v[8], a1 = v[1] + v[9], a2 = v[2] + v[10], a3 = v[3] + v[11];
+  float a4 = v[4] + v[12], a5 = v[5] + v[13], a6 = v[6] + v[14], a7 = v[7] + v[15];
+  float b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
+  return (b0 + b2) + (b1 + b3);
+}
+
+// e^x for 16 lanes: invariant_attention.cpp's polynomial (Cephes' expf, about 1 ulp), the same operations for every
+// lane and call. Lanes below −87.3 give 0, above 88.4 e^88.4.
+inline v16 exp_v16(v16 x) {
+  const v16 lo = splat(-87.33654f), hi = splat(88.37626f);
+  v16 xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  v16 t = xc * splat(1.44269504088896341f);
+  t = t + (t < splat(0.0f) ? splat(-0.5f) : splat(0.5f));
+  i16 n = __builtin_convertvector(t, i16);
+  v16 fn = __builtin_convertvector(n, v16);
+  v16 r = xc - fn * splat(0.693359375f);
+  r = r - fn * splat(-2.12194440e-4f);
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  v16 y = p * (r * r) + r + splat(1.0f);
+  i16 bits = (n + 127) << 23;
+  v16 two_n;
+  std::memcpy(&two_n, &bits, sizeof(v16));
+  v16 e = y * two_n;
+  return x < lo ? splat(0.0f) : e;
+}
+
+// y = w · (x · 1/√(mean(x²) + eps)) for one row of H values (transformers' LlamaRMSNorm, its operations in its order,
+// the mean's sum in this file's order).
+void rms_norm(const float* x, const float* w, float eps, float* y, int64_t H) {
+  const int64_t H16 = H / 16 * 16;
+  v16 acc = splat(0.0f);
+  for (int64_t k = 0; k < H16; k += 16) {
+    const v16 v = load(x + k);
+    acc += v * v;
+  }
+  float ss = lanes_sum(acc);
+  for (int64_t k = H16; k < H; ++k) ss += x[k] * x[k];
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
+  for (int64_t k = 0; k < H; ++k) y[k] = w[k] * (x[k] * r);
+}
+
+// out[i] = SiLU(g[i]) · u[i] = g / (1 + e^−g) · u, 16 lanes at a time; a tail of n % 16 goes through the same
+// vector code, zero-padded, so every element is computed by the same instructions.
+void silu_mul(const float* g, const float* u, float* out, int64_t n) {
+  const v16 one = splat(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const v16 gv = load(g + i);
+    store(out + i, gv / (one + exp_v16(-gv)) * load(u + i));
+  }
+  if (i < n) {
+    float gt[16] = {0}, ut[16] = {0}, ot[16];
+    std::memcpy(gt, g + i, (n - i) * sizeof(float));
+    std::memcpy(ut, u + i, (n - i) * sizeof(float));
+    const v16 gv = load(gt);
+    store(ot, gv / (one + exp_v16(-gv)) * load(ut));
+    std::memcpy(out + i, ot, (n - i) * sizeof(float));
+  }
+}
+
+// A weight's form as the Python side hands it: kind "fp32" [w], "f16" [w16], "q8" [q, scales], "q41" [codes,
+// scales, mins]; the tensors are kept alive by the layer object.
+StreamWeight stream_weight(const std::string& kind, const std::vector<torch::Tensor>& t, int64_t N, int64_t K) {
+  auto check = [&](size_t count) {
+    TORCH_CHECK(t.size() == count, "fused_layer: weight form ", kind, " needs ", count, " tensors");
+    for (const auto& x : t) TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "fused_layer: contiguous CPU tensors");
+  };
+  if (kind == "fp32") {
+    check(1);
+    TORCH_CHECK(t[0].scalar_type() == torch::kFloat && t[0].dim() == 2 && t[0].size(0) == N && t[0].size(1) == K,
+                "fused_layer: fp32 weight [", N, ", ", K, "] expected");
+    return {0, t[0].data_ptr<float>(), nullptr, nullptr, N, K};
+  }
+  if (kind == "f16") {
+    check(1);
+    TORCH_CHECK(t[0].scalar_type() == torch::kHalf && t[0].size(0) == N && t[0].size(1) == K && K % 16 == 0,
+                "fused_layer: f16 weight [", N, ", ", K, "] expected");
+    return {1, t[0].data_ptr<at::Half>(), nullptr, nullptr, N, K};
+  }
+  if (kind == "q8") {
+    check(2);
+    TORCH_CHECK(t[0].scalar_type() == torch::kChar && t[0].size(0) == N && t[0].size(1) == K && K % 32 == 0 &&
+                    t[1].scalar_type() == torch::kFloat && t[1].numel() == N * (K / 32),
+                "fused_layer: q8 weight [", N, ", ", K, "] expected");
+    return {2, t[0].data_ptr<int8_t>(), t[1].data_ptr<float>(), nullptr, N, K};
+  }
+  if (kind == "q41") {
+    check(3);
+    TORCH_CHECK(t[0].scalar_type() == torch::kByte && t[0].size(0) == N && t[0].size(1) * 2 == K && K % 32 == 0 &&
+                    t[1].scalar_type() == torch::kFloat && t[1].numel() == N * (K / 32) &&
+                    t[2].scalar_type() == torch::kFloat && t[2].numel() == N * (K / 32),
+                "fused_layer: q41 weight [", N, ", ", K, "] expected");
+    return {3, t[0].data_ptr<uint8_t>(), t[1].data_ptr<float>(), t[2].data_ptr<float>(), N, K};
+  }
+  TORCH_CHECK(false, "fused_layer: unknown weight form ", kind);
+}
+
+const float* bias_ptr(const c10::optional<torch::Tensor>& b, int64_t N) {
+  if (!b.has_value() || !b->defined()) return nullptr;
+  TORCH_CHECK(b->scalar_type() == torch::kFloat && b->is_contiguous() && b->numel() == N && b->device().is_cpu(),
+              "fused_layer: bias [", N, "] contiguous fp32 expected");
+  return b->data_ptr<float>();
+}
+
+class FusedLayer {
+ public:
+  // in_norm, post_norm: [H] fp32; each product's weight form (see stream_weight) and bias or None: qkv [(hq + 2 hk)
+  // · D, H], o [H, hq · D], gate_up [2 I, H], down [H, I]. The tensors are held (and must not change).
+  FusedLayer(torch::Tensor in_norm, double in_eps, std::string qkv_kind, std::vector<torch::Tensor> qkv,
+             c10::optional<torch::Tensor> qkv_bias, std::string o_kind, std::vector<torch::Tensor> o,
+             c10::optional<torch::Tensor> o_bias, torch::Tensor post_norm, double post_eps, std::string gu_kind,
+             std::vector<torch::Tensor> gu, c10::optional<torch::Tensor> gu_bias, std::string down_kind,
+             std::vector<torch::Tensor> down, c10::optional<torch::Tensor> down_bias, int64_t hq, int64_t hk,
+             int64_t head_dim, int64_t inter)
+      : in_norm_(in_norm.contiguous()), post_norm_(post_norm.contiguous()), in_eps_(in_eps), post_eps_(post_eps),
+        hq_(hq), hk_(hk), D_(head_dim), I_(inter), H_(in_norm.numel()) {
+    TORCH_CHECK(in_norm_.scalar_type() == torch::kFloat && post_norm_.scalar_type() == torch::kFloat &&
+                    post_norm_.numel() == H_ && hq > 0 && hk > 0 && hq % hk == 0 && head_dim % 2 == 0 && inter > 0,
+                "fused_layer: fp32 norms of one size, query heads a multiple of kv heads, an even head dim");
+    held_ = {in_norm_, post_norm_};
+    for (auto* list : {&qkv, &o, &gu, &down})
+      for (auto& t : *list) held_.push_back(t);
+    for (auto* b : {&qkv_bias, &o_bias, &gu_bias, &down_bias})
+      if (b->has_value() && (*b)->defined()) held_.push_back(**b);
+    qkv_ = stream_weight(qkv_kind, qkv, (hq + 2 * hk) * head_dim, H_);
+    o_ = stream_weight(o_kind, o, H_, hq * head_dim);
+    gu_ = stream_weight(gu_kind, gu, 2 * inter, H_);
+    down_ = stream_weight(down_kind, down, H_, inter);
+    qkv_b_ = bias_ptr(qkv_bias, qkv_.N);
+    o_b_ = bias_ptr(o_bias, o_.N);
+    gu_b_ = bias_ptr(gu_bias, gu_.N);
+    down_b_ = bias_ptr(down_bias, down_.N);
+  }
+
+  // x [B, Q, H] fp32; cos, sin [1 or B, Q, D]. Returns q [B, hq, Q, D], k and v [B, hk, Q, D] (rotary on q and k).
+  std::vector<torch::Tensor> qkv(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) const {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == H_ && x.scalar_type() == torch::kFloat && x.device().is_cpu(),
+                "fused_layer.qkv: x [B, Q, H] fp32 on the CPU expected");
+    x = x.contiguous();
+    const int64_t B = x.size(0), Q = x.size(1), M = B * Q, D = D_, half = D / 2;
+    TORCH_CHECK(cos.dim() == 3 && sin.sizes() == cos.sizes() && (cos.size(0) == 1 || cos.size(0) == B) &&
+                    cos.size(1) == Q && cos.size(2) == D && cos.scalar_type() == torch::kFloat,
+                "fused_layer.qkv: cos and sin [1 or B, Q, D] fp32 expected");
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    std::vector<float> xn(M * H_), y(M * qkv_.N);
+    const float* xp = x.data_ptr<float>();
+    const float* wn = in_norm_.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) rms_norm(xp + m * H_, wn, static_cast<float>(in_eps_), xn.data() + m * H_, H_);
+    stream_product(xn.data(), qkv_, qkv_b_, y.data(), M);
+    auto q = torch::empty({B, hq_, Q, D}, x.options());
+    auto k = torch::empty({B, hk_, Q, D}, x.options());
+    auto v = torch::empty({B, hk_, Q, D}, x.options());
+    float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+    const int64_t row = qkv_.N;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < Q; ++j) {
+        const float* src = y.data() + (b * Q + j) * row;
+        const int64_t pe = ((cos.size(0) == 1 ? 0 : b) * Q + j) * D;
+        const float *c = cp + pe, *s = sp + pe;
+        for (int64_t h = 0; h < hq_ + hk_; ++h) {  // transformers' apply_rotary_pos_emb: x·cos + rotate_half(x)·sin
+          const float* in = src + h * D;
+          float* out = h < hq_ ? qp + ((b * hq_ + h) * Q + j) * D : kp + ((b * hk_ + (h - hq_)) * Q + j) * D;
+          for (int64_t d = 0; d < half; ++d) out[d] = in[d] * c[d] + (-in[d + half]) * s[d];
+          for (int64_t d = half; d < D; ++d) out[d] = in[d] * c[d] + in[d - half] * s[d];
+        }
+        const float* vin = src + (hq_ + hk_) * D;
+        for (int64_t h = 0; h < hk_; ++h) std::memcpy(vp + ((b * hk_ + h) * Q + j) * D, vin + h * D, D * sizeof(float));
+      }
+    }
+    return {q, k, v};
+  }
+
+  // x [B, Q, H] (the layer's input: the residual), q [B, hq, Q, D], k and v [B, hk, L, D] (the cache after its
+  // update), cols, n_cols, n_fed: invariant_attention's spans. Returns the layer's output [B, Q, H].
+  torch::Tensor rest(torch::Tensor x, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cols,
+                     torch::Tensor n_cols, torch::Tensor n_fed, double scale) const {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == H_ && x.scalar_type() == torch::kFloat,
+                "fused_layer.rest: x [B, Q, H] fp32 expected");
+    x = x.contiguous();
+    const int64_t B = x.size(0), Q = x.size(1), M = B * Q, D = D_;
+    TORCH_CHECK(q.dim() == 4 && q.size(0) == B && q.size(1) == hq_ && q.size(2) == Q && q.size(3) == D,
+                "fused_layer.rest: q [B, hq, Q, D] expected");
+    auto att = invariant_attention(q, k, v, cols, n_cols, n_fed, scale);  // [B, hq, Q, D] contiguous
+    const float* ap = att.data_ptr<float>();
+    const int64_t A = hq_ * D;
+    std::vector<float> a(M * A), h1(M * H_), hn(M * H_), gu(M * gu_.N), act(M * I_);
+    for (int64_t b = 0; b < B; ++b)  // [B, hq, Q, D] → [B · Q, hq · D]
+      for (int64_t h = 0; h < hq_; ++h)
+        for (int64_t j = 0; j < Q; ++j)
+          std::memcpy(a.data() + (b * Q + j) * A + h * D, ap + ((b * hq_ + h) * Q + j) * D, D * sizeof(float));
+    stream_product(a.data(), o_, o_b_, h1.data(), M);
+    const float* xp = x.data_ptr<float>();
+    for (int64_t i = 0; i < M * H_; ++i) h1[i] = xp[i] + h1[i];  // residual + o_proj(attention)
+    const float* wn = post_norm_.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      rms_norm(h1.data() + m * H_, wn, static_cast<float>(post_eps_), hn.data() + m * H_, H_);
+    stream_product(hn.data(), gu_, gu_b_, gu.data(), M);
+    for (int64_t m = 0; m < M; ++m)
+      silu_mul(gu.data() + m * gu_.N, gu.data() + m * gu_.N + I_, act.data() + m * I_, I_);
+    auto out = torch::empty({B, Q, H_}, x.options());
+    float* op = out.data_ptr<float>();
+    stream_product(act.data(), down_, down_b_, op, M);
+    for (int64_t i = 0; i < M * H_; ++i) op[i] = h1[i] + op[i];  // residual + down_proj(…)
+    return out;
+  }
+
+ private:
+  torch::Tensor in_norm_, post_norm_;
+  std::vector<torch::Tensor> held_;
+  double in_eps_, post_eps_;
+  int64_t hq_, hk_, D_, I_, H_;
+  StreamWeight qkv_{}, o_{}, gu_{}, down_{};
+  const float *qkv_b_ = nullptr, *o_b_ = nullptr, *gu_b_ = nullptr, *down_b_ = nullptr;
+};
+
+}  // namespace
+
+void register_fused_layer(pybind11::module_& m) {
+  pybind11::class_<FusedLayer>(m, "FusedLayer")
+      .def(pybind11::init<torch::Tensor, double, std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>,
+                          std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>, torch::Tensor, double,
+                          std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>, std::string,
+                          std::vector<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
+                          int64_t>())
+      .def("qkv", &FusedLayer::qkv, "RMSNorm, the fused q/k/v product and the rotary embedding: [q, k, v]")
+      .def("rest", &FusedLayer::rest, "attention, o_proj, residual, RMSNorm, gate/up, SiLU · up, down_proj, residual");
+}
