@@ -184,3 +184,45 @@ def test_layers_it_cannot_compute_keep_the_lean_forward(tmp_path):
     t = load_model(str(path), device="cpu", compute="stream")
     _decode_logits(t)
     assert all(layer.__dict__[lean.FUSED_ATTR][1] is None for layer in t.model.model.layers)
+
+
+def test_the_models_direct_loop_gives_the_layers_bits(q41_path, monkeypatch):
+    """``_lean_model_forward``'s direct loop (the fused calls, keys and values written into the cache's block in place)
+    and the model's own forward through the layers give the same logits, hidden states and cache entries; with the
+    block's in-place writes off (``BlockLayer.IN_PLACE``), the cache's own update gives them too."""
+    from engine.decoding import proposers
+
+    t = load_model(str(q41_path), device="cpu", compute="stream")
+
+    def run():
+        lm = CachedLM(t.model, t.device, keep_hidden=True)
+        got = _decode_logits_with(lm)
+        return got, lm.hidden.clone(), [(la.keys.clone(), la.values.clone()) for la in lm.cache.layers]
+
+    calls = []
+    real = t.model.model.layers[0].__class__.forward
+    monkeypatch.setattr(t.model.model.layers[0].__class__, "forward",
+                        lambda *a, **k: calls.append(getattr(compute.invariant._INVARIANT, "on", False))
+                        or real(*a, **k))
+    direct = run()
+    assert calls and not any(calls)  # the prefill called the layers, the decode passes never did
+    monkeypatch.setattr(lean, "DIRECT_MODEL", False)
+    layered = run()
+    assert any(calls)
+    monkeypatch.setattr(lean, "DIRECT_MODEL", True)
+    monkeypatch.setattr(proposers.block_layer_class(), "IN_PLACE", False)
+    updated = run()
+    for other in (layered, updated):
+        assert all(torch.equal(a, b) for a, b in zip(direct[0], other[0]))
+        assert torch.equal(direct[1], other[1])
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(direct[2], other[2]))
+
+
+def _decode_logits_with(lm, widths=(1, 3, 2)):
+    seq = list(PROMPT)
+    lm.logits_for(seq)
+    out = []
+    for i, w in enumerate(widths):
+        seq = seq + [11 + (3 * i + j) % 17 for j in range(w)]
+        out.append(lm.logits_for(seq, n_logits=w))
+    return out

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 // small_linear.cpp: a weight as its kernel reads it, and its product (the same struct there).
@@ -200,6 +201,40 @@ class FusedLayer {
 
   // x [B, Q, H] fp32; cos, sin [1 or B, Q, D]. Returns q [B, hq, Q, D], k and v [B, hk, Q, D] (rotary on q and k).
   std::vector<torch::Tensor> qkv(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) const {
+    return qkv_into(x, cos, sin, torch::Tensor(), torch::Tensor(), 0);
+  }
+
+  // qkv, writing k and v straight into a KV cache's preallocated block when the cache's entries are its first n
+  // slots: kb and vb [B, hk, capacity, D] (the block), keys and values [B, hk, n, D] (the cache's views of it).
+  // Returns (q, keys, values, true) with the views now n + Q long when it could (the caller makes them the cache's),
+  // else (q, k, v, false) with the new entries for the cache's own update.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, bool> qkv_append(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kb,
+                                        torch::Tensor vb, torch::Tensor keys, torch::Tensor values) const {
+    const int64_t B = x.dim() == 3 ? x.size(0) : -1, Q = x.dim() == 3 ? x.size(1) : -1;
+    bool fits = kb.defined() && vb.defined() && keys.defined() && values.defined();
+    for (const auto* pair : {&kb, &vb}) fits = fits && pair->dim() == 4;
+    if (fits) {
+      const int64_t n = keys.dim() == 4 ? keys.size(2) : -1;
+      for (int i = 0; i < 2 && fits; ++i) {
+        const torch::Tensor& blk = i ? vb : kb;
+        const torch::Tensor& view = i ? values : keys;
+        fits = blk.scalar_type() == torch::kFloat && view.dim() == 4 && view.size(2) == n &&
+               blk.size(0) == B && blk.size(1) == hk_ && blk.size(3) == D_ && n + Q <= blk.size(2) &&
+               blk.stride(3) == 1 && view.data_ptr() == blk.data_ptr() && view.strides() == blk.strides() &&
+               view.size(0) == B && view.size(1) == hk_ && view.size(3) == D_ && !blk.requires_grad();
+      }
+      if (fits) {
+        auto out = qkv_into(x, cos, sin, kb, vb, n);
+        return {out[0], kb.narrow(2, 0, n + Q), vb.narrow(2, 0, n + Q), true};
+      }
+    }
+    auto out = qkv(x, cos, sin);
+    return {out[0], out[1], out[2], false};
+  }
+
+  // qkv's work; with kb and vb defined, k and v go to slots [n, n + Q) of them and are not returned.
+  std::vector<torch::Tensor> qkv_into(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kb,
+                                      torch::Tensor vb, int64_t n) const {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == H_ && x.scalar_type() == torch::kFloat && x.device().is_cpu(),
                 "fused_layer.qkv: x [B, Q, H] fp32 on the CPU expected");
     x = x.contiguous();
@@ -215,8 +250,12 @@ class FusedLayer {
     for (int64_t m = 0; m < M; ++m) rms_norm(xp + m * H_, wn, static_cast<float>(in_eps_), xn.data() + m * H_, H_);
     stream_product(xn.data(), qkv_, qkv_b_, y.data(), M);
     auto q = torch::empty({B, hq_, Q, D}, x.options());
-    auto k = torch::empty({B, hk_, Q, D}, x.options());
-    auto v = torch::empty({B, hk_, Q, D}, x.options());
+    const bool into = kb.defined();
+    auto k = into ? kb : torch::empty({B, hk_, Q, D}, x.options());
+    auto v = into ? vb : torch::empty({B, hk_, Q, D}, x.options());
+    // element (b, h, j, d) of the new entries: at slot n + j of a block, else at j of a [B, hk, Q, D] tensor
+    const int64_t ksb = k.stride(0), ksh = k.stride(1), ksj = k.stride(2), kj0 = into ? n : 0;
+    const int64_t vsb = v.stride(0), vsh = v.stride(1), vsj = v.stride(2);
     float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
     const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
     const int64_t row = qkv_.N;
@@ -227,14 +266,16 @@ class FusedLayer {
         const float *c = cp + pe, *s = sp + pe;
         for (int64_t h = 0; h < hq_ + hk_; ++h) {  // transformers' apply_rotary_pos_emb: x·cos + rotate_half(x)·sin
           const float* in = src + h * D;
-          float* out = h < hq_ ? qp + ((b * hq_ + h) * Q + j) * D : kp + ((b * hk_ + (h - hq_)) * Q + j) * D;
+          float* out = h < hq_ ? qp + ((b * hq_ + h) * Q + j) * D : kp + b * ksb + (h - hq_) * ksh + (kj0 + j) * ksj;
           for (int64_t d = 0; d < half; ++d) out[d] = in[d] * c[d] + (-in[d + half]) * s[d];
           for (int64_t d = half; d < D; ++d) out[d] = in[d] * c[d] + in[d - half] * s[d];
         }
         const float* vin = src + (hq_ + hk_) * D;
-        for (int64_t h = 0; h < hk_; ++h) std::memcpy(vp + ((b * hk_ + h) * Q + j) * D, vin + h * D, D * sizeof(float));
+        for (int64_t h = 0; h < hk_; ++h)
+          std::memcpy(vp + b * vsb + h * vsh + (kj0 + j) * vsj, vin + h * D, D * sizeof(float));
       }
     }
+    if (into) return {q};
     return {q, k, v};
   }
 
@@ -291,5 +332,7 @@ void register_fused_layer(pybind11::module_& m) {
                           std::vector<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
                           int64_t>())
       .def("qkv", &FusedLayer::qkv, "RMSNorm, the fused q/k/v product and the rotary embedding: [q, k, v]")
+      .def("qkv_append", &FusedLayer::qkv_append,
+           "qkv writing k and v into a cache block in place: (q, keys, values, True), else (q, k, v, False)")
       .def("rest", &FusedLayer::rest, "attention, o_proj, residual, RMSNorm, gate/up, SiLU · up, down_proj, residual");
 }

@@ -146,8 +146,7 @@ def _fused_layer(layer: nn.Module):
         return None
     attn, mlp = layer.self_attn, layer.mlp
     lead, gate = attn.q_proj, mlp.gate_proj
-    weights = (lead._fused_weight, attn.o_proj.weight, gate._fused_weight, mlp.down_proj.weight,
-               layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    weights = _layer_weights(layer)
     key = tuple((w.data_ptr(), w._version, id(w.__dict__.get(COMPACT_ATTR))) for w in weights)
     held = layer.__dict__.get(FUSED_ATTR)
     if held is not None and held[0] == key:
@@ -209,11 +208,106 @@ def _lean_class(cls: type) -> type:
     return _LEAN_CLASSES[cls]
 
 
+def _lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                        use_cache=None, **kwargs):
+    """transformers' ``LlamaModel.forward`` (5.x), except for a batch-invariant decode pass whose every layer takes the
+    fused layer (``_fused_layer``): there the token embedding, the rotary embedding, each layer's two fused calls
+    around the cache's update and the final norm run directly, without the forward's wrappers, its causal mask
+    (the fused attention reads each row's keys from the pass's spans, ``invariant.pass_spans``) and thirty module
+    calls. The same calls as the layers' own ``_lean_forward`` makes, so the same bits (tests/test_fused_layer.py).
+
+    Why: with the layers fused, what was left of a 1-token pass of the embedded model beside its products was mostly
+    this Python: ~1.5 ms of a 9 ms pass on the AMD EPYC.
+
+    Args and returns: those of ``LlamaModel.forward``."""
+    original = _LEAN_MODELS_INV[type(self)]
+    if (DIRECT_MODEL and cache is not None and getattr(invariant._INVARIANT, "on", False) and not kwargs and not self.training
+            and not torch.is_grad_enabled() and (input_ids is None) != (inputs_embeds is None)
+            and not self.config.output_hidden_states and not self.config.output_attentions):
+        layers = self.layers[: self.config.num_hidden_layers]
+        fused = _fused_stack(self, layers)
+        if fused is not None:
+            from transformers.modeling_outputs import BaseModelOutputWithPast
+
+            x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            if position_ids is None:
+                position_ids = (torch.arange(x.shape[1], device=x.device) + cache.get_seq_length()).unsqueeze(0)
+            cos, sin = self.rotary_emb(x, position_ids=position_ids)
+            state = invariant._INVARIANT
+            cached = cache.layers if len(getattr(cache, "layers", ())) == len(layers) else None
+            for i, (layer, f) in enumerate(zip(layers, fused)):
+                idx = layer.self_attn.layer_idx
+                la = cached[idx] if cached is not None else None
+                blk = getattr(la, "block", None)
+                if blk is not None and getattr(la, "IN_PLACE", False) and la.keys is not None:
+                    # the cache's layer keeps its entries in a preallocated block (``CachedLM``'s ``BlockLayer``):
+                    # the new keys and values are written into it, no copy
+                    q, k, v, appended = f.qkv_append(x, cos, sin, blk[0], blk[1], la.keys, la.values)
+                    if appended:
+                        la.keys, la.values = k, v
+                    else:
+                        k, v = cache.update(k, v, idx)
+                else:
+                    q, k, v = f.qkv(x, cos, sin)
+                    k, v = cache.update(k, v, idx)
+                x = f.rest(x, q, k, v, *invariant.pass_spans(state.rows, k.shape[2], q.shape[2], state.new_at, q.device),
+                           layer.self_attn.scaling)
+            return BaseModelOutputWithPast(last_hidden_state=_rms_norm(self.norm, x), cache=cache)
+    return original.forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+
+
+def _fused_stack(model: nn.Module, layers) -> list | None:
+    """Every layer's ``FusedLayer`` when all of them have one, the layers are lean and the model's norm is
+    transformers' RMSNorm on the CPU in fp32; else None (the model's own forward runs). Kept on the model with the
+    weights it was made from (each one's storage, version counter and compact form) and checked against them each
+    pass: 180 cheap checks instead of looking every layer's modules up again (1.6 ms a pass of the embedded model)."""
+    make, path = extension._STREAM.get("fused_layer"), products._ACTIVE["path"]
+    held = model.__dict__.get(FUSED_ATTR)
+    if held is not None and held[0] is make and held[1] == path and (held[3] is None or len(held[3]) == len(layers)) and all(
+            w.data_ptr() == p and w._version == v and w.__dict__.get(COMPACT_ATTR) is c for w, p, v, c in held[2]):
+        return held[3]
+    out, checks = None, []
+    if type(model.norm).forward is _RMS_FORWARD() and model.norm.weight.dtype == torch.float32:
+        out = []
+        for layer in layers:
+            if type(layer) not in _LEAN_CLASSES_INV or type(layer.input_layernorm).forward is not _RMS_FORWARD() \
+                    or type(layer.post_attention_layernorm).forward is not _RMS_FORWARD() \
+                    or type(layer.self_attn.q_proj) is not FusedLeadLinear \
+                    or type(layer.mlp.gate_proj) is not FusedLeadLinear:
+                out = None
+                break
+            f = _fused_layer(layer)
+            if f is None:
+                out = None
+                break
+            out.append(f)
+            checks += [(w, w.data_ptr(), w._version, w.__dict__.get(COMPACT_ATTR)) for w in _layer_weights(layer)]
+    model.__dict__[FUSED_ATTR] = (make, path, checks, out)
+    return out
+
+
+def _layer_weights(layer: nn.Module) -> tuple:
+    """The tensors a layer's ``FusedLayer`` is made from: the fused q/k/v weight, o_proj's, the fused gate/up weight,
+    down_proj's and the two norms' weights."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj._fused_weight, attn.o_proj.weight, mlp.gate_proj._fused_weight, mlp.down_proj.weight,
+            layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+
+
+DIRECT_MODEL = True
+"""Run batch-invariant decode passes through ``_lean_model_forward``'s direct loop where it applies (False: always
+through ``LlamaModel.forward`` and the layers' own ``_lean_forward``; for A/B measurements and tests)."""
+_LEAN_MODELS: dict[type, type] = {}
+_LEAN_MODELS_INV: dict[type, type] = {}
+
+
 def _lean_layers(modules, on: bool) -> int:
-    """Switch every transformers ``LlamaDecoderLayer`` inside ``modules`` to its lean subclass (``on``) or back.
-    Other architectures keep transformers' forward. Returns the number of layers switched."""
+    """Switch every transformers ``LlamaDecoderLayer`` inside ``modules`` to its lean subclass (``on``) or back, and
+    every ``LlamaModel`` to its subclass running ``_lean_model_forward``. Other architectures keep transformers'
+    forward. Returns the number of decoder layers switched."""
     try:
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaModel
     except ImportError:  # pragma: no cover - transformers without Llama
         return 0
     roots = [modules] if isinstance(modules, nn.Module) else list(modules)
@@ -226,6 +320,14 @@ def _lean_layers(modules, on: bool) -> int:
             elif not on and type(m) in _LEAN_CLASSES_INV:
                 m.__class__ = _LEAN_CLASSES_INV[type(m)]
                 n += 1
+            elif on and type(m) is LlamaModel:
+                if LlamaModel not in _LEAN_MODELS:
+                    lean = type("LeanLlamaModel", (LlamaModel,), {"forward": _lean_model_forward,
+                                                                  "__doc__": _lean_model_forward.__doc__})
+                    _LEAN_MODELS[LlamaModel], _LEAN_MODELS_INV[lean] = lean, LlamaModel
+                m.__class__ = _LEAN_MODELS[LlamaModel]
+            elif not on and type(m) in _LEAN_MODELS_INV:
+                m.__class__ = _LEAN_MODELS_INV[type(m)]
     return n
 
 

@@ -137,9 +137,10 @@ struct Q41 {
   const float* Mn;
   int64_t K;
   inline void load2(int64_t n, int64_t k, v16& a, v16& b) const {
-    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W + (n * K + k) / 2)));
-    const __m512i lo = _mm512_and_si512(z, _mm512_set1_epi32(0x0F));
-    const __m512i hi = _mm512_srli_epi32(z, 4);
+    // each byte widened to a lane; a permute reads only an index's low 4 bits (its low nibble, value i), and the
+    // shift leaves the high nibble (value i + 16)
+    const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W + (n * K + k) / 2)));
+    const __m512i hi = _mm512_srli_epi32(lo, 4);
     const int64_t blk = n * (K / 32) + k / 32;
     const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(S[blk]), _mm512_set1_ps(Mn[blk]));  // d · q exact
