@@ -224,7 +224,8 @@ def _lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=
     if (DIRECT_MODEL and cache is not None and getattr(invariant._INVARIANT, "on", False) and not kwargs and not self.training
             and not torch.is_grad_enabled() and (input_ids is None) != (inputs_embeds is None)
             and not self.config.output_hidden_states and not self.config.output_attentions):
-        layers = self.layers[: self.config.num_hidden_layers]
+        n = self.config.num_hidden_layers
+        layers = self.layers if len(self.layers) == n else self.layers[:n]  # a slice is a new ModuleList
         fused = _fused_stack(self, layers)
         if fused is not None:
             from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -235,8 +236,7 @@ def _lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=
             cos, sin = self.rotary_emb(x, position_ids=position_ids)
             state = invariant._INVARIANT
             cached = cache.layers if len(getattr(cache, "layers", ())) == len(layers) else None
-            for i, (layer, f) in enumerate(zip(layers, fused)):
-                idx = layer.self_attn.layer_idx
+            for f, idx, scaling in fused:
                 la = cached[idx] if cached is not None else None
                 blk = getattr(la, "block", None)
                 if blk is not None and getattr(la, "IN_PLACE", False) and la.keys is not None:
@@ -251,15 +251,15 @@ def _lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=
                     q, k, v = f.qkv(x, cos, sin)
                     k, v = cache.update(k, v, idx)
                 x = f.rest(x, q, k, v, *invariant.pass_spans(state.rows, k.shape[2], q.shape[2], state.new_at, q.device),
-                           layer.self_attn.scaling)
+                           scaling)
             return BaseModelOutputWithPast(last_hidden_state=_rms_norm(self.norm, x), cache=cache)
     return original.forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
 
 
 def _fused_stack(model: nn.Module, layers) -> list | None:
-    """Every layer's ``FusedLayer`` when all of them have one, the layers are lean and the model's norm is
-    transformers' RMSNorm on the CPU in fp32; else None (the model's own forward runs). Kept on the model with the
+    """Every layer's (``FusedLayer``, cache index, attention scale) when all of them have one, the layers are lean and
+    the model's norm is transformers' RMSNorm on the CPU in fp32; else None (the model's own forward runs). Kept on the model with the
     weights it was made from (each one's storage, version counter and compact form) and checked against them each
     pass: 180 cheap checks instead of looking every layer's modules up again (1.6 ms a pass of the embedded model)."""
     make, path = extension._STREAM.get("fused_layer"), products._ACTIVE["path"]
@@ -281,7 +281,7 @@ def _fused_stack(model: nn.Module, layers) -> list | None:
             if f is None:
                 out = None
                 break
-            out.append(f)
+            out.append((f, layer.self_attn.layer_idx, layer.self_attn.scaling))
             checks += [(w, w.data_ptr(), w._version, w.__dict__.get(COMPACT_ATTR)) for w in _layer_weights(layer)]
     model.__dict__[FUSED_ATTR] = (make, path, checks, out)
     return out
