@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from engine.decoding.compute import apply_path, linear, path_of, prepare_weight
+from engine.decoding.compute.lean import fused_decode
 from engine.errors import ModelLoadError
 
 HEAD_FORMAT = "speedup-lab-feature-head/1"
@@ -219,6 +220,9 @@ class FeatureHead(nn.Module):
         ``DynamicCache`` (updated in place).
         Returns: [B, n, H] ĥ, post-norm."""
         body = self.body
+        h = fused_decode(body, None, z, position_ids, cache)  # a batch-invariant draft step on the fused layers
+        if h is not None:
+            return h
         position_embeddings = body.rotary_emb(z, position_ids=position_ids)
         h = z
         for layer in body.layers[:body.config.num_hidden_layers]:

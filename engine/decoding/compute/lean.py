@@ -211,50 +211,72 @@ def _lean_class(cls: type) -> type:
 def _lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                         use_cache=None, **kwargs):
     """transformers' ``LlamaModel.forward`` (5.x), except for a batch-invariant decode pass whose every layer takes the
-    fused layer (``_fused_layer``): there the token embedding, the rotary embedding, each layer's two fused calls
-    around the cache's update and the final norm run directly, without the forward's wrappers, its causal mask
-    (the fused attention reads each row's keys from the pass's spans, ``invariant.pass_spans``) and thirty module
-    calls. The same calls as the layers' own ``_lean_forward`` makes, so the same bits (tests/test_fused_layer.py).
-
-    Why: with the layers fused, what was left of a 1-token pass of the embedded model beside its products was mostly
-    this Python: ~1.5 ms of a 9 ms pass on the AMD EPYC.
+    fused layer: there ``fused_decode`` runs it (no output wrappers, no causal mask, no module calls).
 
     Args and returns: those of ``LlamaModel.forward``."""
-    original = _LEAN_MODELS_INV[type(self)]
-    if (DIRECT_MODEL and cache is not None and getattr(invariant._INVARIANT, "on", False) and not kwargs and not self.training
-            and not torch.is_grad_enabled() and (input_ids is None) != (inputs_embeds is None)
+    if (cache is not None and not kwargs and (input_ids is None) != (inputs_embeds is None)
             and not self.config.output_hidden_states and not self.config.output_attentions):
-        n = self.config.num_hidden_layers
-        layers = self.layers if len(self.layers) == n else self.layers[:n]  # a slice is a new ModuleList
-        fused = _fused_stack(self, layers)
-        if fused is not None:
+        x = fused_decode(self, input_ids if inputs_embeds is None else None, inputs_embeds, position_ids, cache)
+        if x is not None:
             from transformers.modeling_outputs import BaseModelOutputWithPast
 
-            x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-            if position_ids is None:
-                position_ids = (torch.arange(x.shape[1], device=x.device) + cache.get_seq_length()).unsqueeze(0)
-            cos, sin = self.rotary_emb(x, position_ids=position_ids)
-            state = invariant._INVARIANT
-            cached = cache.layers if len(getattr(cache, "layers", ())) == len(layers) else None
-            for f, idx, scaling in fused:
-                la = cached[idx] if cached is not None else None
-                blk = getattr(la, "block", None)
-                if blk is not None and getattr(la, "IN_PLACE", False) and la.keys is not None:
-                    # the cache's layer keeps its entries in a preallocated block (``CachedLM``'s ``BlockLayer``):
-                    # the new keys and values are written into it, no copy
-                    q, k, v, appended = f.qkv_append(x, cos, sin, blk[0], blk[1], la.keys, la.values)
-                    if appended:
-                        la.keys, la.values = k, v
-                    else:
-                        k, v = cache.update(k, v, idx)
-                else:
-                    q, k, v = f.qkv(x, cos, sin)
-                    k, v = cache.update(k, v, idx)
-                x = f.rest(x, q, k, v, *invariant.pass_spans(state.rows, k.shape[2], q.shape[2], state.new_at, q.device),
-                           scaling)
-            return BaseModelOutputWithPast(last_hidden_state=_rms_norm(self.norm, x), cache=cache)
-    return original.forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+            return BaseModelOutputWithPast(last_hidden_state=x, cache=cache)
+    return _LEAN_MODELS_INV[type(self)].forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                                                position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                                                use_cache=use_cache, **kwargs)
+
+
+def fused_decode(model: nn.Module, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                 position_ids: torch.Tensor | None, cache) -> torch.Tensor | None:
+    """A batch-invariant decode pass of a Llama ``model`` (a ``LlamaModel``: the target's decoder, or a draft head's
+    body) run directly: the token embedding (unless ``inputs_embeds`` are given), the rotary embedding, each layer's
+    two fused calls around the cache's update and the final norm. The same calls as the layers' own ``_lean_forward``
+    makes, so the same bits (tests/test_fused_layer.py); the attention reads each row's keys from the pass's spans
+    (``invariant.pass_spans``), so no causal mask is built.
+
+    Why: with the layers fused, what was left of a 1-token pass of the embedded model beside its products was mostly
+    the Python of ``LlamaModel.forward`` and thirty module calls: ~1.5 ms of a 9 ms pass on the AMD EPYC.
+
+    Args:
+        input_ids: [B, Q] or None; inputs_embeds: [B, Q, H] or None (one of them). position_ids: [B or 1, Q], or None
+            (continue after the cache). cache: the pass's transformers cache, updated in place.
+
+    Returns:
+        [B, Q, H] the last hidden states after the final norm; None where this does not apply (not a batch-invariant
+        pass, autograd or training, ``DIRECT_MODEL`` off, a layer without its fused form): the caller runs the
+        model's own forward.
+    """
+    if not (DIRECT_MODEL and cache is not None and getattr(invariant._INVARIANT, "on", False) and not model.training
+            and not torch.is_grad_enabled() and type(model) in _LEAN_MODELS_INV):
+        return None
+    n = model.config.num_hidden_layers
+    layers = model.layers if len(model.layers) == n else model.layers[:n]  # a slice is a new ModuleList
+    fused = _fused_stack(model, layers)
+    if fused is None:
+        return None
+    x = model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    if position_ids is None:
+        position_ids = (torch.arange(x.shape[1], device=x.device) + cache.get_seq_length()).unsqueeze(0)
+    cos, sin = model.rotary_emb(x, position_ids=position_ids)
+    state = invariant._INVARIANT
+    cached = cache.layers if len(getattr(cache, "layers", ())) == len(layers) else None
+    for f, idx, scaling in fused:
+        la = cached[idx] if cached is not None else None
+        blk = getattr(la, "block", None)
+        if blk is not None and getattr(la, "IN_PLACE", False) and la.keys is not None:
+            # the cache's layer keeps its entries in a preallocated block (``CachedLM``'s ``BlockLayer``): the new
+            # keys and values are written into it, no copy
+            q, k, v, appended = f.qkv_append(x, cos, sin, blk[0], blk[1], la.keys, la.values)
+            if appended:
+                la.keys, la.values = k, v
+            else:
+                k, v = cache.update(k, v, idx)
+        else:
+            q, k, v = f.qkv(x, cos, sin)
+            k, v = cache.update(k, v, idx)
+        x = f.rest(x, q, k, v, *invariant.pass_spans(state.rows, k.shape[2], q.shape[2], state.new_at, q.device),
+                   scaling)
+    return _rms_norm(model.norm, x)
 
 
 def _fused_stack(model: nn.Module, layers) -> list | None:
