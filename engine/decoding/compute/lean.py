@@ -147,7 +147,7 @@ def _fused_layer(layer: nn.Module):
     attn, mlp = layer.self_attn, layer.mlp
     lead, gate = attn.q_proj, mlp.gate_proj
     weights = _layer_weights(layer)
-    key = tuple((w.data_ptr(), w._version, id(w.__dict__.get(COMPACT_ATTR))) for w in weights)
+    key = tuple((w.data_ptr(), _version(w), id(w.__dict__.get(COMPACT_ATTR))) for w in weights)
     held = layer.__dict__.get(FUSED_ATTR)
     if held is not None and held[0] == key:
         return held[1]
@@ -287,7 +287,7 @@ def _fused_stack(model: nn.Module, layers) -> list | None:
     make, path = extension._STREAM.get("fused_layer"), products._ACTIVE["path"]
     held = model.__dict__.get(FUSED_ATTR)
     if held is not None and held[0] is make and held[1] == path and (held[3] is None or len(held[3]) == len(layers)) and all(
-            w.data_ptr() == p and w._version == v and w.__dict__.get(COMPACT_ATTR) is c for w, p, v, c in held[2]):
+            w.data_ptr() == p and _version(w) == v and w.__dict__.get(COMPACT_ATTR) is c for w, p, v, c in held[2]):
         return held[3]
     out, checks = None, []
     if type(model.norm).forward is _RMS_FORWARD() and model.norm.weight.dtype == torch.float32:
@@ -304,9 +304,16 @@ def _fused_stack(model: nn.Module, layers) -> list | None:
                 out = None
                 break
             out.append((f, layer.self_attn.layer_idx, layer.self_attn.scaling))
-            checks += [(w, w.data_ptr(), w._version, w.__dict__.get(COMPACT_ATTR)) for w in _layer_weights(layer)]
+            checks += [(w, w.data_ptr(), _version(w), w.__dict__.get(COMPACT_ATTR)) for w in _layer_weights(layer)]
     model.__dict__[FUSED_ATTR] = (make, path, checks, out)
     return out
+
+
+def _version(w: torch.Tensor) -> int:
+    """A weight's version counter; 0 for an inference tensor (made under ``torch.inference_mode``: it has none, and
+    raises when asked). Such a weight never has a compact form (``formats.compact_weight``), so the fused layer reads
+    its fp32 storage itself and sees any change to it."""
+    return 0 if w.is_inference() else w._version
 
 
 def _layer_weights(layer: nn.Module) -> tuple:
