@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +47,14 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    target = load_model("embedded", device="cpu")
+    # loaded in a thread that then ends, as the app's script threads do: a main thread that had computed would keep
+    # its OpenMP team for good, and two teams on 2 cores slow every pass of the room's worker
+    # (``engine.decoding.scheduler.IDLE_EXIT_S``)
+    box: dict = {}
+    loader = threading.Thread(target=lambda: box.update(target=load_model("embedded", device="cpu")))
+    loader.start()
+    loader.join()
+    target = box["target"]
     load_s = time.perf_counter() - t0
     meta = machine_meta(target)
     machine = (f"{cpu_model()} ({os.cpu_count()} cores, {target.compute.threads if target.compute else '?'} threads, "

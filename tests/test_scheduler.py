@@ -110,6 +110,30 @@ def test_one_reader_alone_in_the_room_is_bit_identical(tiny):
         room.close()
 
 
+def test_an_idle_worker_ends_and_the_next_request_starts_another(tiny, monkeypatch):
+    """A room's worker with nothing to do for ``IDLE_EXIT_S`` ends (its thread's OpenMP team with it: two live
+    computing threads on 2 cores slowed each other's passes about 2×); the next request starts a new worker and is
+    served exactly as before."""
+    from engine.decoding import scheduler
+
+    monkeypatch.setattr(scheduler, "IDLE_EXIT_S", 0.2)
+    room = Room(tiny, no_draft_above=None)
+    try:
+        want = _alone(tiny, 0)
+        d = _decoder(tiny, 0)
+        room.prefill(d)
+        first = room._worker
+        deadline = time.monotonic() + 10
+        while room._worker is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert room._worker is None and not first.is_alive()
+        got = room.run(d)
+        assert got.token_ids == want.token_ids
+        assert room._worker is not first
+    finally:
+        room.close()
+
+
 def test_a_warmed_up_room_records_no_pass_freezes_the_heap_and_serves_exactly(tiny):
     """``warm_up``: at the first request the worker runs its batched passes once (``Room._warm_up``: 16 rows), records
     none of them, freezes the collector's heap (once per process), then serves; readers get exactly their alone

@@ -88,6 +88,14 @@ MAX_ROWS_ENV = "SPEEDUP_LAB_ROOM_MAX_ROWS"
 LOG_ENV = "SPEEDUP_LAB_ROOM_LOG"  # a file: one JSON line per pass (benchmarks/bench_room.py reads the server's)
 DEFAULT_MAX_ROWS = 32
 DEFAULT_ABANDON_S = 60.0
+IDLE_EXIT_S = 2.0
+"""A worker with nothing to do for this long ends; the next request starts another (``Room._loop``). Why: PyTorch's
+CPU threads are OpenMP's, and each thread that has computed keeps its own team of them while it lives. With two such
+teams (the worker's and a page's or a script's thread) there are more threads than the 2 cores, and libgomp then
+stops spinning between parallel regions: every product of a decode pass waits for its helper thread to wake (a
+futex). Measured on the AMD EPYC (2 threads, the embedded model): plain decoding in one thread took 9 ms a token alone
+and 18–20 ms while another thread that had run one prefill was still alive (a What-if sweep after anyone used the
+Live page, a benchmark's main thread beside the room); 9–10 ms again once it had ended."""
 POLL_S = 0.1
 STACK_IN_PLACE = True
 """The room's target pass stacks the rows' caches into transformers ``StaticLayer`` s with room for the pass's new
@@ -332,8 +340,16 @@ class Room:
         self.warm_up = warm_up
         self.warm_ms: float | None = None
         self.warm_done = not warm_up  # True once the warm-up has run (or failed), or when there is none
-        self._worker = threading.Thread(target=self._loop, name=f"room-{target.name}", daemon=True)
-        self._worker.start()
+        self._cold = warm_up  # the warm-up is still to run (at the first request)
+        self._worker: threading.Thread | None = None
+        with self._cond:
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        """Start the worker thread unless one is running (call with ``_cond`` held)."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._loop, name=f"room-{self.target.name}", daemon=True)
+            self._worker.start()
 
     # ---------------------------------------------------------------- submitting
     def submit(self, decoder: SpeculativeDecoder, rounds: int | None = 1, prefill_only: bool = False) -> Ticket:
@@ -351,6 +367,7 @@ class Room:
             if self._closed:
                 raise InputError("This room is closed.")
             self._waiting.append(t)
+            self._start_worker()  # the last one may have ended, idle (``IDLE_EXIT_S``)
             self._cond.notify_all()
         return t
 
@@ -388,7 +405,9 @@ class Room:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._worker.join(timeout=30)
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout=30)
 
     # ---------------------------------------------------------------- what the room shows
     def readers(self) -> int:
@@ -483,22 +502,28 @@ class Room:
         self.warm_ms = (time.perf_counter() - t0) * 1000
 
     def _loop(self) -> None:
-        cold = self.warm_up  # warmed up when the first request arrives: no computing before anyone asks for it
+        idle_since = time.monotonic()
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not self._running:
-                    self._cond.wait(timeout=1.0)
+                    idle = time.monotonic() - idle_since
+                    if idle >= IDLE_EXIT_S:  # end, and take this thread's OpenMP team with it (``IDLE_EXIT_S``)
+                        self._worker = None
+                        return
+                    self._cond.wait(timeout=IDLE_EXIT_S - idle)
                 if self._closed:
                     for t in list(self._waiting) + self._running:
                         self._finish(t, InputError("The room closed before this request ran."))
                     return
+                # warmed up when the first request arrives: no computing before anyone asks for it
+                cold = self._cold
                 batch = [] if cold else self._collect()
             if cold:
                 try:
                     self._warm_up()
                 finally:
                     self.warm_done = True
-                cold = False
+                    self._cold = False
                 continue
             if not batch:
                 continue
@@ -510,6 +535,7 @@ class Room:
                     self._finish(t, e if isinstance(e, Exception) else InputError(str(e)))
             with self._cond:
                 self._running = [t for t in self._running if not t.done.is_set()]
+            idle_since = time.monotonic()
 
     def _pass(self, batch: list[Ticket], record: bool = True) -> None:
         t_pass = time.perf_counter()
