@@ -47,8 +47,12 @@ OUT = ROOT / "benchmarks" / "results" / "head"
 
 @torch.inference_mode()
 def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
-    """Median ms of one target decode step and one head draft step (KV caches, batch 1), alternately."""
+    """Median ms of one target decode step and one head draft step (KV caches, batch 1), alternately; both in the
+    batch-invariant layout the engine runs every decode pass in (``compute.batch_invariant``: on the "stream" path
+    the fused layers), as ``CachedLM`` and ``FeatureHeadProposer`` run them."""
     from transformers import DynamicCache
+
+    from engine.decoding.compute import batch_invariant
 
     ids = torch.tensor([prompt_ids])
     tc, hc = DynamicCache(), DynamicCache()
@@ -59,12 +63,14 @@ def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
     tt, dt = [], []
     for i in range(steps):
         t0 = time.perf_counter()
-        out = target.model(input_ids=t_tok, cache=tc, use_cache=True)
+        with batch_invariant():
+            out = target.model(input_ids=t_tok, cache=tc, use_cache=True)
         t_tok = out.logits[:, -1:].argmax(-1)
         t1 = time.perf_counter()
         j = int(head.logits(y[0, 0]).argmax())
         x = head.vocab_ids[j].view(1, 1)
-        y = head(x, y, cache=hc)
+        with batch_invariant():
+            y = head(x, y, cache=hc, position_ids=torch.tensor([[hc.get_seq_length()]]))
         t2 = time.perf_counter()
         tt.append((t1 - t0) * 1e3)
         dt.append((t2 - t1) * 1e3)
@@ -75,8 +81,11 @@ def step_costs(target, head, prompt_ids: list[int], steps: int) -> dict:
 @torch.inference_mode()
 def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100) -> dict:
     """Median ms of one target pass over n = 1..max_tokens new tokens after a cached context (the verify
-    pass of γ = n − 1), sizes interleaved so noise hits all alike."""
+    pass of γ = n − 1), sizes interleaved so noise hits all alike; in the batch-invariant layout the engine's
+    verify passes run in (``compute.batch_invariant``)."""
     from transformers import DynamicCache
+
+    from engine.decoding.compute import batch_invariant
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 20000, (1, context + max_tokens), generator=g)
@@ -86,7 +95,8 @@ def verify_costs(target, max_tokens: int = 8, reps: int = 15, context: int = 100
             cache = DynamicCache()
             target.model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
             t0 = time.perf_counter()
-            target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True, logits_to_keep=n)
+            with batch_invariant():
+                target.model(input_ids=ids[:, context:context + n], cache=cache, use_cache=True, logits_to_keep=n)
             times[n].append((time.perf_counter() - t0) * 1e3)
     med = {n: statistics.median(v) for n, v in times.items()}
     return {"context": context, "reps": reps, "ms": {n: round(m, 2) for n, m in med.items()},
