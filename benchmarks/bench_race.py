@@ -51,7 +51,13 @@ def main() -> None:
     # its OpenMP team for good, and two teams on 2 cores slow every pass of the room's worker
     # (``engine.decoding.scheduler.IDLE_EXIT_S``)
     box: dict = {}
-    loader = threading.Thread(target=lambda: box.update(target=load_model("embedded", device="cpu")))
+
+    def load() -> None:
+        box["target"] = load_model("embedded", device="cpu")
+        for kind in {kind for kind, *_ in RACES}:  # each race's draft loaded (and cached) here too
+            make_decoder(box["target"], "warm", kind, max_new_tokens=1)
+
+    loader = threading.Thread(target=load)
     loader.start()
     loader.join()
     target = box["target"]
