@@ -194,25 +194,28 @@ def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
     flat_then_steep = _curve({1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 20.0, 6: 30.0, 9: 60.0})
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: flat_then_steep)
     # γ=1 1.6407/1.1 = 1.492; γ=2 2.0074/1.2 = 1.673; γ=3 2.2043/1.3 = 1.696 (best); γ=4 2.3025/2.4 = 0.959
+    # within the 3 % floor (0.97 · 1.696 = 1.645) the SHORTER draft: γ=2 1.673
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 3 and "this machine's" in why and "γ = 3 expects 1.70×" in why and "within" not in why
-    # within the 3 % floor the LONGER draft: t(5) = 0.98 t(1): γ=4 2.3025/1.38 = 1.668 ≥ 0.97 · 1.696 = 1.645
-    dip = _curve({1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 9.8, 9: 9.8})
-    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: dip)
+    assert g == 2 and "this machine's" in why and "γ = 2 expects 1.67×" in why
+    assert "γ = 3 expects 1.70×, within 3%" in why and "the shorter draft" in why
+    # the best alone within its floor: t(3) = 1.5 t(1) puts γ=2 at 2.0074/1.6 = 1.255, γ=1 at 1.492 (best), γ=3 at
+    # 2.2043/1.6 = 1.378
+    steep = _curve({1: 10.0, 2: 10.0, 3: 15.0, 4: 15.0, 5: 20.0, 6: 30.0, 9: 60.0})
+    monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: steep)
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 4 and "γ = 4 expects 1.67×" in why and "γ = 3 expects 1.70×, within 3%" in why
-    # one noisy point no longer decides: t(2) = 0.89 t(1) (a curve measured at setup) made the shorter-within-2 %
-    # rule pick γ = 1; now γ=1 1.657, γ=2 1.659 (best), γ=3 2.2043/1.33 = 1.657 (within 3 %), γ=4 2.3025/1.46 = 1.577
+    assert g == 1 and "γ = 1 expects 1.49×" in why and "within" not in why
+    # one noisy point no longer decides alone: t(2) = 0.89 t(1) (a curve measured at setup): γ=1 1.657, γ=2 1.659
+    # (best), γ=3 2.2043/1.33 = 1.657: γ=1 is within 3 %
     noisy_point = _curve({1: 10.0, 2: 8.9, 3: 10.1, 4: 10.3, 5: 10.6, 6: 11.0, 9: 13.0})
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: noisy_point)
-    assert analytic.default_gamma_here("embedded-head")[0] == 3
-    # a curve whose reps spread 5 % at every size: tolerance 5 % (the cap, not 10 %); flat curve: γ=4 2.3025/1.4 =
-    # 1.645 ≥ 0.95 · 1.696 = 1.611, γ=5 2.3515/1.5 = 1.568 is not
+    assert analytic.default_gamma_here("embedded-head")[0] == 1
+    # a curve whose reps spread 7 % at every size: tolerance 5 % (the cap, not 7 %); flat curve: γ=1 1.6407/1.1 =
+    # 1.492 < 0.95 · 1.696 = 1.611, γ=2 2.0074/1.2 = 1.673 is within
     flat_noisy = _curve({1: 10.0, 9: 10.0})
-    flat_noisy.extra = {"spread": {"1": 0.05, "9": 0.05}}
+    flat_noisy.extra = {"spread": {"1": 0.07, "9": 0.07}}
     monkeypatch.setattr(pass_cost, "cached_pass_cost", lambda spec="embedded", *a, **k: flat_noisy)
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 4 and "within 5%" in why
+    assert g == 2 and "within 5%" in why
     assert analytic.default_gamma_here("ngram") == (4, "the draft's static default")
     assert analytic.default_gamma_here("embedded-head", "some/other-model")[0] == 2
     assert analytic.default_gamma_here("embedded-medusa")[0] == 4  # the shipped heads' K: the tree's whole depth
@@ -221,15 +224,16 @@ def test_default_gamma_here_uses_this_machines_curve_by_hand(monkeypatch):
                                                                "not measured yet)")
 
 
-def test_choose_within_noise_takes_the_longest_close_to_the_best_by_hand():
+def test_choose_within_noise_takes_the_shortest_close_to_the_best_by_hand():
     from engine.errors import InputError
     from engine.explain.analytic import choose_within_noise
 
-    assert choose_within_noise([1.0, 1.5, 1.49, 1.2], 0.02) == (2, 1)   # 1.49 ≥ 0.98 · 1.5 = 1.47
-    assert choose_within_noise([1.0, 1.5, 1.46, 1.2], 0.02) == (1, 1)   # 1.46 < 1.47
-    assert choose_within_noise([1.0, 1.5, 1.49, 1.2], 0.0) == (1, 1)
-    assert choose_within_noise([1.0, 1.5, 1.2, 1.48], 0.02) == (3, 1)   # past a dip, still within
-    assert choose_within_noise([1.5, 1.5], 0.0) == (1, 0)               # a tie: the longer; the best is the first
+    assert choose_within_noise([1.0, 1.49, 1.5, 1.2], 0.02) == (1, 2)   # 1.49 ≥ 0.98 · 1.5 = 1.47
+    assert choose_within_noise([1.0, 1.46, 1.5, 1.2], 0.02) == (2, 2)   # 1.46 < 1.47
+    assert choose_within_noise([1.0, 1.49, 1.5, 1.2], 0.0) == (2, 2)
+    assert choose_within_noise([1.48, 1.2, 1.5, 1.0], 0.02) == (0, 2)   # before a dip, still within
+    assert choose_within_noise([1.0, 1.5, 1.49, 1.2], 0.02) == (1, 1)   # the best is the shortest within
+    assert choose_within_noise([1.5, 1.5], 0.0) == (0, 0)               # a tie: the shorter, the first
     assert choose_within_noise([2.0], 0.5) == (0, 0)
     for bad, tol in (([], 0.1), ([1.0, float("nan")], 0.1), ([1.0], 1.0), ([1.0], -0.1)):
         with pytest.raises(InputError):
@@ -298,7 +302,7 @@ def test_default_gamma_here_reads_the_heads_timed_rounds_by_hand(monkeypatch):
 
     # rounds timed on the AMD EPYC (weights as GGUF blocks): a plain step 8.67 ms; γ = 1..4 rounds 10.60, 13.07,
     # 14.96, 17.34 ms. E(1..4) = 1.6407, 2.0074, 2.2043, 2.3025 (HEAD_RANK_COUNTS), so γ=1 1.6407 / (10.60 / 8.67) =
-    # 1.342 (best), γ=2 2.0074 / 1.5075 = 1.332 (within 3 %: chosen), γ=3 2.2043 / 1.7255 = 1.278, γ=4 1.151; γ ≥ 5
+    # 1.342 (best: chosen), γ=2 2.0074 / 1.5075 = 1.332 (within 3 %), γ=3 2.2043 / 1.7255 = 1.278, γ=4 1.151; γ ≥ 5
     # untimed: γ·c + t(γ+1)/t(1) on the curve (t(6) = 1.5, t(7..9) = 1.8 t(1)): γ=5 2.3515 / 2.0 = 1.18
     curve = _curve({1: 10.0, 2: 10.0, 3: 11.0, 4: 12.0, 5: 13.0, 6: 15.0, 9: 18.0})
     curve.extra = {"head_rounds": {"plain_ms": 8.67, "round_ms": {"1": 10.60, "2": 13.07, "3": 14.96, "4": 17.34}}}
@@ -306,8 +310,12 @@ def test_default_gamma_here_reads_the_heads_timed_rounds_by_hand(monkeypatch):
     s = analytic.head_speedups(curve.ms, rounds=curve.extra["head_rounds"])
     assert s[:4] == pytest.approx([1.3420, 1.3316, 1.2775, 1.1512], abs=2e-4)
     g, why = analytic.default_gamma_here("embedded-head")
-    assert g == 2 and "timed on this machine" in why and "a round 13.1 ms, a plain step 8.7 ms" in why
-    assert "γ = 1 expects 1.34×, within 3%" in why
+    assert g == 1 and "timed on this machine" in why and "a round 10.6 ms, a plain step 8.7 ms" in why
+    assert "γ = 1 expects 1.34×" in why and "within" not in why
+    # a slower γ = 1 round (11.0 ms: 1.6407 / 1.2687 = 1.293) puts γ = 2 first and γ = 1 within 3 % of it: γ = 1
+    curve.extra["head_rounds"]["round_ms"]["1"] = 11.0
+    g, why = analytic.default_gamma_here("embedded-head")
+    assert g == 1 and "γ = 2 expects 1.33×, within 3%" in why
     # without timed rounds: the card's c on the pass curve, as before
     curve.extra = {}
     assert "c = 0.1" in analytic.default_gamma_here("embedded-head")[1]
