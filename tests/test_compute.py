@@ -324,7 +324,7 @@ def test_streaming_kernel_gives_a_row_the_same_bits_whatever_rows_share_the_call
 
 
 needs_compact = pytest.mark.skipif(compute.stream_kernel() is None or compute.extension._STREAM.get("compact") is None,
-                                   reason="no compact-weight entries in this kernel build (AVX-512 only)")
+                                   reason="no compact-weight entries in this kernel build (AVX-512, or AVX2 with F16C and FMA)")
 
 
 def _q8_exact(n, k, gen):
@@ -662,10 +662,11 @@ def test_lean_decoder_layers_give_the_same_bits_as_transformers_layers(tmp_path,
 
 @needs_stream
 def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
-    """The kernel's other blocking (4 × 4, for CPUs without AVX-512, e.g. AVX2-only Intel and AMD machines) cannot run
-    on CI's AVX-512 machine as built for it: build it for Haswell (AVX2 + FMA, no AVX-512) and check it as the native
-    build is checked: within fp32 tolerance of ``F.linear`` for row tails of both blockings, and a row's bits do not
-    depend on which rows share the call. (Its bits may differ from the AVX-512 build's: each machine uses one build.)"""
+    """The kernel's other blocking (1 weight row × 6 input rows, for CPUs without AVX-512, e.g. AVX2-only Intel and AMD
+    machines) cannot run on CI's AVX-512 machine as built for it: build it for Haswell (AVX2, F16C and FMA, no AVX-512)
+    and check it as the native build is checked: within fp32 tolerance of ``F.linear`` for row tails of both
+    blockings, a row's bits do not depend on which rows share the call, and its compact weights (fp16, Q8_0, Q4_1)
+    give exactly its fp32 bits. (Its bits may differ from the AVX-512 build's: each machine uses one build.)"""
     import hashlib
     import platform
     from pathlib import Path
@@ -692,6 +693,24 @@ def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
                 assert float((y - ref).abs().max()) / max(1.0, float(ref.abs().max())) <= compute.TOLERANCE
                 for i in range(m):
                     assert torch.equal(mod.small_linear(x[i:i + 1], w, bias)[0], y[i])
+    # the compact weights of the same build (AVX2 with F16C and FMA reads them too): each form gives exactly the fp32
+    # weights' bits of this build, for the row counts of a step, a verify pass, one pass of rows and blocks of rows
+    assert mod.compact_supported()
+    for n, k in [(13, 64), (300, 576), (64, 1536)]:
+        w41, *_ = _q41_exact(n, k, gen)
+        codes, scales, mins = mod.q41_pack(w41)
+        q = torch.randint(-127, 128, (n, k // 32, 32), generator=gen).float()
+        q[..., 5] = 127  # each block's largest magnitude, as a Q8_0 quantizer's scale is chosen
+        w8 = (q * torch.rand(n, k // 32, 1, generator=gen).half().float()).view(n, k)
+        q8, s8 = compute.formats._exact_q8(w8)
+        w16 = torch.randn(n, k, generator=gen).half()
+        b = torch.randn(n, generator=gen)
+        for m in (1, 2, 3, 5, 6, 7, 9, 16):
+            x = torch.randn(m, k, generator=gen)
+            for bias in (None, b):
+                assert torch.equal(mod.small_linear_q41(x, codes, scales, mins, bias), mod.small_linear(x, w41, bias))
+                assert torch.equal(mod.small_linear_q8(x, q8, s8, bias), mod.small_linear(x, w8, bias))
+                assert torch.equal(mod.small_linear_f16(x, w16, bias), mod.small_linear(x, w16.float(), bias))
     # the decode attention of the same build: a row's bits alone equal its bits beside other rows
     for dim in (8, 64):
         q, k, v = (torch.randn(3, 6, 3, dim, generator=gen), torch.randn(3, 2, 40, dim, generator=gen),

@@ -27,8 +27,16 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+// The compact-weight loaders (F16, Q8, Q41 below) need AVX-512F, or AVX2 with F16C and FMA; a build without either
+// reads fp32 weights only (compact_supported() says which).
+#if defined(__AVX512F__)
+#define SPEEDUP_LAB_COMPACT 512
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define SPEEDUP_LAB_COMPACT 256
 #endif
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -51,8 +59,8 @@ constexpr int kPrefetchLocality = 1;
 
 // Register blocking. With AVX-512 (32 vector registers): 3 weight rows × 8 input rows = 24 accumulators, which
 // for 9-16 input rows (a verify pass, a batch) did 8-21 % less time than 4 × 4 on the AMD EPYC and the same for
-// 1-4 rows (scratch kernel variants, 2 threads). Without AVX-512 a 16-float vector takes two of 16
-// registers, so 4 × 4 stays. The blocking does not change any output's summation order (bit-identical results).
+// 1-4 rows (scratch kernel variants, 2 threads). The blocking does not change any output's summation order
+// (bit-identical results).
 //
 // One pass (AVX-512, M ≤ 16; `one_pass`): every input row in ONE block, so each weight row is read once and
 // multiplied with all M rows while it is in registers. Splitting M into blocks (8 + 1 for 9 rows, 4 + 1 for 5)
@@ -63,12 +71,17 @@ constexpr int kPrefetchLocality = 1;
 // accumulators (MM × RR) stay within 24 registers: 3 for 1-2 rows, 2 for 3-12 rows (fewer registers than 3 × 8
 // and better there: 8 rows 1.23 against 1.53), 1 for 13-16 rows. Above 16 rows (8 + 8 + …) x no longer fits
 // in the 48 KiB L1 for the 1536-wide down projection, and blocks of 8 stay.
+//
+// Without AVX-512 (AVX2: 16 registers of 8 floats) a 16-float vector takes two registers, so a block holds at
+// most 6 accumulators (12 registers) beside one weight vector and one input vector: one weight row × 6 input
+// rows, and one pass (every input row in one block) for up to 6 rows, with 3 weight rows for 1 row and 2 for
+// 2 rows (`one_pass_for`).
 #if defined(__AVX512F__)
 constexpr int kRows = 3;
 constexpr int kInputBlock = 8;
 #else
-constexpr int kRows = 4;
-constexpr int kInputBlock = 4;
+constexpr int kRows = 1;
+constexpr int kInputBlock = 6;
 #endif
 
 // How a block reads its weights. Weights are read 16 values at a time as fp32 vectors; a loader turns what is
@@ -96,14 +109,29 @@ struct F32 {
   inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
 };
 
-#if defined(__AVX512F__)
+#if defined(SPEEDUP_LAB_COMPACT) && SPEEDUP_LAB_COMPACT == 256
+// Two 8-float AVX2 registers as one 16-float vector (the same floats in the same lanes as an AVX-512 register).
+static inline v16 join(__m256 lo, __m256 hi) {
+  v16 v;
+  __builtin_memcpy(&v, &lo, sizeof(lo));
+  __builtin_memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
+  return v;
+}
+#endif
+
+#if defined(SPEEDUP_LAB_COMPACT)
 struct F16 {
   static constexpr bool kPair = false;
   const uint16_t* W;
   int64_t K;
   inline v16 load(int64_t n, int64_t k) const {
+#if SPEEDUP_LAB_COMPACT == 512
     __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(W + n * K + k)));
     return reinterpret_cast<v16&>(v);
+#else
+    const __m128i* p = reinterpret_cast<const __m128i*>(W + n * K + k);
+    return join(_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p + 1)));
+#endif
   }
   inline float at(int64_t n, int64_t k) const { return _cvtsh_ss(W[n * K + k]); }
   inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
@@ -115,9 +143,17 @@ struct Q8 {
   const float* S;
   int64_t K;
   inline v16 load(int64_t n, int64_t k) const {
+#if SPEEDUP_LAB_COMPACT == 512
     __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W + n * K + k))));
     __m512 v = _mm512_mul_ps(q, _mm512_set1_ps(S[n * (K / 32) + k / 32]));  // exact: no rounding to fuse away
     return reinterpret_cast<v16&>(v);
+#else
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + n * K + k));
+    const __m256 d = _mm256_set1_ps(S[n * (K / 32) + k / 32]);
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+    return join(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d));  // exact, as above
+#endif
   }
   inline float at(int64_t n, int64_t k) const { return float(W[n * K + k]) * S[n * (K / 32) + k / 32]; }
   inline const void* line(int64_t n, int64_t k) const { return W + n * K + k; }
@@ -137,16 +173,30 @@ struct Q41 {
   const float* Mn;
   int64_t K;
   inline void load2(int64_t n, int64_t k, v16& a, v16& b) const {
+    const int64_t blk = n * (K / 32) + k / 32;
+#if SPEEDUP_LAB_COMPACT == 512
     // each byte widened to a lane; a permute reads only an index's low 4 bits (its low nibble, value i), and the
     // shift leaves the high nibble (value i + 16)
     const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W + (n * K + k) / 2)));
     const __m512i hi = _mm512_srli_epi32(lo, 4);
-    const int64_t blk = n * (K / 32) + k / 32;
     const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(S[blk]), _mm512_set1_ps(Mn[blk]));  // d · q exact
     __m512 va = _mm512_permutexvar_ps(lo, lut), vb = _mm512_permutexvar_ps(hi, lut);
     a = reinterpret_cast<v16&>(va);
     b = reinterpret_cast<v16&>(vb);
+#else
+    // AVX2 has no 16-entry float permute: each code is widened, converted and scaled, fma(q, d, m), the same one
+    // rounding of the exact d · q as the table above, so the same floats.
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + (n * K + k) / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m256 d = _mm256_set1_ps(S[blk]), m = _mm256_set1_ps(Mn[blk]);
+    auto half = [&](__m128i codes) {
+      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), d, m);
+    };
+    a = join(half(lo), half(_mm_unpackhi_epi64(lo, lo)));
+    b = join(half(hi), half(_mm_unpackhi_epi64(hi, hi)));
+#endif
   }
   inline v16 load(int64_t n, int64_t k) const {  // one half of a block (k % 16 == 0)
     v16 a, b;
@@ -210,10 +260,11 @@ template <int RR, class L>
 static inline void rows(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M, int64_t N,
                         int64_t n0) {
   int64_t m0 = 0;
-  if constexpr (kInputBlock != 4) {
-    for (; m0 + kInputBlock <= M; m0 += kInputBlock) block<kInputBlock, RR>(X, W, B, Y, K, N, m0, n0);
+  for (; m0 + kInputBlock <= M; m0 += kInputBlock) block<kInputBlock, RR>(X, W, B, Y, K, N, m0, n0);
+  if constexpr (kInputBlock == 6) {  // the rest in one block of 4 or 5 (AVX2) …
+    if (M - m0 == 5) { block<5, RR>(X, W, B, Y, K, N, m0, n0); m0 += 5; }
   }
-  for (; m0 + 4 <= M; m0 += 4) block<4, RR>(X, W, B, Y, K, N, m0, n0);  // the rest, in blocks of 4 and one of 1-3
+  if (m0 + 4 <= M) { block<4, RR>(X, W, B, Y, K, N, m0, n0); m0 += 4; }  // … or of 4 (AVX-512), and one of 1-3
   switch (M - m0) {
     case 3: block<3, RR>(X, W, B, Y, K, N, m0, n0); break;
     case 2: block<2, RR>(X, W, B, Y, K, N, m0, n0); break;
@@ -232,7 +283,7 @@ static void one_pass(const float* X, const L& W, const float* B, float* Y, int64
   for (int64_t n0 = full * RR; n0 < N; ++n0) block<MM, 1>(X, W, B, Y, K, N, 0, n0);
 }
 
-// The one-pass schedule for M rows (AVX-512 only); false where M is outside it.
+// The one-pass schedule for M rows (1-16 with AVX-512, 1-6 without); false where M is outside it.
 template <class L>
 static bool one_pass_for(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M,
                          int64_t N) {
@@ -257,12 +308,19 @@ static bool one_pass_for(const float* X, const L& W, const float* B, float* Y, i
     default: return false;
   }
 #else
-  (void)X; (void)W; (void)B; (void)Y; (void)K; (void)M; (void)N;
-  return false;
+  switch (M) {
+    case 1: one_pass<1, 3>(X, W, B, Y, K, N); return true;
+    case 2: one_pass<2, 2>(X, W, B, Y, K, N); return true;
+    case 3: one_pass<3, 1>(X, W, B, Y, K, N); return true;
+    case 4: one_pass<4, 1>(X, W, B, Y, K, N); return true;
+    case 5: one_pass<5, 1>(X, W, B, Y, K, N); return true;
+    case 6: one_pass<6, 1>(X, W, B, Y, K, N); return true;
+    default: return false;
+  }
 #endif
 }
 
-// Every output of y = x · Wᵀ + b for the loader's weights: one pass for 1-16 rows, else blocks of rows.
+// Every output of y = x · Wᵀ + b for the loader's weights: one pass for few rows, else blocks of rows.
 template <class L>
 static void run(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M, int64_t N) {
   if (one_pass_for(X, W, B, Y, K, M, N)) return;
@@ -289,7 +347,7 @@ void stream_product(const float* X, const StreamWeight& W, const float* B, float
   const int64_t N = W.N, K = W.K;
   switch (W.kind) {
     case 0: run(X, F32{static_cast<const float*>(W.w), K}, B, Y, K, M, N); return;
-#if defined(__AVX512F__)
+#if defined(SPEEDUP_LAB_COMPACT)
     case 1: run(X, F16{static_cast<const uint16_t*>(W.w), K}, B, Y, K, M, N); return;
     case 2: run(X, Q8{static_cast<const int8_t*>(W.w), W.s, K}, B, Y, K, M, N); return;
     case 3: run(X, Q41{static_cast<const uint8_t*>(W.w), W.s, W.mn, K}, B, Y, K, M, N); return;
@@ -330,9 +388,9 @@ torch::Tensor small_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch
   return y;
 }
 
-// Whether this build reads compact weights (AVX-512 builds only).
+// Whether this build reads compact weights (AVX-512F, or AVX2 with F16C and FMA).
 bool compact_supported() {
-#if defined(__AVX512F__)
+#if defined(SPEEDUP_LAB_COMPACT)
   return true;
 #else
   return false;
@@ -342,7 +400,7 @@ bool compact_supported() {
 // x: [M, K] fp32; w16: [N, K] fp16 contiguous (the weights exactly). Returns [M, N], the bits small_linear gives for
 // w16.float().
 torch::Tensor small_linear_f16(torch::Tensor x, torch::Tensor w16, c10::optional<torch::Tensor> b) {
-#if defined(__AVX512F__)
+#if defined(SPEEDUP_LAB_COMPACT)
   TORCH_CHECK(w16.dim() == 2 && w16.scalar_type() == torch::kHalf && w16.device().is_cpu() && w16.is_contiguous(),
               "small_linear_f16: w16 [N, K] contiguous fp16 on the CPU expected");
   const int64_t N = w16.size(0), K = w16.size(1);
@@ -356,14 +414,14 @@ torch::Tensor small_linear_f16(torch::Tensor x, torch::Tensor w16, c10::optional
       y.data_ptr<float>(), K, M, N);
   return y;
 #else
-  TORCH_CHECK(false, "small_linear_f16: this build has no AVX-512");
+  TORCH_CHECK(false, "small_linear_f16: this build has neither AVX-512F nor AVX2 with F16C and FMA");
 #endif
 }
 
 // x: [M, K] fp32; q: [N, K] int8 contiguous; scales: [N, K / 32] fp32 contiguous (weight = scale · q exactly);
 // K % 32 == 0. Returns [M, N], the bits small_linear gives for the fp32 weights.
 torch::Tensor small_linear_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales, c10::optional<torch::Tensor> b) {
-#if defined(__AVX512F__)
+#if defined(SPEEDUP_LAB_COMPACT)
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kChar && q.device().is_cpu() && q.is_contiguous(),
               "small_linear_q8: q [N, K] contiguous int8 on the CPU expected");
   const int64_t N = q.size(0), K = q.size(1);
@@ -379,7 +437,7 @@ torch::Tensor small_linear_q8(torch::Tensor x, torch::Tensor q, torch::Tensor sc
   run(x.data_ptr<float>(), Q8{q.data_ptr<int8_t>(), scales.data_ptr<float>(), K}, B, y.data_ptr<float>(), K, M, N);
   return y;
 #else
-  TORCH_CHECK(false, "small_linear_q8: this build has no AVX-512");
+  TORCH_CHECK(false, "small_linear_q8: this build has neither AVX-512F nor AVX2 with F16C and FMA");
 #endif
 }
 
@@ -392,7 +450,7 @@ torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tenso
 // weights.
 torch::Tensor small_linear_q41(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
                                c10::optional<torch::Tensor> b) {
-#if defined(__AVX512F__)
+#if defined(SPEEDUP_LAB_COMPACT)
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kByte && codes.device().is_cpu() &&
                   codes.is_contiguous(),
               "small_linear_q41: codes [N, K / 2] contiguous uint8 on the CPU expected");
@@ -411,7 +469,7 @@ torch::Tensor small_linear_q41(torch::Tensor x, torch::Tensor codes, torch::Tens
       y.data_ptr<float>(), K, M, N);
   return y;
 #else
-  TORCH_CHECK(false, "small_linear_q41: this build has no AVX-512");
+  TORCH_CHECK(false, "small_linear_q41: this build has neither AVX-512F nor AVX2 with F16C and FMA");
 #endif
 }
 
