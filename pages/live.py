@@ -701,13 +701,14 @@ def _run_area() -> None:
                          f"({stats.drafted} drafted; accepted ÷ drafted = "
                          f"{'—' if stats.accepted_fraction is None else f'{stats.accepted_fraction:.3f}'}).")
         e_rounds = expected_tokens_per_round(alpha, [r.n_drafted for r in dec.rounds]) if alpha is not None else None
-        m[1].metric("Tokens per target pass", f"{stats.tokens_per_target_pass:.2f}",
+        m[1].metric("Tokens per round", f"{stats.tokens_per_round:.2f}",
                     delta=None if e_rounds is None else f"formula at α̂: {e_rounds:.2f}",
                     delta_color="off", delta_arrow="off",
-                    help=f"New tokens ÷ target passes ({stats.new_tokens} ÷ {stats.target_passes}): one pass per "
-                         "round, plus the prompt's prefill when it ran as a pass of its own (the draft head reads "
-                         "the prompt's features first; plain decoding's prefill gives its first token, so it "
-                         "scores exactly 1.00). "
+                    help=f"New tokens ÷ rounds ({stats.new_tokens} ÷ {stats.rounds}): each round is one draft and "
+                         "one target verify pass, and yields its accepted draft tokens plus one of the target's "
+                         "own (plain decoding: exactly 1.00). Counting the prompt's own prefill pass too, "
+                         f"{stats.new_tokens} tokens took {stats.target_passes} target passes "
+                         f"({stats.tokens_per_target_pass:.2f} a pass). "
                          "Formula: E = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1), taken at each "
                          "round's own "
                          "draft length and averaged: rounds that drafted fewer than γ tokens (prompt lookup "

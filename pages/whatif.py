@@ -432,8 +432,8 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
             f"with {few.label}")
     over = above_ceiling(points, bandwidth_gbs)
     if not over:
-        roof = ("neither reaches the line, the rest of each step being small operations (norms, attention, "
-                "rebuilding each value from its block)")
+        roof = ("neither reaches the line: the rest of each step is arithmetic (each weight rebuilt from its block "
+                "before its multiply-add) and the pass's small operations")
     else:
         roof = (" and ".join(p.label for p in over) + " above the line, which is this machine's measured copy (a read "
                 "and a write of each byte); a decode step mostly reads, and the processor's last-level cache can hold "

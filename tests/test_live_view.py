@@ -283,6 +283,8 @@ def test_draft_cost_uses_the_median_pass_and_passes_count_a_separate_prefill():
     assert s.draft_cost_ratio == pytest.approx(4.0 / 40.0)  # 4 ms per draft token ÷ the median pass
     # prefill as a pass of its own (no round fused it): 5 rounds + 1 prefill = 6 passes for 10 tokens
     assert s.target_passes == 6 and s.tokens_per_target_pass == pytest.approx(10 / 6)
+    # per round (one verify pass each, what Eq. 1's E counts): 10 tokens in 5 rounds, whatever the prefill did
+    assert s.tokens_per_round == 2.0 and run_stats(rounds[:1], prefill_ms=50.0, total_ms=50.0).tokens_per_round == 2.0
     # fused into round 0's verify pass: 5 passes
     fused = run_stats([rnd(0, 90.0, prefill_tokens=30)] + rounds[1:], prefill_ms=90.0, total_ms=1000.0)
     assert fused.target_passes == 5 and fused.tokens_per_target_pass == 2.0
@@ -291,7 +293,8 @@ def test_draft_cost_uses_the_median_pass_and_passes_count_a_separate_prefill():
                    next_kind="plain", next_top_p=[], residual_top=None, emitted_ids=[1], draft_ms=0.0,
                    verify_ms=10.0, tokens_verified=int(i > 0)) for i in range(4)]
     ps = run_stats(plain, prefill_ms=10.0, total_ms=100.0)
-    assert ps.target_passes == 4 and ps.tokens_per_target_pass == 1.0
+    assert ps.target_passes == 4 and ps.tokens_per_target_pass == 1.0 and ps.tokens_per_round == 1.0
+    assert run_stats([], prefill_ms=0.0, total_ms=0.0).tokens_per_round is None
 
 
 def test_measured_run_record():

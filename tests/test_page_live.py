@@ -66,7 +66,12 @@ def test_step_one_round(tiny):
         assert list(df["p(x)"]) == pytest.approx([d.p for d in rnd.drafted])
     # statistics come from the decoder
     stats = dec.stats()
-    assert _metric(at, "Tokens per target pass") == f"{stats.tokens_per_target_pass:.2f}"
+    assert _metric(at, "Tokens per round") == f"{stats.tokens_per_round:.2f}"
+    # the figure beside Eq. 1 is tokens per round (each round one verify pass); the passes with the prompt's own
+    # are in its help
+    assert stats.tokens_per_round == stats.new_tokens / stats.rounds
+    tpr = next(m for m in at.metric if m.label == "Tokens per round")
+    assert f"took {stats.target_passes} target passes" in tpr.help
 
 
 def test_c_after_the_first_drafting_round_says_it_includes_the_prompt_pass(tiny):
@@ -109,7 +114,7 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert (t.rounds, t.accepted, t.drafted) == (s.rounds, s.accepted, s.drafted)
     # tokens per pass is compared with Eq. 1 at each round's own draft length (not at γ every round)
     from engine.explain.analytic import expected_tokens_per_round
-    tp = next(m for m in at.metric if m.label == "Tokens per target pass")
+    tp = next(m for m in at.metric if m.label == "Tokens per round")
     e_rounds = expected_tokens_per_round(s.acceptance_rate, [r.n_drafted for r in dec.rounds])
     assert tp.delta == f"formula at α̂: {e_rounds:.2f}" and f"With γ = {dec.gamma} drafted every round" in tp.help
     run = at.session_state["measured_run"]

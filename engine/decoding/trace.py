@@ -197,8 +197,12 @@ class RunStats:
             prefill when it ran as a pass of its own (plain decoding, the draft head, a decoder prefilled
             early) rather than fused into the first verify pass.
         tokens_per_target_pass: new tokens ÷ target_passes (bonus and corrections included). Plain
-            decoding gives exactly 1 (its prefill pass yields the first token), and the figure compares
-            with E, which counts tokens per round.
+            decoding gives exactly 1 (its prefill pass yields the first token). Over a short run the prompt's own
+            pass weighs much (one round of the draft head: 2 tokens ÷ 2 passes = 1.00), so the figure to set
+            beside E is ``tokens_per_round``.
+        tokens_per_round: new tokens ÷ rounds, each round one draft and one verify pass (the acceptance length
+            plus the target's own token; plain decoding 1): what E = (1 − α^(γ+1)) / (1 − α) predicts
+            (Leviathan et al. 2023, Eq. 1).
         acceptance_by_position: for draft position i (0-based), accepted ÷ times position i was
             evaluated, i.e. P(accept at i | all before accepted).
         draft_ms_per_token: draft time of all rounds ÷ draft tokens (ms per token; rounds that proposed
@@ -241,6 +245,7 @@ class RunStats:
     total_ms: float
     tokens_per_s: float | None
     drafts: int = 0
+    tokens_per_round: float | None = None
     accepted_at_position: list[int] = field(default_factory=list)
     judged_at_position: list[int] = field(default_factory=list)
 
@@ -295,6 +300,7 @@ def run_stats(rounds: list[Round], prefill_ms: float, total_ms: float) -> RunSta
         accepted_fraction=accepted / drafted if drafted else None,
         target_passes=n_passes,
         tokens_per_target_pass=new_tokens / n_passes if n_passes else None,
+        tokens_per_round=new_tokens / len(rounds) if rounds else None,
         acceptance_by_position=by_pos,
         draft_ms_per_token=draft_per_tok,
         verify_ms_mean=verify_mean,

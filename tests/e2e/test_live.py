@@ -33,7 +33,7 @@ def test_live_step_round(page, app_url):
     wait_idle(page)
     body = page.inner_text("body")
     assert "Round 2 in detail" in body
-    assert "Measured α̂" in body and "Tokens per target pass" in body
+    assert "Measured α̂" in body and "Tokens per round" in body
     assert "accepted draft token" in body and "target correction" in body  # the legend
     wait_url(page, "lv_draft=ngram", "lv_gamma=4")        # settings in the URL
     # the sidebar names the compute path; on the stream path with AVX-512 the weights' formats (the embedded
