@@ -378,6 +378,10 @@ def _section_batch() -> None:
                    "ignores KV-cache reads and attention, so real systems cross over earlier. The draft "
                    "step is charged c × a plain decode step at the same batch.")
     _section_batch_measured()
+    # after the sweep's text, controls and results (drawn between them it split the sweep in two)
+    from engine.decoding.models import resolve_device
+
+    _section_weight_bytes(_machine(resolve_device(None).type).bandwidth_gbs)
 
 # tick values of the bytes chart's log axes (plotly's own ticks label every digit on a short log range)
 LOG_TICKS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
@@ -400,7 +404,8 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
     lo, hi = 0.5 * min(sizes), 2 * max(sizes)
     xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
     fw.add_scatter(x=xs, y=[ceiling_tokens_per_s(bandwidth_gbs, x) for x in xs], mode="lines",
-                   name=f"ceiling: this machine's {bandwidth_gbs:.1f} GB/s ÷ bytes a token", line={"dash": "dash"})
+                   name=f"this machine's copy bandwidth ({bandwidth_gbs:.1f} GB/s) ÷ bytes a token",
+                   line={"dash": "dash"})
     fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.tokens_per_s for p in points], mode="markers+text",
                    text=[p.label.split(" (")[0] for p in points], textposition="top center",
                    name="plain decoding, measured",
@@ -511,7 +516,6 @@ def _section_batch_measured() -> None:
               help=f"Best of 3 fp32 {peaks.matmul_n} × {peaks.matmul_n} matrix products (2n³ FLOPs each).")
     m3.metric("A pass turns compute-bound from", f"≈ {peaks.ridge_tokens(4.0):,.0f} tokens",
               help="The ridge of the roofline for fp32 weights: 4 bytes · FLOP/s ÷ (2 · bandwidth).")
-    _section_weight_bytes(peaks.bandwidth_gbs)
     c1, c2, c3 = st.columns(3)
     c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
     c2.number_input("New tokens per sequence", 1, 64, step=1, key="wi_bs_tokens")

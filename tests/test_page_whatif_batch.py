@@ -206,8 +206,8 @@ def test_what_bytes_cost_draws_the_formats_under_the_bandwidth_line(patched):
     plain = next(t for t in fig["data"] if t["name"] == "plain decoding, measured")
     assert plain["x"] == pytest.approx([p.mb_per_token for p in points])
     assert plain["y"] == pytest.approx([p.tokens_per_s for p in points])
-    line = next(t for t in fig["data"] if t["name"].startswith("ceiling"))
-    bw = float(line["name"].split("this machine's ")[1].split(" GB/s")[0])
+    line = next(t for t in fig["data"] if t["name"].startswith("this machine's copy bandwidth"))
+    bw = float(line["name"].split("bandwidth (")[1].split(" GB/s")[0])
     assert line["y"][0] == pytest.approx(ceiling_tokens_per_s(bw, line["x"][0]), rel=0.01)
     curves = specs["A pass over k tokens, × a one-token pass, by weight format"]
     assert {t["name"] for t in curves["data"]} == {p.label for p in points}
