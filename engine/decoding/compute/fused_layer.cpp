@@ -325,14 +325,15 @@ class FusedLayer {
 }  // namespace
 
 void register_fused_layer(pybind11::module_& m) {
+  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;  // as small_linear.cpp's entries
   pybind11::class_<FusedLayer>(m, "FusedLayer")
       .def(pybind11::init<torch::Tensor, double, std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>,
                           std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>, torch::Tensor, double,
                           std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>, std::string,
                           std::vector<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
                           int64_t>())
-      .def("qkv", &FusedLayer::qkv, "RMSNorm, the fused q/k/v product and the rotary embedding: [q, k, v]")
-      .def("qkv_append", &FusedLayer::qkv_append,
+      .def("qkv", &FusedLayer::qkv, nogil(), "RMSNorm, the fused q/k/v product and the rotary embedding: [q, k, v]")
+      .def("qkv_append", &FusedLayer::qkv_append, nogil(),
            "qkv writing k and v into a cache block in place: (q, keys, values, True), else (q, k, v, False)")
-      .def("rest", &FusedLayer::rest, "attention, o_proj, residual, RMSNorm, gate/up, SiLU · up, down_proj, residual");
+      .def("rest", &FusedLayer::rest, nogil(), "attention, o_proj, residual, RMSNorm, gate/up, SiLU · up, down_proj, residual");
 }

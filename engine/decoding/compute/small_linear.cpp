@@ -549,14 +549,17 @@ std::vector<torch::Tensor> q41_pack(torch::Tensor w) {
 void register_fused_layer(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // Every entry lets go of Python's GIL while it computes (it touches no Python object): a Streamlit page's thread
+  // drawing in Python beside the room's worker otherwise held the worker back between its calls.
+  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   register_fused_layer(m);
-  m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (fp32, CPU)");
-  m.def("small_linear_f16", &small_linear_f16, "small_linear for weights stored exactly as fp16");
-  m.def("small_linear_q8", &small_linear_q8, "small_linear for weights stored exactly as int8 x fp32 scale per 32");
-  m.def("small_linear_q41", &small_linear_q41,
+  m.def("small_linear", &small_linear, nogil(), "y = x @ w.T + b for few rows (fp32, CPU)");
+  m.def("small_linear_f16", &small_linear_f16, nogil(), "small_linear for weights stored exactly as fp16");
+  m.def("small_linear_q8", &small_linear_q8, nogil(), "small_linear for weights stored exactly as int8 x fp32 scale per 32");
+  m.def("small_linear_q41", &small_linear_q41, nogil(),
         "small_linear for weights stored exactly as 4-bit codes x fp32 scale + fp32 min per 32 (GGUF Q4_1)");
-  m.def("q41_pack", &q41_pack, "the exact Q4_1 form of an fp32 weight (codes, scales, mins), or [] where none");
-  m.def("invariant_attention", &invariant_attention,
+  m.def("q41_pack", &q41_pack, nogil(), "the exact Q4_1 form of an fp32 weight (codes, scales, mins), or [] where none");
+  m.def("invariant_attention", &invariant_attention, nogil(),
         "causal decode attention whose every row is computed in a fixed order from its own keys (batch-invariant)");
-  m.def("compact_supported", &compact_supported, "whether the compact-weight entries work in this build");
+  m.def("compact_supported", &compact_supported, nogil(), "whether the compact-weight entries work in this build");
 }
