@@ -252,7 +252,7 @@ def player_html(race: Race, speed: float = 1.0, present: bool = False, nonce: in
     ``nonce`` changes the document so a new race (or a Replay from the page) starts a fresh player."""
     data = json_for_script(player_data(race, speed, present))
     return (_PLAYER.replace("__FONT__", "17px" if present else "14px")
-            .replace("__TEXT_H__", "74px" if present else "92px")
+            .replace("__TEXT_H__", "84px" if present else "120px")
             .replace("__NONCE__", str(int(nonce)))
             .replace("__DATA__", data))
 
@@ -415,8 +415,11 @@ a.span { cursor: pointer; } a.span:hover { outline: 2px solid #ff4b4b; outline-o
       const n = lane.ti;
       lane.cursor.style.left = pct(lt);
       lane.progIn.style.width = (100 * n / Math.max(L.tokens.length, 1)) + "%";
-      lane.text.scrollTop = lane.text.scrollHeight;
       const fin = t >= L.wall;
+      // while tokens arrive, the newest line in view; once the lane has ended, its beginning (both lanes' texts
+      // then read side by side from their first line)
+      if (!fin) lane.text.scrollTop = lane.text.scrollHeight;
+      else if (!lane.topped) { lane.text.scrollTop = 0; lane.topped = true; }
       const F = L.final;
       const tps = fin ? F.tokens_per_s : (n && lt > 0 ? n / (lt / 1000) : null);
       const passes = fin ? F.passes : lane.passes;

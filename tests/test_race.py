@@ -116,6 +116,20 @@ def test_spans_and_tokens_are_placed_exactly_from_the_step_and_its_measured_part
     assert [r.draft_steps for r in lane.rounds] == [3, 3, 3]  # one call per draft token (not a lookup or a block)
     assert survival(lane) == pytest.approx([2 / 3, 2 / 3, 1 / 3])
     assert lane_summary(lane)["wall_s"] == pytest.approx(0.154)
+    assert [m.text for m in lane.tokens] == [f"<{t}>" for t in range(11, 19)]
+
+
+def test_the_end_of_sequence_token_is_no_text_in_a_lane():
+    """A lane's token marks carry the text the player draws; the target's end-of-sequence token is none (it showed as
+    a raw "<|im_end|>" at the end of the lanes), as the lane's text leaves it out."""
+    from types import SimpleNamespace
+
+    clock = FakeClock()
+    dec = StubDecoder(clock, SCRIPT)
+    dec.target = SimpleNamespace(eos_token_ids={17})
+    lane = record_lane(dec, SPEC, "stub draft", clock=clock)
+    assert [m.text for m in lane.tokens] == [f"<{t}>" if t != 17 else "" for t in range(11, 19)]
+    assert [m.token_id for m in lane.tokens][6] == 17
 
 
 def test_a_span_never_runs_past_its_step():

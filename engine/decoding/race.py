@@ -292,8 +292,11 @@ def record_lane(decoder, kind: str, label: str, clock: Callable[[], float] = tim
                                 next_text="" if rnd.ended_in_draft else rnd.next_text, next_kind=rnd.next_kind,
                                 emitted=len(rnd.emitted_ids), others=others, prefill_tokens=rnd.prefill_tokens,
                                 rows=rows))
+        eos = getattr(getattr(decoder, "target", None), "eos_token_ids", ())
         for tok, origin in token_origins([rnd]):
-            marks.append(TokenMark(end, tok, decoder.token_text(tok), origin, rnd.index))
+            # the end of the sequence is no text (the lane's text leaves special tokens out, as the result does)
+            text = "" if tok in eos else decoder.token_text(tok)
+            marks.append(TokenMark(end, tok, text, origin, rnd.index))
     stats = decoder.stats()
     return Lane(kind=kind, label=label, wall_ms=end, total_ms=stats.total_ms, tokens=marks, spans=spans,
                 rounds=rounds, text=decoder.result().text, target_passes=stats.target_passes,
