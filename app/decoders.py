@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from app.threads import in_passing_thread
 from engine.decoding.block_drafter import check_block_size
 from engine.decoding import drafts  # looked up at each call: tests replace drafts.make_proposer
 from engine.decoding.models import EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA, LoadedModel
@@ -102,8 +103,11 @@ def make_decoder(target: LoadedModel, prompt: str, kind: str, *, baseline: bool 
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     ids = encode_prompt(target.tokenizer, prompt)
-    proposer = None if baseline else make_draft(kind, target, early_exit_k=early_exit_k, draft_model=draft_model,
-                                                gamma=gamma, confidence_gate=confidence_gate, load=load)
+    # a draft's first load computes (its weights' exact compact forms): in a thread that ends, not the page's
+    # (app.threads.in_passing_thread)
+    proposer = None if baseline else in_passing_thread(
+        lambda: make_draft(kind, target, early_exit_k=early_exit_k, draft_model=draft_model, gamma=gamma,
+                           confidence_gate=confidence_gate, load=load))
     extra = {}
     n_tree = tree
     if kind == "medusa" and not n_tree and not baseline:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.threads import in_passing_thread
 from engine.decoding.models import LoadedModel, load_model, load_tokenizer
 from engine.decoding.pass_cost import refresh_stale_pass_cost
 
@@ -19,11 +20,14 @@ def get_model(spec: str = "embedded", device: str | None = None, dtype: str | No
     # one bar for both stages: loading 0–70 %, then this machine's pass-cost curve 70–100 % (two bars would
     # jump from 100 % back to 17 % when the curve is measured after the load)
     show = (lambda lo, hi: lambda msg, frac: bar.progress(lo + (hi - lo) * min(max(frac, 0.0), 1.0), text=msg))
-    try:
+    def load() -> LoadedModel:
         target = load_model(spec, device=device, dtype=dtype, progress=show(0.0, 0.7))
         # this machine's curve, if stored under another row limit
         refresh_stale_pass_cost(target, progress=show(0.7, 1.0))
         return target
+
+    try:
+        return in_passing_thread(load)  # the page's own thread computes nothing in parallel (in_passing_thread)
     finally:
         bar.empty()
 

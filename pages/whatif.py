@@ -407,8 +407,8 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
                    name=f"this machine's copy bandwidth ({bandwidth_gbs:.1f} GB/s) ÷ bytes a token",
                    line={"dash": "dash"})
     fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.tokens_per_s for p in points], mode="markers+text",
-                   text=[p.label.split(" (")[0] for p in points], textposition="top center",
-                   name="plain decoding, measured",
+                   text=[p.label.split(" (")[0] for p in points], textposition="bottom center",
+                   name="plain decoding, measured",  # labels below: the draft head's marker may sit just above
                    marker={"size": 12})
     fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.head_tokens_per_s for p in points], mode="markers",
                    name="draft head, measured", marker={"size": 10, "symbol": "diamond"})
@@ -437,8 +437,8 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
             f"with {few.label}")
     over = above_ceiling(points, bandwidth_gbs)
     if not over:
-        roof = ("neither reaches the line: the rest of each step is arithmetic (each weight rebuilt from its block "
-                "before its multiply-add) and the pass's small operations")
+        roof = ("neither reaches the line: the rest of each step is arithmetic (the multiply-adds, and with the "
+                "blocks each weight rebuilt from its block first) and the pass's small operations")
     else:
         roof = (" and ".join(p.label for p in over) + " above the line, which is this machine's measured copy (a read "
                 "and a write of each byte); a decode step mostly reads, and the processor's last-level cache can hold "
