@@ -127,7 +127,11 @@ def test_a_round_of_the_recorded_race_opens_in_live(page, app_url):
     link.click()
     page.get_by_text("Round 5, opened by the link").first.wait_for(timeout=180_000)
     wait_idle(page, timeout_ms=180_000)
-    wait_url(page, "/live?", "lv_round=5", "lv_draft=head", "lv_gamma=2", "lv_preset=chat")
+    from engine.decoding.race import load_race
+    from tests.test_page_live_round import RECORDED
+
+    gamma = load_race(RECORDED).settings["gamma"]  # the recorded race's γ (this machine's default when recorded)
+    wait_url(page, "/live?", "lv_round=5", "lv_draft=head", f"lv_gamma={gamma}", "lv_preset=chat")
     assert page.get_by_text(re.compile(r"^Round 5: ")).count() >= 1
     assert page.get_by_text("Round 5 in detail").count() == 1
     shown = page.locator(".st-key-lv_generated").inner_text()
