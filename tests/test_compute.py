@@ -677,7 +677,8 @@ def test_streaming_kernel_without_avx512_is_correct_and_batch_invariant():
     if platform.machine() not in ("x86_64", "AMD64") or "avx2" not in flags or "fma" not in flags:
         pytest.skip("not an x86 CPU with AVX2 and FMA")
     name = "speedup_lab_small_linear_avx2_" + hashlib.sha256(
-        b"".join(f.read_bytes() for f in compute.KERNEL_SOURCES) + torch.__version__.encode()).hexdigest()[:12]
+        b"".join(f.read_bytes() for f in (*compute.KERNEL_SOURCES, *compute.extension.KERNEL_HEADERS))
+        + torch.__version__.encode()).hexdigest()[:12]
     folder = Path(cpp_extension.get_default_build_root()) / name
     folder.mkdir(parents=True, exist_ok=True)
     mod = cpp_extension.load(name=name, sources=[str(f) for f in compute.KERNEL_SOURCES], build_directory=str(folder),

@@ -57,14 +57,7 @@ def q41_path(tmp_path_factory):
 
 def _decode_logits(target, widths=(1, 3)):
     """Logits of a prefill and then cached passes of the given widths (each a batch-invariant decode pass)."""
-    lm = CachedLM(target.model, target.device, keep_hidden=True)
-    seq = list(PROMPT)
-    lm.logits_for(seq)
-    out = []
-    for i, w in enumerate(widths):
-        seq = seq + [11 + (3 * i + j) % 17 for j in range(w)]
-        out.append(lm.logits_for(seq, n_logits=w))
-    return out
+    return _decode_logits_with(CachedLM(target.model, target.device, keep_hidden=True), widths)
 
 
 def _fused_in_use(target) -> bool:
@@ -228,19 +221,3 @@ def _decode_logits_with(lm, widths=(1, 3, 2)):
         seq = seq + [11 + (3 * i + j) % 17 for j in range(w)]
         out.append(lm.logits_for(seq, n_logits=w))
     return out
-
-
-def test_a_model_made_under_inference_mode_decodes_on_the_fused_layer(q41_path):
-    """Weights made under ``torch.inference_mode`` (a draft built inside it) are inference tensors, which have no
-    version counter: the fused layer is made and checked without one (a Live page whose draft head had been built
-    inside inference mode raised "Inference tensors do not track version counter" at its first decode pass)."""
-    from transformers import AutoConfig, LlamaForCausalLM
-
-    with torch.inference_mode():
-        model = LlamaForCausalLM(AutoConfig.from_pretrained(str(q41_path))).eval()
-    assert all(p.is_inference() for p in model.parameters())
-    compute.apply_path(model, "stream")
-    target = type("T", (), {"model": model, "device": torch.device("cpu")})()
-    got = _decode_logits(target)
-    assert _fused_in_use(target) and all(torch.isfinite(g).all() for g in got)
-    assert all(torch.equal(a, b) for a, b in zip(got, _decode_logits(target)))

@@ -27,6 +27,8 @@ KERNEL_SOURCE = Path(__file__).with_name("small_linear.cpp")
 ATTENTION_SOURCE = Path(__file__).with_name("invariant_attention.cpp")
 FUSED_SOURCE = Path(__file__).with_name("fused_layer.cpp")
 KERNEL_SOURCES = (KERNEL_SOURCE, ATTENTION_SOURCE, FUSED_SOURCE)
+KERNEL_HEADERS = (Path(__file__).with_name("lanes.h"),)
+"""What the sources share (``lanes.h``): part of the build's name too, so a change to it builds the kernel again."""
 """The streaming kernel's extension: the products (``small_linear.cpp``), the batch-invariant decode attention
 (``invariant_attention.cpp``) and the decoder layer of a batch-invariant pass in two calls (``fused_layer.cpp``), built
 together once per machine."""
@@ -64,7 +66,7 @@ def kernel_name() -> str:
     measured again."""
     import hashlib
 
-    src = "".join(f.read_text() if f.exists() else "" for f in KERNEL_SOURCES)
+    src = "".join(f.read_text() if f.exists() else "" for f in (*KERNEL_SOURCES, *KERNEL_HEADERS))
     key = hashlib.sha1("|".join([src, " ".join(STREAM_CFLAGS), _cpu_flags(), torch.__version__])
                        .encode()).hexdigest()[:12]
     return f"speedup_lab_small_linear_{key}"

@@ -13,7 +13,7 @@
 // Every number is computed per row (a token of a sequence) by the same instructions whatever the other rows: the
 // norm's sum of squares in 16 lanes in dimension order, added as the fixed pairwise tree of small_linear.cpp, then
 // the tail; the products by the streaming kernel (its order does not depend on the row count); SiLU with the exp
-// polynomial of invariant_attention.cpp. So a row's result depends only on its own input, its own keys and values
+// polynomial of lanes.h (the attention's). So a row's result depends only on its own input, its own keys and values
 // and the weights: the same bits alone, in a verify pass over several tokens, and in the room's shared pass
 // (engine.decoding.invariance checks it on the machine). The values are within fp32 rounding of transformers'
 // layer, not bit for bit its values (PyTorch's reductions and exp are not written to be reproduced);
@@ -22,6 +22,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "lanes.h"  // v16, lanes_sum, exp_v16, StreamWeight, stream_product
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,67 +31,11 @@
 #include <tuple>
 #include <vector>
 
-// small_linear.cpp: a weight as its kernel reads it, and its product (the same struct there).
-struct StreamWeight {
-  int kind;
-  const void* w;
-  const float* s;
-  const float* mn;
-  int64_t N, K;
-};
-void stream_product(const float* X, const StreamWeight& W, const float* B, float* Y, int64_t M);
-
 // invariant_attention.cpp.
 torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cols,
                                   torch::Tensor n_cols, torch::Tensor n_fed, double scale);
 
 namespace {
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
-
-inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-
-inline v16 load(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof(v16));
-  return v;
-}
-
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v16)); }
-
-inline float lanes_sum(v16 v) {  // the fixed pairwise tree of small_linear.cpp
-  float a0 = v[0] + v[8], a1 = v[1] + v[9], a2 = v[2] + v[10], a3 = v[3] + v[11];
-  float a4 = v[4] + v[12], a5 = v[5] + v[13], a6 = v[6] + v[14], a7 = v[7] + v[15];
-  float b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
-  return (b0 + b2) + (b1 + b3);
-}
-
-// e^x for 16 lanes: invariant_attention.cpp's polynomial (Cephes' expf, about 1 ulp), the same operations for every
-// lane and call. Lanes below −87.3 give 0, above 88.4 e^88.4.
-inline v16 exp_v16(v16 x) {
-  const v16 lo = splat(-87.33654f), hi = splat(88.37626f);
-  v16 xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
-  v16 t = xc * splat(1.44269504088896341f);
-  t = t + (t < splat(0.0f) ? splat(-0.5f) : splat(0.5f));
-  i16 n = __builtin_convertvector(t, i16);
-  v16 fn = __builtin_convertvector(n, v16);
-  v16 r = xc - fn * splat(0.693359375f);
-  r = r - fn * splat(-2.12194440e-4f);
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  v16 y = p * (r * r) + r + splat(1.0f);
-  i16 bits = (n + 127) << 23;
-  v16 two_n;
-  std::memcpy(&two_n, &bits, sizeof(v16));
-  v16 e = y * two_n;
-  return x < lo ? splat(0.0f) : e;
-}
 
 // y = w · (x · 1/√(mean(x²) + eps)) for one row of H values (transformers' LlamaRMSNorm, its operations in its order,
 // the mean's sum in this file's order).
@@ -97,7 +43,7 @@ void rms_norm(const float* x, const float* w, float eps, float* y, int64_t H) {
   const int64_t H16 = H / 16 * 16;
   v16 acc = splat(0.0f);
   for (int64_t k = 0; k < H16; k += 16) {
-    const v16 v = load(x + k);
+    const v16 v = load16(x + k);
     acc += v * v;
   }
   float ss = lanes_sum(acc);
@@ -112,15 +58,15 @@ void silu_mul(const float* g, const float* u, float* out, int64_t n) {
   const v16 one = splat(1.0f);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const v16 gv = load(g + i);
-    store(out + i, gv / (one + exp_v16(-gv)) * load(u + i));
+    const v16 gv = load16(g + i);
+    store16(out + i, gv / (one + exp_v16(-gv)) * load16(u + i));
   }
   if (i < n) {
     float gt[16] = {0}, ut[16] = {0}, ot[16];
     std::memcpy(gt, g + i, (n - i) * sizeof(float));
     std::memcpy(ut, u + i, (n - i) * sizeof(float));
-    const v16 gv = load(gt);
-    store(ot, gv / (one + exp_v16(-gv)) * load(ut));
+    const v16 gv = load16(gt);
+    store16(ot, gv / (one + exp_v16(-gv)) * load16(ut));
     std::memcpy(out + i, ot, (n - i) * sizeof(float));
   }
 }

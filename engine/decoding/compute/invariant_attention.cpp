@@ -21,6 +21,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "lanes.h"  // v16, lanes_sum, exp_v16
+
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -28,62 +30,16 @@
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
-
-inline float lanes_sum(v16 v) {  // the same fixed pairwise tree as small_linear.cpp
-  float a0 = v[0] + v[8], a1 = v[1] + v[9], a2 = v[2] + v[10], a3 = v[3] + v[11];
-  float a4 = v[4] + v[12], a5 = v[5] + v[13], a6 = v[6] + v[14], a7 = v[7] + v[15];
-  float b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
-  return (b0 + b2) + (b1 + b3);
-}
-
 inline float lanes_max(v16 v) {  // exact whatever the order
   float m = v[0];
   for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
   return m;
 }
 
-inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-
-// e^x for 16 lanes (Cephes' expf: x = n·ln 2 + r, a degree-5 polynomial in r, × 2^n; about 1 ulp). Lanes below
-// −87.3 (e^x below fp32's normal range, −inf included) give 0. The same operations for every lane and every call.
-inline v16 exp_v16(v16 x) {
-  const v16 lo = splat(-87.33654f), hi = splat(88.37626f);
-  v16 xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
-  v16 t = xc * splat(1.44269504088896341f);
-  t = t + (t < splat(0.0f) ? splat(-0.5f) : splat(0.5f));
-  i16 n = __builtin_convertvector(t, i16);  // round half away from zero
-  v16 fn = __builtin_convertvector(n, v16);
-  v16 r = xc - fn * splat(0.693359375f);
-  r = r - fn * splat(-2.12194440e-4f);
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  v16 y = p * (r * r) + r + splat(1.0f);
-  i16 bits = (n + 127) << 23;
-  v16 two_n;
-  std::memcpy(&two_n, &bits, sizeof(v16));
-  v16 e = y * two_n;
-  return x < lo ? splat(0.0f) : e;
-}
-
-inline v16 load(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof(v16));
-  return v;
-}
-
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v16)); }
-
 inline float dot(const float* a, const float* b, int64_t D) {
   const int64_t D16 = D / 16 * 16;
   v16 acc = splat(0.0f);
-  for (int64_t d = 0; d < D16; d += 16) acc += load(a + d) * load(b + d);
+  for (int64_t d = 0; d < D16; d += 16) acc += load16(a + d) * load16(b + d);
   float s = lanes_sum(acc);
   for (int64_t d = D16; d < D; ++d) s += a[d] * b[d];
   return s;
@@ -103,8 +59,8 @@ inline float score(const float* q, const float* key, int64_t D) {
   if constexpr (NV == 0) {
     return dot(q, key, D);
   } else {
-    v16 acc = load(q) * load(key);
-    for (int i = 1; i < NV; ++i) acc += load(q + 16 * i) * load(key + 16 * i);
+    v16 acc = load16(q) * load16(key);
+    for (int i = 1; i < NV; ++i) acc += load16(q + 16 * i) * load16(key + 16 * i);
     return lanes_sum(acc);
   }
 }
@@ -129,14 +85,14 @@ void attend(const Rows& a, int64_t first, int64_t last) {
       for (int64_t c = 0; c < n; ++c) e[c] = score<NV>(qj, kb + rc[c] * a.ksl, D) * a.scale;
       v16 mv = splat(-std::numeric_limits<float>::infinity());
       for (int64_t c = 0; c < padded; c += 16) {
-        v16 x = load(e.data() + c);
+        v16 x = load16(e.data() + c);
         mv = x > mv ? x : mv;
       }
       const v16 m = splat(lanes_max(mv));
       v16 sv = splat(0.0f);
       for (int64_t c = 0; c < padded; c += 16) {
-        v16 x = exp_v16(load(e.data() + c) - m);
-        store(e.data() + c, x);
+        v16 x = exp_v16(load16(e.data() + c) - m);
+        store16(e.data() + c, x);
         sv += x;
       }
       const float inv = 1.0f / lanes_sum(sv);
@@ -147,15 +103,15 @@ void attend(const Rows& a, int64_t first, int64_t last) {
         for (int64_t c = 0; c < n; ++c) {
           const float* vc = vb + rc[c] * a.vsl;
           const v16 w = splat(e[c]);
-          for (int i = 0; i < NV; ++i) acc[i] += w * load(vc + 16 * i);
+          for (int i = 0; i < NV; ++i) acc[i] += w * load16(vc + 16 * i);
         }
-        for (int i = 0; i < NV; ++i) store(oj + 16 * i, acc[i] * splat(inv));
+        for (int i = 0; i < NV; ++i) store16(oj + 16 * i, acc[i] * splat(inv));
       } else {
         for (int64_t d = 0; d < D; ++d) tail[d] = 0.0f;
         for (int64_t c = 0; c < n; ++c) {
           const float* vc = vb + rc[c] * a.vsl;
           const v16 w = splat(e[c]);
-          for (int64_t d = 0; d < D16; d += 16) store(tail.data() + d, load(tail.data() + d) + w * load(vc + d));
+          for (int64_t d = 0; d < D16; d += 16) store16(tail.data() + d, load16(tail.data() + d) + w * load16(vc + d));
           for (int64_t d = D16; d < D; ++d) tail[d] += e[c] * vc[d];
         }
         for (int64_t d = 0; d < D; ++d) oj[d] = tail[d] * inv;

@@ -21,6 +21,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "lanes.h"  // v16, lanes_sum, StreamWeight
+
 #include <algorithm>
 #include <vector>
 #include <atomic>
@@ -39,15 +41,6 @@
 #define SPEEDUP_LAB_COMPACT 256
 #endif
 
-typedef float v16 __attribute__((vector_size(64)));
-
-// The 16 lanes added as a fixed pairwise tree (short dependency chains; the same order for every output).
-static inline float lanes_sum(v16 v) {
-  float a0 = v[0] + v[8], a1 = v[1] + v[9], a2 = v[2] + v[10], a3 = v[3] + v[11];
-  float a4 = v[4] + v[12], a5 = v[5] + v[13], a6 = v[6] + v[14], a7 = v[7] + v[15];
-  float b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
-  return (b0 + b2) + (b1 + b3);
-}
 
 // Weight rows are prefetched this many blocks ahead (measured on the AMD EPYC: 2 blocks beat 0 and 4 for
 // 1-16 rows; a prefetch past the end of the weight is harmless, prefetches never fault), into the outer
@@ -330,17 +323,6 @@ static void run(const float* X, const L& W, const float* B, float* Y, int64_t K,
   });
   for (int64_t n0 = full * kRows; n0 < N; ++n0) rows<1>(X, W, B, Y, K, M, N, n0);
 }
-
-// A weight as the kernel reads it, for callers inside this extension (fused_layer.cpp declares the same struct):
-// kind 0 fp32 [N, K] (w), 1 fp16 [N, K] (w), 2 Q8 (w int8 [N, K], s [N, K / 32]), 3 Q41 (w uint8 [N, K / 2],
-// s and mn [N, K / 32]).
-struct StreamWeight {
-  int kind;
-  const void* w;
-  const float* s;
-  const float* mn;
-  int64_t N, K;
-};
 
 // y [M, N] = x [M, K] · Wᵀ (+ b): the same products, in the same order, as the Python entries below.
 void stream_product(const float* X, const StreamWeight& W, const float* B, float* Y, int64_t M) {
