@@ -81,6 +81,34 @@ class BigramLM(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
+def save_q41_exact_llama(path, seed=0, **config):
+    """A tiny Llama (hidden 64, so every input size is a multiple of 32; ``config``: LlamaConfig fields to set, e.g.
+    biases) whose linear weights in the layers are exactly GGUF Q4_1 blocks (fp16 d and m, codes 0-15, d · q + m in
+    fp32), saved to ``path`` with the tiny models' tokenizer."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    save_tiny_llama(path, layers=2, seed=seed, hidden=64, init=0.2)
+    cfg = AutoConfig.from_pretrained(str(path))
+    for k, v in config.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "layers" in name:
+                n, k = p.shape
+                q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
+                q[..., 3], q[..., 7] = 0, 15  # each block holds its minimum and maximum, as a quantizer's do
+                d = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
+                m = (-7.5 * d).half().float()
+                p.copy_((q * d[..., None] + m[..., None]).view(n, k))
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1, generator=gen)
+    model.save_pretrained(path)
+    return path
+
+
 def bigram_loaded(table: torch.Tensor, words: list[str] | None = None) -> LoadedModel:
     """Wrap a [V, V] bigram table as a LoadedModel with a matching word tokenizer.
 

@@ -355,8 +355,9 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
     model = _from_pretrained(AutoModelForCausalLM, source, dtype=dt)
     model.to(dev).eval()
     progress("Choosing this machine's compute path…", 0.95)
+    # release: a loaded model's weights that the kernel reads from exact compact forms keep no fp32 copy
     path = use_path(model, choose_path(model, compute, store=cache_root() / "compute_paths.json",
-                                       progress=lambda msg: progress(msg, 0.95)))
+                                       progress=lambda msg: progress(msg, 0.95)), release=True)
     if dt != torch.float32:  # e.g. the embedded model's name says "dequantized to fp32"
         name = f"{name}, run in {str(dt).removeprefix('torch.')}"
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:

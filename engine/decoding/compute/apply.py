@@ -14,10 +14,11 @@ from torch import nn
 
 from engine.decoding.compute import extension, onednn, products
 from engine.decoding.compute.extension import STREAM_MAX_ROWS, stream_kernel
-from engine.decoding.compute.formats import COMPACT_ATTR, _compact_fresh, compact_weight
+from engine.decoding.compute.dense import embedding_pointers, release_linear, restore_dense
+from engine.decoding.compute.formats import COMPACT_ATTR, _compact_fresh, compact_weight, dense_values
 from engine.decoding.compute.fusion import FusedFollowerLinear, FusedLeadLinear, _fuse_siblings
 from engine.decoding.compute.lean import _lean_layers
-from engine.decoding.compute.memory import _own_memory
+from engine.decoding.compute.memory import _own_memory, drop_mapped_pages, trim_memory
 from engine.decoding.compute.onednn import PACKED_ATTR, _pin_fp32
 from engine.decoding.compute.products import OneDNNLinear
 from engine.errors import InputError
@@ -49,6 +50,9 @@ class ComputePath:
             with ≥ ``PACK_MIN_ROWS`` rows have run (``_packed``; set by ``use_path``); 0 otherwise.
         formats: on "stream", the weight formats a decode step reads (``weight_formats``: matrices per form, bytes
             read, bytes as fp32; set by ``use_path``); empty otherwise.
+        released_bytes: fp32 storage not kept because the kernel reads those weights from their exact compact forms
+            at every row count (``use_path(release=True)``, ``dense.release_dense``; the embedded target's layers:
+            425 MB); 0 otherwise.
     """
 
     path: str
@@ -61,6 +65,7 @@ class ComputePath:
     rows_ms: dict = field(default_factory=dict)
     packable_bytes: int = 0
     formats: dict = field(default_factory=dict)
+    released_bytes: int = 0
 
     def formats_label(self) -> str:
         """How the streaming kernel reads the weights of a decode step, e.g. "weights read as GGUF Q4_1 blocks
@@ -88,6 +93,8 @@ class ComputePath:
         the name and the reason without its timing details."""
         extra = f"; {self.formats_label()}" if self.formats_label() else ""
         extra += f"; exact compact copies of weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
+        extra += (f"; fp32 copies of those weights not kept: −{self.released_bytes / 1e6:.0f} MB"
+                  if self.released_bytes else "")
         if self.packable_bytes:
             extra += (f"; packed copies for products of ≥ {onednn.PACK_MIN_ROWS} rows, made on first use: "
                       f"up to +{self.packable_bytes / 1e6:.0f} MB")
@@ -146,11 +153,12 @@ def self_check(modules, rows: tuple[int, ...] = (1, 3, 16), kernel: str = "onedn
         for shape, m in shapes.items():
             for r in rows:
                 x = torch.randn(1, r, shape[1], generator=gen)
+                w = dense_values(m.weight)  # a released weight's values, rebuilt (dense.release_dense)
                 try:
-                    got = op(x, m.weight, m.bias)
+                    got = op(x, w, m.bias)
                 except RuntimeError as e:
                     return f"{name} failed on a {shape[0]}×{shape[1]} product: {str(e).splitlines()[0]}"
-                ref = F.linear(x, m.weight, m.bias)
+                ref = F.linear(x, w, m.bias)
                 err = float((got - ref).abs().max()) / max(1.0, float(ref.abs().max()))
                 if not err <= TOLERANCE:
                     return (f"{name} disagreed with F.linear by {err:.1e} (relative) on a {shape[0]}×{shape[1]} "
@@ -158,10 +166,15 @@ def self_check(modules, rows: tuple[int, ...] = (1, 3, 16), kernel: str = "onedn
     return None
 
 
-def apply_path(modules, path: str) -> None:
+def apply_path(modules, path: str, release: bool = False) -> int:
     """Route every ``nn.Linear`` inside ``modules`` through ``path`` ("default", "onednn" or "stream"), in
     place, and make ``path`` the process's active path for ``linear`` and every fast layer (one path per
     process: the last one applied; "stream" builds the kernel if needed and takes oneDNN where it cannot).
+
+    With ``release`` on "stream", each weight the kernel reads from an exact compact form lets its fp32 storage go as
+    soon as the form is made (``dense.release_linear``: a fused group right after it is stacked, the others before
+    the checkpoint's mapping is copied into own memory), so the load's peak memory is one stacked group above the
+    checkpoint's, not a second copy of the model. Returns the bytes released (0 without ``release``).
 
     Raises:
         InputError: for an unknown path.
@@ -170,6 +183,7 @@ def apply_path(modules, path: str) -> None:
         raise InputError(f"Unknown compute path {path!r}; use one of {', '.join(PATHS)}.")
     if path == "stream":
         stream_kernel()
+    restore_dense(modules)  # a path starts from every weight's fp32 values; use_path(release=True) lets them go again
     cls = nn.Linear if path == "default" else OneDNNLinear
     if path != "default":
         _pin_fp32()
@@ -177,18 +191,57 @@ def apply_path(modules, path: str) -> None:
         if type(m) in _OURS:  # leave subclasses with their own forward alone
             m.__class__ = cls
             m.__dict__.pop("_pending", None)
+    released = 0
     if path != "default":
-        _fuse_siblings(modules)
+        settle, former = None, []
+        if release and path == "stream":
+            embedded = embedding_pointers(modules)
+
+            def settle(m: nn.Module, originals=()) -> None:
+                nonlocal released
+                _compact(m)
+                released += release_linear(m, embedded, former)
+                former.extend(originals)
+                if len(former) >= SETTLE_BATCH:
+                    _let_go(former)
+        _fuse_siblings(modules, settle=settle)
+        if settle is not None:
+            for m in _linears(modules):
+                if type(m) not in (FusedLeadLinear, FusedFollowerLinear):
+                    settle(m)
+            _let_go(former)
         _own_memory(modules)
     _lean_layers(modules, on=path != "default")
     products._ACTIVE["path"] = path
     if path == "stream":
         for m in _linears(modules):
-            if type(m) is FusedFollowerLinear:
-                continue  # its lead's fused weight holds its rows
-            w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
-            if w is not None and not _compact_fresh(w):
-                compact_weight(w)
+            _compact(m)
+    if released:
+        trim_memory()
+    return released
+
+
+SETTLE_BATCH = 8
+"""Former weights let go together while a path is applied with ``release``: a checkpoint's mapping is read once per
+batch (``memory.drop_mapped_pages``), not per weight (120 reads of ``/proc/self/maps`` took 0.3 s of a load)."""
+
+
+def _let_go(former: list) -> None:
+    """Drop the pages of a checkpoint's mapping that ``former`` (weights nothing reads any more) occupy, empty it and
+    hand the C heap's free pages back (the stacked copies just released)."""
+    drop_mapped_pages(former)
+    former.clear()
+    trim_memory()
+
+
+def _compact(m: nn.Module) -> None:
+    """Give a linear layer's weight (a fused lead's stacked weight) its exact compact form unless it has a fresh
+    one (a follower's rows are its lead's)."""
+    if type(m) is FusedFollowerLinear:
+        return
+    w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
+    if w is not None and not _compact_fresh(w):
+        compact_weight(w)
 
 
 _OURS = (nn.Linear, OneDNNLinear, FusedLeadLinear, FusedFollowerLinear)
@@ -210,10 +263,14 @@ def active_stream_rows() -> int | None:
     return extension._STREAM.get("applied_rows") if products._ACTIVE["path"] == "stream" else None
 
 
-def use_path(modules, choice: ComputePath) -> ComputePath:
+def use_path(modules, choice: ComputePath, release: bool = False) -> ComputePath:
     """Apply ``choice`` to ``modules`` (a model, a draft head, Medusa heads) and return it; on "stream" its
-    measured row limit becomes the process's (one limit per process, as one path: the last one applied)."""
-    apply_path(modules, choice.path)
+    measured row limit becomes the process's (one limit per process, as one path: the last one applied). With
+    ``release`` (a loaded model that will not be trained), on "stream" the fp32 storage of every weight the kernel
+    reads from an exact compact form is let go (``dense.release_dense``; ``ComputePath.released_bytes``)."""
+    released = apply_path(modules, choice.path, release=release)
+    if released != choice.released_bytes:
+        choice = replace(choice, released_bytes=released)
     if choice.path == "stream":
         extension._STREAM["max_rows"] = extension._STREAM["applied_rows"] = int(choice.stream_rows)
         extra = compact_bytes(modules)
@@ -279,7 +336,8 @@ def _packable_bytes(modules) -> int:
         if type(m) is FusedFollowerLinear or type(m) not in (OneDNNLinear, FusedLeadLinear):
             continue
         w = m.__dict__.get("_fused_weight") if type(m) is FusedLeadLinear else m.weight
-        if w is not None and w.device.type == "cpu" and w.dtype == torch.float32 and w.data_ptr() not in seen:
+        if (w is not None and w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous()
+                and w.data_ptr() not in seen):
             seen.add(w.data_ptr())
             total += w.numel() * 4
     return total

@@ -7,7 +7,7 @@ applied (``engine.decoding.compute.apply``: ``compact_bytes``, ``weight_formats`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -162,3 +162,50 @@ def _exact_q41(w: torch.Tensor):
 def _compact_fresh(weight: torch.Tensor) -> bool:
     c = weight.__dict__.get(COMPACT_ATTR)
     return c is not None and c.ptr == weight.data_ptr() and c.version == weight._version
+
+
+DENSE_FROM_ATTR = "_dense_from"
+"""On a released weight (``dense.release_dense``): (the tensor holding the compact form, its first row, rows, whether
+the weight required gradients before): where its values are rebuilt from."""
+
+
+def rebuild(form, rows: slice | None = None) -> torch.Tensor:
+    """The fp32 values [N, K] of a compact form (``CompactWeight``; ``rows``: only those rows), with the kernel's
+    arithmetic, so exactly the values each form's check compared when it was made (``compact_weight``): fp16 values
+    widened; Q8_0 int8 · scale (one product, as ``_exact_q8``); Q4_1 d · q + m (d · q exact in fp32, one rounding of
+    the sum, as ``small_linear.cpp``'s ``Q41`` and ``q41_pack``). Byte i of a Q4_1 block of 32 holds value i (low
+    nibble) and value i + 16 (high nibble)."""
+    if rows is not None:
+        form = replace(form, tensors=tuple(t[rows] for t in form.tensors))
+    if form.kind == "f16":
+        return form.tensors[0].float()
+    if form.kind == "q8":
+        values, scales = form.tensors
+        n, k = values.shape
+        return (values.float().view(n, k // 32, 32) * scales[..., None]).view(n, k)
+    if form.kind == "q41":
+        codes, scales, mins = form.tensors
+        n = codes.shape[0]
+        blocks = codes.view(n, -1, 16)
+        q = torch.cat([blocks & 15, blocks >> 4], dim=-1).float()  # [n, K / 32, 32]
+        return (q * scales[..., None] + mins[..., None]).view(n, -1)
+    raise ValueError(f"no rebuild for compact form {form.kind!r}")
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two fp32 tensors hold the same bits (signed zeros and NaN payloads included)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+
+
+def is_released(weight: torch.Tensor) -> bool:
+    """Whether ``weight``'s fp32 storage was released (``release_dense``) and not replaced since."""
+    return DENSE_FROM_ATTR in weight.__dict__ and weight.dim() == 2 and weight.stride() == (0, 0)
+
+
+def dense_values(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` itself, or for a released one its fp32 values rebuilt from the compact form (a new tensor, not
+    kept): what ``F.linear`` and a state dict need."""
+    if not is_released(weight):
+        return weight
+    holder, start, rows, _ = weight.__dict__[DENSE_FROM_ATTR]
+    return rebuild(holder.__dict__[COMPACT_ATTR])[start:start + rows]

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.decoding.compute.formats import dense_values
 from engine.decoding.compute.products import OneDNNLinear, _fast, _fast_ok
 
 
@@ -23,7 +24,7 @@ class FusedLeadLinear(OneDNNLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         if not _fast_ok(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, dense_values(self.weight), self.bias)
         out = _fast(x, self._fused_weight, self._fused_bias)
         parts = out.split(self._fused_sizes, dim=-1)
         for follower, part in zip(self._followers, parts[1:]):
@@ -47,9 +48,12 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 (transformers' ``LlamaAttention.forward`` and ``LlamaMLP.forward``)."""
 
 
-def _fuse_siblings(modules) -> int:
+def _fuse_siblings(modules, settle=None) -> int:
     """Fuse each group of ``SIBLINGS`` found in ``modules`` (plain or oneDNN linears, same input size, dtype
-    and device, all with or all without bias). Returns the number of groups fused."""
+    and device, all with or all without bias), calling ``settle(lead, former weights)`` after each group is fused
+    (``apply_path`` gives it its compact form, lets its fp32 storage go and drops the former weights' pages of a
+    checkpoint's mapping, so at most a few stacked copies are in memory beside the model). Returns the number of
+    groups fused."""
     roots = [modules] if isinstance(modules, nn.Module) else list(modules)
     n = 0
     for root in roots:
@@ -64,24 +68,29 @@ def _fuse_siblings(modules) -> int:
                         or len({m.bias is None for m in mods}) != 1):
                     continue
                 lead = mods[0]
+                originals = []
                 if _still_fused(lead, mods):  # fused before and switched back: the same stacked weight again
                     fused, bias, sizes = lead._fused_weight, lead._fused_bias, lead._fused_sizes
                 else:
-                    fused, bias, sizes = _stack(mods)
+                    fused, bias, sizes, originals = _stack(mods)
                 lead.__class__ = FusedLeadLinear
                 lead._fused_weight, lead._fused_bias, lead._fused_sizes = fused, bias, sizes
                 lead._followers = mods[1:]
                 for m in mods[1:]:
                     m.__class__ = FusedFollowerLinear
+                if settle is not None:
+                    settle(lead, originals)
                 n += 1
     return n
 
 
-def _stack(mods) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+def _stack(mods) -> tuple[torch.Tensor, torch.Tensor | None, list[int], list[torch.Tensor]]:
     """Stack sibling linears' weights (and biases) into one tensor; the siblings' parameters become views into it
-    (no extra memory; their parameters and state dict are unchanged). Returns (weight, bias, rows per sibling)."""
+    (no extra memory; their parameters and state dict are unchanged). Returns (weight, bias, rows per sibling, the
+    siblings' former weights)."""
     with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable in training too
-        fused = torch.cat([m.weight.detach() for m in mods])
+        originals = [m.weight.detach() for m in mods]
+        fused = torch.cat(originals)
         bias = None if mods[0].bias is None else torch.cat([m.bias.detach() for m in mods])
         sizes, start = [], 0
         for m in mods:  # the siblings' weights become views into the stacked weight
@@ -91,7 +100,7 @@ def _stack(mods) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
                 m.bias.data = bias[start:start + rows]
             sizes.append(rows)
             start += rows
-    return fused, bias, sizes
+    return fused, bias, sizes, originals
 
 
 def _still_fused(lead: nn.Module, mods) -> bool:

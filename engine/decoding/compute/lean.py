@@ -156,7 +156,8 @@ def _fused_layer(layer: nn.Module):
     sizes = lead._fused_sizes
     if (len(sizes) == 3 and sizes[1] == sizes[2] and len(gate._fused_sizes) == 2
             and gate._fused_sizes[0] == gate._fused_sizes[1] and isinstance(mlp.act_fn, _SILU())
-            and all(w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() for w in weights)
+            and all(w.dtype == torch.float32 and w.device.type == "cpu"
+                    and (w.is_contiguous() or _form(w)[0] != "fp32") for w in weights)
             and layer.input_layernorm.weight.shape == layer.post_attention_layernorm.weight.shape
             and getattr(attn.config, "partial_rotary_factor", 1.0) in (None, 1.0)):
         def bias(b):

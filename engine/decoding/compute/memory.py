@@ -51,3 +51,60 @@ def _own_memory(modules) -> int:
                     prm.data = prm.data.clone()
                     copied += prm.numel() * prm.element_size()
     return copied
+
+
+_PAGE = 4096
+_MADV_DONTNEED = 4
+_LIBC = None
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+            _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    return _LIBC
+
+
+def drop_mapped_pages(tensors) -> int:
+    """Drop from this process's memory the pages of a checkpoint's mapping that ``tensors`` (CPU tensors nothing
+    reads any more: weights just copied into a stacked weight or released) occupy, whole pages only (``madvise``
+    ``MADV_DONTNEED`` on a private file mapping: a page read again would come back from the file, unchanged).
+    Memory outside a ``.safetensors`` mapping is never touched. Returns the bytes dropped (0 where not Linux/glibc).
+
+    Why: the mapping stays until the last weight that points into it is copied, and every page read so far stays
+    resident until then: measured on the AMD EPYC while loading the embedded model, 497 MB of the checkpoint's
+    mapping were resident beside the compact forms made from it, most of the load's peak."""
+    ranges = _file_ranges()
+    libc = _libc() if ranges else None
+    if not libc:
+        return 0
+    dropped = 0
+    for t in tensors:
+        lo = t.data_ptr()
+        hi = lo + t.numel() * t.element_size()
+        if not any(a <= lo and hi <= b for a, b in ranges):
+            continue
+        start, end = -(-lo // _PAGE) * _PAGE, hi // _PAGE * _PAGE
+        if end > start and libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+            dropped += end - start
+    return dropped
+
+
+def trim_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``); False where there is no glibc.
+
+    Why: released weights were the C heap's (PyTorch's CPU allocator is malloc), and glibc keeps freed chunks below
+    its mmap threshold, which rises to 32 MB after large frees: measured on the AMD EPYC, releasing the embedded
+    model's 425 MB of layers lowered the process's RSS by 200 MB until trimmed."""
+    libc = _libc()
+    if not libc:
+        return False
+    libc.malloc_trim(0)
+    return True

@@ -12,7 +12,7 @@ from torch import nn
 
 from engine.decoding.compute import extension, invariant, onednn
 from engine.decoding.compute.extension import STREAM_MAX_ROWS
-from engine.decoding.compute.formats import COMPACT_ATTR, compact_weight
+from engine.decoding.compute.formats import COMPACT_ATTR, compact_weight, dense_values
 from engine.decoding.compute.onednn import _packed
 
 _ACTIVE = {"path": "default"}
@@ -31,7 +31,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if _ACTIVE["path"] != "default" and _fast_ok(x, weight):
         return _fast(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return F.linear(x, dense_values(weight), bias)
 
 
 def prepare_weight(weight: torch.Tensor) -> None:
@@ -53,11 +53,13 @@ def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
         y = _stream(x, weight, bias)
         if y is not None:
             return y
+    if weight.stride() == (0, 0) and weight.numel() > 1:  # released (``dense.release_dense``): its values rebuilt
+        return F.linear(x, dense_values(weight), bias)
     if onednn._ONEDNN_OP is not None and x.dim() >= 2:
         if x.numel() >= onednn.PACK_MIN_ROWS * x.shape[-1]:
             weight = _packed(weight)
         return onednn._ONEDNN_OP(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    return F.linear(x, dense_values(weight), bias)
 
 
 def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -66,14 +68,19 @@ def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     exact compact form (``compact_weight``) is read from that form: the same output bits, fewer bytes."""
     op = extension._STREAM["op"]
     k = x.shape[-1]
-    if op is None or k == 0 or not weight.is_contiguous():
+    if op is None or k == 0:
         return None
     rows = x.numel() // k
-    if rows > extension._STREAM.get("max_rows", STREAM_MAX_ROWS) and not getattr(invariant._INVARIANT, "on", False):
-        return None
     c = weight.__dict__.get(COMPACT_ATTR)
     if c is not None and c.ptr == weight.data_ptr() and c.version == weight._version:  # _compact_fresh, inlined
-        return c.op(x.reshape(rows, k), *c.tensors, bias).view(*x.shape[:-1], weight.shape[0])
+        # a released weight (``dense.release_dense``) has nothing else to read: its compact form serves any rows
+        if (rows <= extension._STREAM.get("max_rows", STREAM_MAX_ROWS) or weight.stride() == (0, 0)
+                or getattr(invariant._INVARIANT, "on", False)):
+            return c.op(x.reshape(rows, k), *c.tensors, bias).view(*x.shape[:-1], weight.shape[0])
+        return None
+    if not weight.is_contiguous() or (rows > extension._STREAM.get("max_rows", STREAM_MAX_ROWS)
+                                      and not getattr(invariant._INVARIANT, "on", False)):
+        return None
     return op(x.reshape(rows, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
@@ -88,11 +95,11 @@ class OneDNNLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - nn.Linear's
         if _fast_ok(x, self.weight):
             return _fast(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, dense_values(self.weight), self.bias)
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """What a fast linear layer's forward computes for this weight (``OneDNNLinear.forward``)."""
     if _fast_ok(x, weight):
         return _fast(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return F.linear(x, dense_values(weight), bias)
