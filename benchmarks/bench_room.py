@@ -238,11 +238,12 @@ def _in_thread(fn):
     return box.get("out")
 
 
-def engine_room(k: int, max_new: int) -> dict:
+def engine_room(k: int, max_new: int, no_draft_above: str = "") -> dict:
     """The same room in this process, without Streamlit: K decoders (the page's settings) prefilled, then submitted
     together to a ``Room`` (the clock runs from then to the last reader's end, as the page's runs start after their
     prefills); per pass the time of the whole pass, of the target's forward, and of stacking the rows' caches and
-    giving them back (what a shared batch cache would save at most)."""
+    giving them back (what a shared batch cache would save at most). ``no_draft_above``: the server's drafting limit,
+    the same here."""
     import threading
 
     from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, load_model
@@ -255,7 +256,7 @@ def engine_room(k: int, max_new: int) -> dict:
 
     target = _in_thread(lambda: load_model(EMBEDDED))
     ids = encode_prompt(target.tokenizer, preset_text("chat"))
-    room = Room(target, no_draft_above=None, warm_up=True)  # warmed up as the server's room (``room_for``)
+    room = Room(target, no_draft_above=no_draft_above or None, warm_up=True)  # warmed up as the server's room
     try:
         decs = _in_thread(lambda: [
             SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids,
@@ -384,7 +385,7 @@ def main() -> None:
                     "judge_ms_median": med([p.get("judge_ms", 0.0) for p in server]),
                     "judge_ms_max": max((p.get("judge_ms", 0.0) for p in server), default=None),
                     "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
-                rows[-1]["engine_room"] = _in_thread(lambda: engine_room(k, args.max_new))
+                rows[-1]["engine_room"] = _in_thread(lambda: engine_room(k, args.max_new, args.no_draft_above))
                 print(json.dumps(rows[-1]), flush=True)
             if browser is not None:
                 browser.close()

@@ -49,7 +49,7 @@ def test_loading_releases_every_exact_layer_weight_and_keeps_the_embedding(q41_p
     assert linears and all(is_released(m.weight) for m in linears)
     assert t.compute.released_bytes == sum(m.weight.numel() * 4 for m in linears) > 0
     assert dense.released_bytes(t.model) == t.compute.released_bytes
-    assert "fp32 copies of those weights not kept" in t.compute.label()
+    assert "their fp32 copies not kept" in t.compute.label()
     emb = t.model.get_input_embeddings().weight
     assert emb.is_contiguous() and not is_released(emb)
     assert all(not m.weight.requires_grad for m in linears)

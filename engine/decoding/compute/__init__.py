@@ -34,8 +34,11 @@ Exact compact weights (the "stream" path): a weight whose fp32 values are all fp
 or the block drafter saved in fp16) or, per block of 32 values, an int8 vector times one scale (the embedded GGUF's
 Q8_0 token embedding, which is also the tied LM head) gets a compact copy the kernel reads instead: half, or about
 a quarter, of the bytes, and the same fp32 values in the same order, so bit for bit the same outputs
-(``compact_weight``; checked value by value when made, and dropped when the weight changes). The fp32 weights stay.
-The embedded target's other layers are Q4_1 in the GGUF; they stay fp32.
+(``compact_weight``; checked value by value when made, and dropped when the weight changes); the embedded target's
+layers, Q4_1 in the GGUF, get a Q4_1 form the same way. A loaded model (``use_path(release=True)``, as ``load_model``
+does) keeps no fp32 copy of a weight read from an exact compact form (``dense.release_dense``): its products run the
+kernel at every row count, and its values are rebuilt exactly where something asks for them (the state dict, another
+path).
 
 On both fast paths the siblings q/k/v and gate/up run as one product each (``_fuse_siblings``), every weight still
 read from a memory-mapped checkpoint is copied into the process's own memory so the mapping can go (``_own_memory``),
@@ -68,6 +71,8 @@ Modules, each importing only those above it:
 - ``fusion``: sibling linears as one product (``FusedLeadLinear``, ``FusedFollowerLinear``).
 - ``lean``: the lean decoder layers (``_lean_forward``, ``lean_layer_count``); in a batch-invariant decode pass on the
   "stream" path a layer is two calls of the fused layer (``fused_layer.cpp``, ``_fused_layer``).
+- ``dense``: the fp32 storage of weights read from exact compact forms let go and given back (``release_dense``,
+  ``restore_dense``).
 - ``apply``: a path applied to a model (``ComputePath``, ``self_check``, ``apply_path``, ``use_path``, ``path_of``) and
   what it costs (``compact_bytes``, ``packed_bytes``, ``weight_formats``).
 - ``choice``: the path chosen per machine (``choose_path``, ``measure_paths``, ``measure_stream_rows``,

@@ -93,8 +93,8 @@ class ComputePath:
         the name and the reason without its timing details."""
         extra = f"; {self.formats_label()}" if self.formats_label() else ""
         extra += f"; exact compact copies of weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
-        extra += (f"; fp32 copies of those weights not kept: −{self.released_bytes / 1e6:.0f} MB"
-                  if self.released_bytes else "")
+        extra += (f"; their fp32 copies not kept (−{self.released_bytes / 1e6:.0f} MB): those products run the "
+                  "kernel at every row count, a prefill's too" if self.released_bytes else "")
         if self.packable_bytes:
             extra += (f"; packed copies for products of ≥ {onednn.PACK_MIN_ROWS} rows, made on first use: "
                       f"up to +{self.packable_bytes / 1e6:.0f} MB")
