@@ -386,3 +386,28 @@ def opened_round_message(asked: int, reached: int, finished: bool, stop_reason: 
         return (f"The link asked for round {asked}, but this run ended{why} after round {reached}: round {reached}, "
                 "its last, is shown.")
     return f"The link asked for round {asked}; the run was stopped after round {reached}, shown here."
+
+
+def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comparison=None,
+                  plain: bool = False) -> str:
+    """The Live page's line when a run ends, under the round so it stays on a projector's first screen: the tokens,
+    the rounds, tokens per round and α̂ (``engine.decoding.trace.RunStats``), and once **Run baseline** has timed the
+    run against plain decoding (``engine.decoding.measure.BaselineComparison``) the measured speedup and whether the
+    texts are identical (plain Markdown, no model text).
+
+    Args:
+        n_tokens: tokens generated. rounds_text: "40 rounds". stop_reason: why it ended. stats: this run's
+        ``RunStats``. comparison: the baseline comparison, or None before Run baseline. plain: a run without a draft.
+    """
+    line = f"Finished ({stop_reason}): {n_tokens} tokens in {rounds_text}"
+    if not plain and stats.rounds and stats.tokens_per_round is not None:
+        line += f", **{stats.tokens_per_round:.2f}** tokens per round"
+        if stats.acceptance_rate is not None:
+            line += f" (α̂ {stats.acceptance_rate:.2f})"
+    line += "."
+    if plain:
+        return line
+    if comparison is None or comparison.speedup is None:
+        return line + " **Run baseline** times it against plain decoding."
+    same = "identical texts" if comparison.identical else "different texts (sampling draws differ)"
+    return line + f" Measured speedup **{comparison.speedup:.2f}×** against plain decoding, {same}."

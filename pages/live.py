@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.live_view import (
     CHECKING,
+    finished_line,
     PROMPT_URL_MAX,
     room_lines,
     room_progress_line,
@@ -669,17 +670,18 @@ def _run_area() -> None:
                    else f"γ = {S['lv_gamma']} is your setting (this draft's default here: {_g_def}).")
     _draw_text(dec)
 
+    stats = dec.stats()
+    ab = S.get("lv_base")  # SpeedupAB after Run baseline
+    cmp = ab.comparison(dec.new_ids) if ab is not None else None
     if dec.finished:
-        status.success(f"Finished ({dec.stop_reason}): {len(dec.new_ids)} tokens in {_n_rounds(len(dec.rounds))}.")
+        status.success(finished_line(len(dec.new_ids), _n_rounds(len(dec.rounds)), dec.stop_reason, stats, cmp,
+                                     plain=dec.proposer is None))
     elif dec.rounds and stopped:
         status.warning(f"Stopped after {_n_rounds(len(dec.rounds))}: {len(dec.new_ids)} of at most "
                        f"{dec.max_new_tokens} tokens. **Step one round** or **Run to the end** goes on from here.")
     elif dec.rounds:
         status.info(f"{len(dec.new_ids)} of at most {dec.max_new_tokens} tokens after {_n_rounds(len(dec.rounds))}.")
 
-    stats = dec.stats()
-    ab = S.get("lv_base")  # SpeedupAB after Run baseline
-    cmp = ab.comparison(dec.new_ids) if ab is not None else None
     # timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
     timing = ab.spec_stats if ab is not None else stats
     rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None, ab.base_stats if ab is not None else None,

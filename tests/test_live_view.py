@@ -511,3 +511,23 @@ def test_room_progress_line_carries_the_panels_numbers():
     assert room_progress_line(s) == "room: 14 readers now, 11.5 rows per pass, 23.5 tokens/s"
     one = RoomStats(1, 1, None, None, 0, None, 32, 2, None)
     assert room_progress_line(one) == "room: 1 reader now, — rows per pass, — tokens/s"
+
+
+def test_finished_line_says_what_the_run_bought_on_the_first_screen():
+    from types import SimpleNamespace
+
+    from app.live_view import finished_line
+
+    stats = SimpleNamespace(rounds=40, tokens_per_round=1.6, acceptance_rate=0.5833)
+    before = finished_line(64, "40 rounds", "max tokens", stats)
+    assert before == ("Finished (max tokens): 64 tokens in 40 rounds, **1.60** tokens per round (α̂ 0.58). "
+                      "**Run baseline** times it against plain decoding.")
+    cmp = SimpleNamespace(speedup=1.1749, identical=True)
+    assert finished_line(64, "40 rounds", "max tokens", stats, cmp).endswith(
+        "Measured speedup **1.17×** against plain decoding, identical texts.")
+    sampled = SimpleNamespace(speedup=0.96, identical=False)
+    assert "**0.96×** against plain decoding, different texts (sampling draws differ)" in finished_line(
+        64, "40 rounds", "max tokens", stats, sampled)
+    assert finished_line(12, "12 rounds", "end of text", SimpleNamespace(rounds=12, tokens_per_round=1.0,
+                                                                         acceptance_rate=None), plain=True) == \
+        "Finished (end of text): 12 tokens in 12 rounds."

@@ -54,3 +54,26 @@ def test_live_verdict_and_text_on_a_720p_projector_first_screen(projector, app_u
     assert text.inner_text().strip() and "nothing generated yet" not in text.inner_text()
     assert not pg.locator('[data-testid="stException"]').count()
     screenshot(pg, "presenter_720_live")
+
+
+def test_live_run_to_the_end_shows_what_it_bought_on_a_720p_projector_first_screen(projector, app_url):
+    """After Run to the end the statistics sit far below; the finished line under the round says the tokens per round
+    and α̂ on the first screen, and after Run baseline the measured speedup."""
+    pg = projector
+    pg.goto(app_url + "/live?present=1&lv_draft=ngram&lv_preset=code&lv_gamma=4&lv_temp=0&lv_max_new=16&lv_seed=0"
+            "&lv_speed=instant")
+    wait_idle(pg, timeout_ms=180_000)
+    pg.get_by_role("button", name=re.compile(r"^Run to the end")).click()
+    line = pg.get_by_text(re.compile(r"^Finished \(")).first
+    line.wait_for(timeout=120_000)
+    wait_idle(pg)
+    assert re.search(r"tokens per round \(α̂ [\d.]+\)", line.inner_text()), line.inner_text()
+    assert _inside(line.bounding_box()), f"the finished line is off the first screen: {line.bounding_box()}"
+    pg.get_by_role("button", name=re.compile(r"^Run baseline")).click()
+    pg.get_by_text(re.compile(r"Measured speedup [\d.]+× against plain decoding, identical texts")).first.wait_for(
+        timeout=180_000)
+    wait_idle(pg)
+    line = pg.get_by_text(re.compile(r"^Finished \(")).first
+    assert _inside(line.bounding_box()), f"the finished line is off the first screen: {line.bounding_box()}"
+    assert not pg.locator('[data-testid="stException"]').count()
+    screenshot(pg, "presenter_720_live_finished")
