@@ -295,9 +295,10 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
     (``engine.decoding.invariance.InvarianceCheck``), ``CHECKING`` while it runs, None to say nothing)."""
     n = _or_dash
     metrics = [
-        ("Readers now", f"{stats.readers_now}",
-         "Rounds waiting or running in this model's room, one per reader who pressed Step or Run (this "
-         "server, all browser sessions)."),
+        ("Readers decoding", f"{stats.readers_now}",
+         "Readers whose round is waiting or running in this model's room now, one per reader who pressed Step or "
+         "Run and has not got the round yet (this server, all browser sessions): 0 once every round is done, "
+         "however many pages are open."),
         ("Rows per pass", n(stats.rows_per_pass, ".1f"),
          f"Mean readers served by one target pass over the last {int(ROOM_WINDOW_S)} s: every reader's round "
          f"is verified in one shared pass (at most {stats.max_rows} rows a pass; more readers take turns)."),

@@ -421,7 +421,7 @@ def _run_area() -> None:
         stop_page()
 
     progress = st.empty()
-    # the room: readers now, rows per pass, the room's tokens/s (engine.decoding.scheduler); on a projector under the
+    # the room: readers decoding, rows per pass, the room's tokens/s (engine.decoding.scheduler); on a projector under the
     # text, so the round's verdict and its text are on a 720-pixel first screen
     room_box = st.empty() if not presenting() else None
 

@@ -467,7 +467,7 @@ def test_room_lines_from_room_stats():
     s = RoomStats(readers_now=14, last_pass_rows=12, rows_per_pass=11.54, tokens_per_s=23.456, passes=40,
                   no_draft_above=None, max_rows=32, threads=2, stack_share=0.05)
     out = room_lines(s)
-    assert [(m[0], m[1]) for m in out["metrics"]] == [("Readers now", "14"), ("Rows per pass", "11.5"),
+    assert [(m[0], m[1]) for m in out["metrics"]] == [("Readers decoding", "14"), ("Rows per pass", "11.5"),
                                                       ("Room tokens/s", "23.5")]
     assert out["caption"] == "The last target pass served 12 readers."
     one = room_lines(RoomStats(1, 1, 1.0, 5.0, 1, 8, 32, 2, None))

@@ -426,13 +426,13 @@ def test_compute_path_shown_beside_the_model(tiny):
 
 def test_room_panel_counts_the_pass_that_served_this_reader(tiny):
     at = _app(tiny)
-    assert {"Readers now", "Rows per pass", "Room tokens/s"} <= {m.label for m in at.metric}
+    assert {"Readers decoding", "Rows per pass", "Room tokens/s"} <= {m.label for m in at.metric}
     at = _click(at, "lv_step")
     captions = [c.value for c in at.caption]
     assert any(c.startswith("The last target pass served 1 reader. ") and " As of " in c for c in captions)
     # the room's self-check on this machine: running, or what it found (engine/decoding/invariance.py)
     assert any("Checking on this machine" in c or "Each reader's text in the room: " in c for c in captions)
-    assert _metric(at, "Readers now") == "0"  # the round is done: nobody waits
+    assert _metric(at, "Readers decoding") == "0"  # the round is done: nobody waits
     assert float(_metric(at, "Room tokens/s")) > 0
 
 
