@@ -388,12 +388,13 @@ def default_gamma_here(draft_spec: str, target_spec: str = "embedded") -> tuple[
     g, best = i + 1, b + 1
     timed = (rounds or {}).get("round_ms", {}).get(str(g)) if rounds else None
     if timed is not None:
-        why = (f"the head's expected speedup (its measured acceptance by position) over its rounds timed on this "
-               f"machine: γ = {g} expects {s[i]:.2f}× (a round {float(timed):.1f} ms, a plain step "
-               f"{float(rounds['plain_ms']):.1f} ms)")
+        why = (f"the head's expected speedup (its acceptance by position on held-out prompts: a prompt unlike them "
+               f"gets less) over its rounds timed on this machine: γ = {g} expects {s[i]:.2f}× (a round "
+               f"{float(timed):.1f} ms, a plain step {float(rounds['plain_ms']):.1f} ms)")
     else:
-        why = (f"the head's expected speedup (its measured acceptance by position, c = {HEAD_CARD_C}) on this "
-               f"machine's measured pass cost: γ = {g} expects {s[i]:.2f}× (t(γ+1)/t(1) = {curve.ratio(g + 1):.2f})")
+        why = (f"the head's expected speedup (its acceptance by position on held-out prompts, c = {HEAD_CARD_C}) on "
+               f"this machine's measured pass cost: γ = {g} expects {s[i]:.2f}× "
+               f"(t(γ+1)/t(1) = {curve.ratio(g + 1):.2f})")
     if g != best:
         why += (f"; γ = {best} expects {s[b]:.2f}×, within {tol:.0%} (the curve's noise), so the shorter draft, "
                 "which puts fewer tokens in each pass")
