@@ -115,16 +115,22 @@ def text_span(text: str, style: str) -> str:
     return "".join(out)
 
 
+ONE_PER_ROUND = ("correction", "bonus")
+"""Origins of which a round emits at most one token: each keeps its own span, so two rounds' corrections in a row
+read as two tokens, not one word."""
+
+
 def generated_markdown(pieces: list[tuple[str, str]]) -> str:
     """The generated text with each token coloured by origin; consecutive tokens of the same origin
-    share one span (separate spans would pad every token boundary and read as extra spaces).
+    share one span (separate spans would pad every token boundary and read as extra spaces), except corrections
+    and bonus tokens (``ONE_PER_ROUND``): each is its own round's last token and keeps its own span.
 
     Args:
         pieces: (token text, origin) in order; origin is one of ``engine.decoding.trace.ORIGINS``.
     """
     runs: list[list[str]] = []
     for t, o in pieces:
-        if runs and runs[-1][1] == o:
+        if runs and runs[-1][1] == o and o not in ONE_PER_ROUND:
             runs[-1][0] += t
         else:
             runs.append([t, o])
@@ -390,15 +396,20 @@ def opened_round_message(asked: int, reached: int, finished: bool, stop_reason: 
 
 
 def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comparison=None,
-                  plain: bool = False) -> str:
+                  plain: bool = False, spread: float | None = None, noisy: bool = False) -> str:
     """The Live page's line when a run ends, under the round so it stays on a projector's first screen: the tokens,
     the rounds, tokens per round and α̂ (``engine.decoding.trace.RunStats``), and once **Run baseline** has timed the
     run against plain decoding (``engine.decoding.measure.BaselineComparison``) the measured speedup and whether the
     texts are identical (plain Markdown, no model text).
 
+    A measured speedup is called unsure when the timed runs of one kind differed by more than the A/B's warning
+    (``noisy``, with their slowest ÷ fastest ``spread``: ``SpeedupAB.noisy``), or when it exceeds the run's tokens per
+    round: a round costs at least one target pass, at least a plain step, so only noise puts the speedup above it.
+
     Args:
         n_tokens: tokens generated. rounds_text: "40 rounds". stop_reason: why it ended. stats: this run's
         ``RunStats``. comparison: the baseline comparison, or None before Run baseline. plain: a run without a draft.
+        spread, noisy: the A/B's ``spread`` and ``noisy``.
     """
     line = f"Finished ({stop_reason}): {n_tokens} tokens in {rounds_text}"
     if not plain and stats.rounds and stats.tokens_per_round is not None:
@@ -411,4 +422,21 @@ def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comp
     if comparison is None or comparison.speedup is None:
         return line + " **Run baseline** times it against plain decoding."
     same = "identical texts" if comparison.identical else "different texts (sampling draws differ)"
-    return line + f" Measured speedup **{comparison.speedup:.2f}×** against plain decoding, {same}."
+    line += f" Measured speedup **{comparison.speedup:.2f}×** against plain decoding, {same}."
+    why = []
+    if noisy:
+        why.append("the timed runs of one kind differed by up to "
+                   + (f"{spread:.1f}×" if spread is not None else "more than usual"))
+    tpr = stats.tokens_per_round
+    if tpr and comparison.speedup > tpr * 1.02:
+        why.append(f"it is above the {tpr:.2f} tokens a round gave, which bounds it (a round costs at least a plain "
+                   "step)")
+    if why:
+        line += (" **Unsure**: " + "; ".join(why) + ". The machine was busy: run the baseline again with nothing "
+                 "else running.")
+    return line
+
+
+def finished_unsure(line: str) -> bool:
+    """Whether ``finished_line`` called the measured speedup unsure (the page then draws it as a warning)."""
+    return "**Unsure**" in line

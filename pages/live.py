@@ -20,6 +20,7 @@ from app.charts import REFERENCE_LINE, show_chart, show_table
 from app.live_view import (
     CHECKING,
     finished_line,
+    finished_unsure,
     PROMPT_URL_MAX,
     room_lines,
     room_progress_line,
@@ -674,8 +675,10 @@ def _run_area() -> None:
     ab = S.get("lv_base")  # SpeedupAB after Run baseline
     cmp = ab.comparison(dec.new_ids) if ab is not None else None
     if dec.finished:
-        status.success(finished_line(len(dec.new_ids), _n_rounds(len(dec.rounds)), dec.stop_reason, stats, cmp,
-                                     plain=dec.proposer is None))
+        line = finished_line(len(dec.new_ids), _n_rounds(len(dec.rounds)), dec.stop_reason, stats, cmp,
+                             plain=dec.proposer is None, spread=ab.spread if ab is not None else None,
+                             noisy=ab is not None and ab.noisy)
+        (status.warning if finished_unsure(line) else status.success)(line)
     elif dec.rounds and stopped:
         status.warning(f"Stopped after {_n_rounds(len(dec.rounds))}: {len(dec.new_ids)} of at most "
                        f"{dec.max_new_tokens} tokens. **Step one round** or **Run to the end** goes on from here.")

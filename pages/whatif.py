@@ -411,7 +411,8 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
                    name="plain decoding, measured",  # labels below: the draft head's marker may sit just above
                    marker={"size": 12})
     fw.add_scatter(x=[p.mb_per_token for p in points], y=[p.head_tokens_per_s for p in points], mode="markers",
-                   name="draft head, measured", marker={"size": 10, "symbol": "diamond"})
+                   name=f"draft head, measured (γ {', '.join(str(g) for g in sorted({p.gamma for p in points}))})",
+                   marker={"size": 10, "symbol": "diamond"})
     if peer:
         fw.add_scatter(x=[peer.mb_per_token], y=[peer.tokens_per_s], mode="markers+text", text=["llama.cpp"],
                        textposition="middle left", name="llama.cpp plain, the same GGUF (C++)",
@@ -431,9 +432,10 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fk, key="wi_fig_bytes_curve", where=right)
     few, many = points[0], points[-1]
-    lead = (f"the draft head's lead shrinks from {many.head_speedup:.2f}× to {few.head_speedup:.2f}×"
+    lead = (f"the draft head's lead (γ {few.gamma}) shrinks from {many.head_speedup:.2f}× to {few.head_speedup:.2f}×"
             if few.head_speedup < many.head_speedup else
-            f"the draft head measured {many.head_speedup:.2f}× plain with {many.label} and {few.head_speedup:.2f}× "
+            f"the draft head (γ {few.gamma}) measured {many.head_speedup:.2f}× plain with {many.label} and "
+            f"{few.head_speedup:.2f}× "
             f"with {few.label}")
     over = above_ceiling(points, bandwidth_gbs)
     if not over:

@@ -531,3 +531,28 @@ def test_finished_line_says_what_the_run_bought_on_the_first_screen():
     assert finished_line(12, "12 rounds", "end of text", SimpleNamespace(rounds=12, tokens_per_round=1.0,
                                                                          acceptance_rate=None), plain=True) == \
         "Finished (end of text): 12 tokens in 12 rounds."
+
+
+def test_finished_line_calls_a_noisy_or_impossible_speedup_unsure():
+    from types import SimpleNamespace
+
+    from app.live_view import finished_line, finished_unsure
+
+    stats = SimpleNamespace(rounds=41, tokens_per_round=1.56, acceptance_rate=0.575)
+    over = finished_line(64, "41 rounds", "max tokens", stats, SimpleNamespace(speedup=1.64, identical=True))
+    assert finished_unsure(over) and "above the 1.56 tokens a round gave" in over
+    busy = finished_line(64, "41 rounds", "max tokens", stats, SimpleNamespace(speedup=1.2, identical=True),
+                         spread=2.14, noisy=True)
+    assert finished_unsure(busy) and "differed by up to 2.1×" in busy and "above the" not in busy
+    calm = finished_line(64, "41 rounds", "max tokens", stats, SimpleNamespace(speedup=1.2, identical=True),
+                         spread=1.05)
+    assert not finished_unsure(calm)
+
+
+def test_back_to_back_corrections_keep_their_own_spans():
+    """Two rounds ending in a correction each (a reader saw "Limit screen" as one orange token)."""
+    md = generated_markdown([("1", "accepted"), (".", "accepted"), (" Limit", "correction"),
+                             (" screen", "correction"), (" time", "accepted"), (" before", "bonus"),
+                             (" bed", "bonus")])
+    assert md == (":green-background[1\\.]:orange-background[ Limit]:orange-background[ screen]"
+                  ":green-background[ time]:blue-background[ before]:blue-background[ bed]")
