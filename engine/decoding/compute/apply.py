@@ -20,7 +20,7 @@ from engine.decoding.compute.fusion import FusedFollowerLinear, FusedLeadLinear,
 from engine.decoding.compute.lean import _lean_layers
 from engine.decoding.compute.memory import _own_memory, drop_mapped_pages, trim_memory
 from engine.decoding.compute.onednn import PACKED_ATTR, _pin_fp32
-from engine.decoding.compute.products import OneDNNLinear
+from engine.decoding.compute.products import OneDNNLinear, _linears
 from engine.errors import InputError
 
 PATHS = ("default", "onednn", "stream")
@@ -102,18 +102,6 @@ class ComputePath:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _linears(modules) -> list[nn.Linear]:
-    if isinstance(modules, nn.Module):
-        modules = [modules]
-    out, seen = [], set()
-    for root in modules:
-        for m in root.modules():
-            if isinstance(m, nn.Linear) and id(m) not in seen:
-                seen.add(id(m))
-                out.append(m)
-    return out
 
 
 def self_check(modules, rows: tuple[int, ...] = (1, 3, 16), kernel: str = "onednn") -> str | None:

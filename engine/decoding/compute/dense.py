@@ -26,21 +26,11 @@ from engine.decoding.compute.formats import (COMPACT_ATTR, DENSE_FROM_ATTR, _com
 from engine.decoding.compute.fusion import FusedFollowerLinear, FusedLeadLinear
 from engine.decoding.compute.memory import drop_mapped_pages, trim_memory
 from engine.decoding.compute.onednn import PACKED_ATTR
+from engine.decoding.compute.products import _linears
 
 _HOOK_ATTR = "_dense_state_hook"
 CHECK_ROWS = 256
 """Rows of a weight rebuilt and compared at a time when it is released (0.3 MB for the embedded model's layers)."""
-
-
-def _linears(modules) -> list[nn.Linear]:
-    roots = [modules] if isinstance(modules, nn.Module) else list(modules)
-    out, seen = [], set()
-    for root in roots:
-        for m in root.modules():
-            if isinstance(m, nn.Linear) and id(m) not in seen:
-                seen.add(id(m))
-                out.append(m)
-    return out
 
 
 def _placeholder(shape) -> torch.Tensor:

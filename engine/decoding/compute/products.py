@@ -103,3 +103,15 @@ def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     if _fast_ok(x, weight):
         return _fast(x, weight, bias)
     return F.linear(x, dense_values(weight), bias)
+
+
+def _linears(modules) -> list[nn.Linear]:
+    """Every ``nn.Linear`` inside ``modules`` (an ``nn.Module`` or a list of them), each once, in module order."""
+    roots = [modules] if isinstance(modules, nn.Module) else list(modules)
+    out, seen = [], set()
+    for root in roots:
+        for m in root.modules():
+            if isinstance(m, nn.Linear) and id(m) not in seen:
+                seen.add(id(m))
+                out.append(m)
+    return out
