@@ -1,6 +1,6 @@
 """Released fp32 weights against kept ones: what letting the embedded model's fp32 layers go costs and saves.
 
-The embedded model loads with its layers' fp32 storage released (``compute.dense.release_dense``: the streaming kernel
+The embedded model loads with its layers' fp32 storage released (``compute.dense.release_linear``: the streaming kernel
 reads their exact GGUF Q4_1 forms at every row count, a prefill too). Kept: the same model with the fp32 weights back
 (``compute.dense.restore_dense``): a prefill of more rows than the kernel's limit runs oneDNN on packed fp32 copies.
 

@@ -36,7 +36,7 @@ Q8_0 token embedding, which is also the tied LM head) gets a compact copy the ke
 a quarter, of the bytes, and the same fp32 values in the same order, so bit for bit the same outputs
 (``compact_weight``; checked value by value when made, and dropped when the weight changes); the embedded target's
 layers, Q4_1 in the GGUF, get a Q4_1 form the same way. A loaded model (``use_path(release=True)``, as ``load_model``
-does) keeps no fp32 copy of a weight read from an exact compact form (``dense.release_dense``): its products run the
+does) keeps no fp32 copy of a weight read from an exact compact form (``dense.release_linear``): its products run the
 kernel at every row count, and its values are rebuilt exactly where something asks for them (the state dict, another
 path).
 
@@ -71,7 +71,7 @@ Modules, each importing only those above it:
 - ``fusion``: sibling linears as one product (``FusedLeadLinear``, ``FusedFollowerLinear``).
 - ``lean``: the lean decoder layers (``_lean_forward``, ``lean_layer_count``); in a batch-invariant decode pass on the
   "stream" path a layer is two calls of the fused layer (``fused_layer.cpp``, ``_fused_layer``).
-- ``dense``: the fp32 storage of weights read from exact compact forms let go and given back (``release_dense``,
+- ``dense``: the fp32 storage of weights read from exact compact forms let go and given back (``release_linear``,
   ``restore_dense``).
 - ``apply``: a path applied to a model (``ComputePath``, ``self_check``, ``apply_path``, ``use_path``, ``path_of``) and
   what it costs (``compact_bytes``, ``packed_bytes``, ``weight_formats``).

@@ -51,7 +51,7 @@ class ComputePath:
         formats: on "stream", the weight formats a decode step reads (``weight_formats``: matrices per form, bytes
             read, bytes as fp32; set by ``use_path``); empty otherwise.
         released_bytes: fp32 storage not kept because the kernel reads those weights from their exact compact forms
-            at every row count (``use_path(release=True)``, ``dense.release_dense``; the embedded target's layers:
+            at every row count (``use_path(release=True)``, ``dense.release_linear``; the embedded target's layers:
             425 MB); 0 otherwise.
     """
 
@@ -141,7 +141,7 @@ def self_check(modules, rows: tuple[int, ...] = (1, 3, 16), kernel: str = "onedn
         for shape, m in shapes.items():
             for r in rows:
                 x = torch.randn(1, r, shape[1], generator=gen)
-                w = dense_values(m.weight)  # a released weight's values, rebuilt (dense.release_dense)
+                w = dense_values(m.weight)  # a released weight's values, rebuilt (dense.release_linear)
                 try:
                     got = op(x, w, m.bias)
                 except RuntimeError as e:
@@ -255,7 +255,7 @@ def use_path(modules, choice: ComputePath, release: bool = False) -> ComputePath
     """Apply ``choice`` to ``modules`` (a model, a draft head, Medusa heads) and return it; on "stream" its
     measured row limit becomes the process's (one limit per process, as one path: the last one applied). With
     ``release`` (a loaded model that will not be trained), on "stream" the fp32 storage of every weight the kernel
-    reads from an exact compact form is let go (``dense.release_dense``; ``ComputePath.released_bytes``)."""
+    reads from an exact compact form is let go (``dense.release_linear``; ``ComputePath.released_bytes``)."""
     released = apply_path(modules, choice.path, release=release)
     if released != choice.released_bytes:
         choice = replace(choice, released_bytes=released)

@@ -1,5 +1,5 @@
 """Released dense weights: a weight the streaming kernel reads from its exact compact form (``formats.compact_weight``)
-needs no fp32 copy in memory. ``release_dense`` lets a model's fp32 storage of such weights go; ``restore_dense``
+needs no fp32 copy in memory. ``release_linear`` lets a layer's fp32 storage go (``apply_path(release=True)`` calls it as each compact form is made); ``restore_dense``
 brings it back (``apply_path`` does, before any path is applied).
 
 A released weight keeps its parameter, shape and dtype; its storage is one NaN seen through zero strides (so a read
@@ -24,7 +24,7 @@ from torch import nn
 from engine.decoding.compute.formats import (COMPACT_ATTR, DENSE_FROM_ATTR, _compact_fresh, _same_bits, dense_values,
                                              is_released, rebuild)
 from engine.decoding.compute.fusion import FusedFollowerLinear, FusedLeadLinear
-from engine.decoding.compute.memory import drop_mapped_pages, trim_memory
+from engine.decoding.compute.memory import drop_mapped_pages
 from engine.decoding.compute.onednn import PACKED_ATTR
 from engine.decoding.compute.products import _linears
 
@@ -103,16 +103,6 @@ def release_linear(m: nn.Linear, embedded: set[int], former: list | None = None)
     return freed
 
 
-def release_dense(modules) -> int:
-    """``release_linear`` for every linear layer inside ``modules``, then the freed memory handed back to the system
-    (``trim_memory``). Returns the bytes released."""
-    embedded = embedding_pointers(modules)
-    freed = sum(release_linear(m, embedded) for m in _linears(modules))
-    if freed:
-        trim_memory()
-    return freed
-
-
 def restore_dense(modules) -> int:
     """Give every released weight inside ``modules`` its fp32 storage back (rebuilt exactly from its compact form,
     which stays fresh); a fused group's members become views into its stacked weight again. Returns the bytes
@@ -142,7 +132,7 @@ def restore_dense(modules) -> int:
 
 
 def released_bytes(modules) -> int:
-    """Bytes of fp32 storage released (``release_dense``) and not restored among the linear weights inside
+    """Bytes of fp32 storage released (``release_linear``) and not restored among the linear weights inside
     ``modules`` (a fused group's stacked weight once)."""
     seen, total = set(), 0
     for m in _linears(modules):

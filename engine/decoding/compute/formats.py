@@ -165,7 +165,7 @@ def _compact_fresh(weight: torch.Tensor) -> bool:
 
 
 DENSE_FROM_ATTR = "_dense_from"
-"""On a released weight (``dense.release_dense``): (the tensor holding the compact form, its first row, rows, whether
+"""On a released weight (``dense.release_linear``): (the tensor holding the compact form, its first row, rows, whether
 the weight required gradients before): where its values are rebuilt from."""
 
 
@@ -198,7 +198,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def is_released(weight: torch.Tensor) -> bool:
-    """Whether ``weight``'s fp32 storage was released (``release_dense``) and not replaced since."""
+    """Whether ``weight``'s fp32 storage was released (``dense.release_linear``) and not replaced since."""
     return DENSE_FROM_ATTR in weight.__dict__ and weight.dim() == 2 and weight.stride() == (0, 0)
 
 

@@ -53,7 +53,7 @@ def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
         y = _stream(x, weight, bias)
         if y is not None:
             return y
-    if weight.stride() == (0, 0) and weight.numel() > 1:  # released (``dense.release_dense``): its values rebuilt
+    if weight.stride() == (0, 0) and weight.numel() > 1:  # released (``dense.release_linear``): its values rebuilt
         return F.linear(x, dense_values(weight), bias)
     if onednn._ONEDNN_OP is not None and x.dim() >= 2:
         if x.numel() >= onednn.PACK_MIN_ROWS * x.shape[-1]:
@@ -73,7 +73,7 @@ def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     rows = x.numel() // k
     c = weight.__dict__.get(COMPACT_ATTR)
     if c is not None and c.ptr == weight.data_ptr() and c.version == weight._version:  # _compact_fresh, inlined
-        # a released weight (``dense.release_dense``) has nothing else to read: its compact form serves any rows
+        # a released weight (``dense.release_linear``) has nothing else to read: its compact form serves any rows
         if (rows <= extension._STREAM.get("max_rows", STREAM_MAX_ROWS) or weight.stride() == (0, 0)
                 or getattr(invariant._INVARIANT, "on", False)):
             return c.op(x.reshape(rows, k), *c.tensors, bias).view(*x.shape[:-1], weight.shape[0])
