@@ -292,8 +292,8 @@ needs_stream = pytest.mark.skipif(compute.stream_kernel() is None,
 @needs_stream
 def test_streaming_kernel_matches_f_linear_for_odd_shapes_rows_and_bias():
     """K not a multiple of 16 (the scalar tail), N not a multiple of the weight-row block (3 or 4: the last rows),
-    0..24 rows (one pass of 1-16 rows with 3, 2 or 1 weight rows per block; above 16, blocks of 8 and of 4 input
-    rows and the 1-3 row tails), bias."""
+    0..24 rows (one pass of 1-12 rows with 3 or 2 weight rows per block; from 13, tiles of 4 weight rows against
+    blocks of 6 input rows and the 1-5 row tails, the last N % 4 weight rows one at a time), bias."""
     op = compute.stream_kernel()
     gen = torch.Generator().manual_seed(3)
     for n_out, n_in in ((7, 5), (13, 37), (11, 40), (64, 48), (9, 576), (14, 576)):
@@ -416,7 +416,7 @@ def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
         codes, scales, mins = got
         assert torch.equal(_unpack_q41(codes, k) * scales.repeat_interleave(32, 1) + mins.repeat_interleave(32, 1), w)
         b = torch.randn(n, generator=gen)
-        for rows in [*range(25), 33, 64]:  # one pass up to 16 rows, blocks of 8 rows above (a room's passes)
+        for rows in [*range(25), 33, 64]:  # one pass up to 12 rows, tiles above (a room's passes)
             x = torch.randn(rows, k, generator=gen)
             for bias in (None, b):
                 assert torch.equal(q41(x, codes, scales, mins, bias), op(x, w, bias)), (n, k, rows)

@@ -9,6 +9,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 // 16 floats (GCC vector extensions): one AVX-512 register, two AVX2 registers.
 typedef float v16 __attribute__((vector_size(64)));
@@ -24,12 +27,24 @@ static inline v16 load16(const float* p) {
 
 static inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v16)); }
 
-// The 16 lanes added as a fixed pairwise tree (short dependency chains; the same order for every output).
+// The 16 lanes added as a fixed pairwise tree (short dependency chains; the same order for every output):
+// a_i = v_i + v_(i+8), b_i = a_i + a_(i+4), then (b_0 + b_2) + (b_1 + b_3). With AVX-512 or AVX2 the tree's levels
+// are whole-register adds (each lane the same one rounding as the scalar form), 7 instructions instead of ~30.
 static inline float lanes_sum(v16 v) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  __m256 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  const __m256 a = _mm256_add_ps(lo, hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+#else
   float a0 = v[0] + v[8], a1 = v[1] + v[9], a2 = v[2] + v[10], a3 = v[3] + v[11];
   float a4 = v[4] + v[12], a5 = v[5] + v[13], a6 = v[6] + v[14], a7 = v[7] + v[15];
   float b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
   return (b0 + b2) + (b1 + b3);
+#endif
 }
 
 // e^x for 16 lanes (Cephes' expf: x = n·ln 2 + r, a degree-5 polynomial in r, × 2^n; about 1 ulp). Lanes below

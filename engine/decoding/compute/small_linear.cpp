@@ -24,6 +24,7 @@
 #include "lanes.h"  // v16, lanes_sum, StreamWeight
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 #include <atomic>
 #include <cmath>
@@ -50,28 +51,41 @@
 constexpr int kPrefetchBlocks = 2;
 constexpr int kPrefetchLocality = 1;
 
-// Register blocking. With AVX-512 (32 vector registers): 3 weight rows × 8 input rows = 24 accumulators, which
-// for 9-16 input rows (a verify pass, a batch) did 8-21 % less time than 4 × 4 on the AMD EPYC and the same for
-// 1-4 rows (scratch kernel variants, 2 threads). The blocking does not change any output's summation order
-// (bit-identical results).
+// Register blocking: a block multiplies RR weight rows with MM input rows, MM · RR accumulators in registers. The
+// blocking does not change any output's summation order (bit-identical results). Three schedules use it: one pass,
+// tiles, and blocks of kInputBlock input rows × kRows weight rows (AVX2 above 6 rows; the weight rows past a tile).
 //
-// One pass (AVX-512, M ≤ 16; `one_pass`): every input row in ONE block, so each weight row is read once and
+// One pass (AVX-512, M ≤ 9; `one_pass`): every input row in ONE block, so each weight row is read once and
 // multiplied with all M rows while it is in registers. Splitting M into blocks (8 + 1 for 9 rows, 4 + 1 for 5)
 // runs the weights through the core again for each block; measured on the Intel Xeon (Sapphire Rapids, 2
 // threads, scratch kernel variants with 600 MB of weights cycled), the LM head product cost, × one row:
 // 5 rows 2.02 split (4 + 1) against 1.14 in one pass of 2 weight rows, 9 rows 2.32 (8 + 1) against 1.19 in one pass
 // of 1 weight row, 16 rows 3.12 (8 + 8) against 1.85. The weight rows per block fall as M grows so the
-// accumulators (MM × RR) stay within 24 registers: 3 for 1-2 rows, 2 for 3-12 rows (fewer registers than 3 × 8
-// and better there: 8 rows 1.23 against 1.53), 1 for 13-16 rows. Above 16 rows (8 + 8 + …) x no longer fits
-// in the 48 KiB L1 for the 1536-wide down projection, and blocks of 8 stay.
+// accumulators (MM × RR) stay within 24 registers: 3 for 1-2 rows, 2 for 3-9 rows (fewer registers than 3 × 8
+// and better there: 8 rows 1.23 against 1.53). From 10 rows, tiles (below).
 //
 // Without AVX-512 (AVX2: 16 registers of 8 floats) a 16-float vector takes two registers, so a block holds at
 // most 6 accumulators (12 registers) beside one weight vector and one input vector: one weight row × 6 input
 // rows, and one pass (every input row in one block) for up to 6 rows, with 3 weight rows for 1 row and 2 for
 // 2 rows (`one_pass_for`).
+//
+// Tiles (AVX-512, M ≥ kTileMinRows; `tiles`): one pass holds at most 2 weight rows beside the M accumulators (from 13
+// rows only one), so each input vector loaded serves 1 or 2 products, and the loads, not the multiply-adds, set the
+// pace. A tile instead multiplies kTileWeights weight rows with kTileInputs input rows (24 accumulators, 10 loads per
+// 24 multiply-adds) and runs over the input rows in blocks. The first block reads the weights in their stored form
+// and keeps the fp32 vectors it made (`kKeep`: 4 rows × K floats, in L1); the other blocks read those, so a compact
+// weight is decoded once per call whatever M is. Measured on the AMD EPYC (2 threads; the products of a pass of the
+// embedded model's shapes, 30 layers of distinct Q4_1 weights and the Q8_0 LM head, against the kernel before, the
+// two alternated, medians of 15): 16 rows 29.1 against 48.9 ms (1.68× one pass), 24 and 32 rows 1.27× blocks of 8
+// (40.3 and 53.5 ms); up to 9 rows one pass is as fast (one thread, the 3072 × 576 gate/up product: 8 rows 0.376 ms one
+// pass, 0.377 tiles; 10 rows 0.461 and 0.440; 12 rows 0.552 and 0.515). 6 × 4 tiles matched 4 × 6 and beat 8 × 3
+// (1.59×); decoding each weight into a separate fp32 panel first cost ~7 ms of a 16-row pass's products.
 #if defined(__AVX512F__)
 constexpr int kRows = 3;
 constexpr int kInputBlock = 8;
+constexpr int kTileInputs = 6;
+constexpr int kTileWeights = 4;
+constexpr int kTileMinRows = 10;
 #else
 constexpr int kRows = 1;
 constexpr int kInputBlock = 6;
@@ -206,11 +220,42 @@ struct Q41 {
 };
 #endif
 
+// Keeps v in a register: without it GCC folds an input vector's load into each of its RR multiply-adds (a memory
+// operand each), so a block of MM × RR products made MM · RR loads instead of MM + RR, and the loads set the pace
+// (measured on the AMD EPYC: 8 × 3 and 6 × 4 blocks in L1, one thread, 54 and 48 against 84 and 85 GFLOP/s of a
+// 115 GFLOP/s peak). An empty asm: no instruction, and no change to any value. Without AVX-512 a vector is two
+// registers, which the constraint cannot name, and nothing is pinned.
+static inline void in_register(v16& v) {
+#if defined(__AVX512F__)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// Tile weights read from an fp32 copy that a first block kept (see "Tiles" above): rows [n0, n0 + RR) of a weight,
+// K floats a row.
+struct Kept {
+  static constexpr bool kPair = false;
+  const float* W;
+  int64_t K, n0;
+  inline v16 load(int64_t n, int64_t k) const {
+    v16 v;
+    __builtin_memcpy(&v, W + (n - n0) * K + k, sizeof(v16));
+    return v;
+  }
+  inline float at(int64_t n, int64_t k) const { return W[(n - n0) * K + k]; }
+  inline const void* line(int64_t, int64_t) const { return W; }
+};
+
 // One block: RR adjacent weight rows (from n0) against MM input rows (from m0), both compile-time, so the
-// RR·MM accumulators live in registers. Every instantiation adds in the same order (see the file's header).
-template <int MM, int RR, class L>
-static inline void block(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t N,
-                         int64_t m0, int64_t n0) {
+// RR·MM accumulators live in registers. Every instantiation adds in the same order (see the file's header). With
+// kKeep, the fp32 weight vectors it reads are also written to keep (RR rows of K floats), for later blocks (`Kept`).
+// Never inlined: inlined into `tiles`' schedule beside its other blocks, GCC kept the 4-row tail's accumulators on the
+// stack and stored them every step (measured: the 4-row block of a 16-row tile cost more than a 6-row block).
+template <int MM, int RR, class L, bool kKeep = false>
+__attribute__((noinline)) static void block(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t N,
+                         int64_t m0, int64_t n0, float* keep = nullptr) {
   const int64_t K16 = K / 16 * 16;
   v16 acc[MM][RR];
   for (int i = 0; i < MM; ++i)
@@ -219,11 +264,18 @@ static inline void block(const float* X, const L& W, const float* B, float* Y, i
     for (int64_t k = 0; k < K16; k += 32) {
       v16 wa[RR], wb[RR];
       for (int r = 0; r < RR; ++r) W.load2(n0 + r, k, wa[r], wb[r]);
+      if constexpr (kKeep)
+        for (int r = 0; r < RR; ++r) {
+          __builtin_memcpy(keep + r * K + k, &wa[r], sizeof(v16));
+          __builtin_memcpy(keep + r * K + k + 16, &wb[r], sizeof(v16));
+        }
       for (int r = 0; r < RR; ++r) __builtin_prefetch(W.line(n0 + r + kPrefetchBlocks * RR, k), 0, kPrefetchLocality);
       for (int i = 0; i < MM; ++i) {
         v16 xa, xb;
         __builtin_memcpy(&xa, X + (m0 + i) * K + k, sizeof(v16));
         __builtin_memcpy(&xb, X + (m0 + i) * K + k + 16, sizeof(v16));
+        in_register(xa);
+        in_register(xb);
         for (int r = 0; r < RR; ++r) acc[i][r] += xa * wa[r];
         for (int r = 0; r < RR; ++r) acc[i][r] += xb * wb[r];
       }
@@ -231,11 +283,17 @@ static inline void block(const float* X, const L& W, const float* B, float* Y, i
   } else
   for (int64_t k = 0; k < K16; k += 16) {
     v16 wv[RR];
-    for (int r = 0; r < RR; ++r) wv[r] = W.load(n0 + r, k);
+    for (int r = 0; r < RR; ++r) {
+      wv[r] = W.load(n0 + r, k);
+      in_register(wv[r]);
+    }
+    if constexpr (kKeep)
+      for (int r = 0; r < RR; ++r) __builtin_memcpy(keep + r * K + k, &wv[r], sizeof(v16));
     for (int r = 0; r < RR; ++r) __builtin_prefetch(W.line(n0 + r + kPrefetchBlocks * RR, k), 0, kPrefetchLocality);
     for (int i = 0; i < MM; ++i) {
       v16 xv;
       __builtin_memcpy(&xv, X + (m0 + i) * K + k, sizeof(v16));
+      in_register(xv);
       for (int r = 0; r < RR; ++r) acc[i][r] += xv * wv[r];
     }
   }
@@ -276,7 +334,7 @@ static void one_pass(const float* X, const L& W, const float* B, float* Y, int64
   for (int64_t n0 = full * RR; n0 < N; ++n0) block<MM, 1>(X, W, B, Y, K, N, 0, n0);
 }
 
-// The one-pass schedule for M rows (1-16 with AVX-512, 1-6 without); false where M is outside it.
+// The one-pass schedule for M rows (1-9 with AVX-512, 1-6 without); false where M is outside it.
 template <class L>
 static bool one_pass_for(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M,
                          int64_t N) {
@@ -291,13 +349,6 @@ static bool one_pass_for(const float* X, const L& W, const float* B, float* Y, i
     case 7: one_pass<7, 2>(X, W, B, Y, K, N); return true;
     case 8: one_pass<8, 2>(X, W, B, Y, K, N); return true;
     case 9: one_pass<9, 2>(X, W, B, Y, K, N); return true;
-    case 10: one_pass<10, 2>(X, W, B, Y, K, N); return true;
-    case 11: one_pass<11, 2>(X, W, B, Y, K, N); return true;
-    case 12: one_pass<12, 2>(X, W, B, Y, K, N); return true;
-    case 13: one_pass<13, 1>(X, W, B, Y, K, N); return true;
-    case 14: one_pass<14, 1>(X, W, B, Y, K, N); return true;
-    case 15: one_pass<15, 1>(X, W, B, Y, K, N); return true;
-    case 16: one_pass<16, 1>(X, W, B, Y, K, N); return true;
     default: return false;
   }
 #else
@@ -313,9 +364,51 @@ static bool one_pass_for(const float* X, const L& W, const float* B, float* Y, i
 #endif
 }
 
-// Every output of y = x · Wᵀ + b for the loader's weights: one pass for few rows, else blocks of rows.
+#if defined(__AVX512F__)
+// Tiles of kTileWeights weight rows × every input row (see "Tiles" above; M ≥ kTileInputs): per tile, a first block of
+// kTileInputs input rows reads the stored weights and keeps their fp32 vectors, the other blocks read the kept ones
+// (fp32 weights are read where they are). The weight rows past the last whole tile go one at a time.
+template <class L>
+static void tiles(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M, int64_t N) {
+  constexpr int RR = kTileWeights, MM = kTileInputs;
+  constexpr bool kStored = std::is_same_v<L, F32>;
+  const int64_t count = N / RR;
+  at::parallel_for(0, count, 4, [&](int64_t first, int64_t last) {
+    std::vector<float> kept(kStored ? 0 : RR * K);
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t n0 = t * RR;
+      auto rest = [&](const auto& w) {
+        int64_t m0 = MM;
+        for (; m0 + MM <= M; m0 += MM) block<MM, RR>(X, w, B, Y, K, N, m0, n0);
+        switch (M - m0) {
+          case 5: block<5, RR>(X, w, B, Y, K, N, m0, n0); break;
+          case 4: block<4, RR>(X, w, B, Y, K, N, m0, n0); break;
+          case 3: block<3, RR>(X, w, B, Y, K, N, m0, n0); break;
+          case 2: block<2, RR>(X, w, B, Y, K, N, m0, n0); break;
+          case 1: block<1, RR>(X, w, B, Y, K, N, m0, n0); break;
+          default: break;
+        }
+      };
+      if constexpr (kStored) {
+        block<MM, RR>(X, W, B, Y, K, N, 0, n0);
+        rest(W);
+      } else {
+        block<MM, RR, L, true>(X, W, B, Y, K, N, 0, n0, kept.data());
+        rest(Kept{kept.data(), K, n0});
+      }
+    }
+  });
+  for (int64_t n0 = count * RR; n0 < N; ++n0) rows<1>(X, W, B, Y, K, M, N, n0);
+}
+#endif
+
+// Every output of y = x · Wᵀ + b for the loader's weights: one pass for few rows, else tiles (AVX-512) or blocks of
+// rows.
 template <class L>
 static void run(const float* X, const L& W, const float* B, float* Y, int64_t K, int64_t M, int64_t N) {
+#if defined(__AVX512F__)
+  if (M >= kTileMinRows) return tiles(X, W, B, Y, K, M, N);
+#endif
   if (one_pass_for(X, W, B, Y, K, M, N)) return;
   const int64_t full = N / kRows;
   at::parallel_for(0, full, 16, [&](int64_t first, int64_t last) {
