@@ -297,6 +297,7 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
     help) and a ``caption`` (how many readers the last target pass served; the operator's drafting limit; with
     ``as_of``, a clock time such as "21:52:03", when the numbers were read: the panel is drawn when the page runs,
     so a page that finished while others decoded keeps that moment's numbers until its next click; the time says so;
+    whether the room drafts at the last pass's number of readers and what it measured, ``draft_policy.BandRates``;
     what the room promises each reader's text, from ``invariance``: the machine's self-check
     (``engine.decoding.invariance.InvarianceCheck``), ``CHECKING`` while it runs, None to say nothing)."""
     n = _or_dash
@@ -320,6 +321,12 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
                     "engines do under load; sampled texts then differ from a run alone (same distribution).")
     if invariance is not None:
         caption += " " + invariance_line(None if invariance == CHECKING else invariance)
+    drafting = getattr(stats, "drafting", None)
+    if drafting is not None and drafting.band > 1:
+        caption += " " + drafting.line()
+        if not drafting.drafts:
+            caption += (" Greedy texts are the same either way; a sampled text from a pass without drafting is another "
+                        "sample of the same distribution, not the text alone.")
     if as_of:
         caption += f" As of {as_of} (server clock); any click updates these numbers."
     return {"metrics": metrics, "caption": caption}

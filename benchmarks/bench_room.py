@@ -256,7 +256,7 @@ def engine_room(k: int, max_new: int, no_draft_above: str = "") -> dict:
 
     target = _in_thread(lambda: load_model(EMBEDDED))
     ids = encode_prompt(target.tokenizer, preset_text("chat"))
-    room = Room(target, no_draft_above=no_draft_above or None, warm_up=True)  # warmed up as the server's room
+    room = Room(target, no_draft_above=no_draft_above or "auto", warm_up=True)  # warmed up as the server's room
     try:
         decs = _in_thread(lambda: [
             SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids,
@@ -316,7 +316,9 @@ def main() -> None:
     ap.add_argument("--readers", type=int, nargs="+", default=[16], help="room sizes K to run (default 16)")
     ap.add_argument("--max-new", type=int, default=32, help="new tokens each reader asks for (default 32)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a room may take at most")
-    ap.add_argument("--no-draft-above", default="", help="SPEEDUP_LAB_NO_DRAFT_ABOVE for the server (default off)")
+    ap.add_argument("--no-draft-above", default="",
+                    help="SPEEDUP_LAB_NO_DRAFT_ABOVE for the server (default auto: the room drafts where its measured "
+                         "passes say it pays; off: always draft)")
     ap.add_argument("--client", choices=("chromium", "protocol"), default="chromium",
                     help="the readers: headless Chromium pages on this machine (default), or "
                          "Streamlit-protocol sessions over the websocket without a browser (benchmarks/room_client.py: "
@@ -412,7 +414,7 @@ def main() -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2))
     lines = [f"# Room benchmark: K readers press Run to the end at once ({args.max_new} new tokens each)", "",
              f"CPU: {result['cpu']} ({result['cores']} cores). Command: `{result['command']}`. "
-             f"{result['settings']}. Drafting limit: {result['no_draft_above'] or 'off'}.", "", machine_line(meta), "",
+             f"{result['settings']}. Drafting limit: {result['no_draft_above'] or 'auto (the room measures where drafting pays)'}.", "", machine_line(meta), "",
              "| readers | aggregate tok/s | one reader alone tok/s | ratio | slowest reader s | median s | "
              "alone s | errors | texts = alone | server peak RSS MB | stolen by the host: room (alone runs) |",
              "|" + "---|" * 11]

@@ -14,6 +14,7 @@ from engine.decoding.models import load_model
 from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
 from engine.decoding.drafts import make_proposer
 from engine.decoding.sampling import SamplingConfig
+from engine.decoding import scheduler
 from engine.decoding.scheduler import Room, parse_no_draft_above, room_for
 from engine.decoding.speculative import SpeculativeDecoder
 from engine.errors import InputError
@@ -211,12 +212,14 @@ def _bits(rounds):
     return out
 
 
-def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory, monkeypatch):
+@pytest.mark.parametrize("own_caches", [True, False])
+def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory, monkeypatch, own_caches):
     """``compute.batch_invariant``: a reader's rows in the room's shared passes get exactly the bits of its lone passes
     (not only its tokens), so the room's texts are the texts alone even at a near tie. 8 readers of four draft kinds,
     greedy and sampled, make passes of mixed widths (a call per row), their draft heads' rows drafting together
     (``propose_many``: q bit-identical too); 4 early-exit readers make passes whose rows all feed γ + 1 tokens (one
-    call)."""
+    call). Both ways the room runs a pass: over the rows in their own caches (``Room._in_own_caches``) and over a
+    stacked batch cache (``Room._stacked``); each is checked to have served the shared passes."""
     path = save_tiny_llama(tmp_path_factory.mktemp("inv") / "m", layers=2, seed=5, init=0.5)
     t = load_model(str(path), device="cpu", compute="stream")
     assert t.compute.path == "stream", (
@@ -233,6 +236,18 @@ def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory, monkeypat
     monkeypatch.setattr(this, "_head", lambda t_: FeatureHeadProposer(shared, t_))
     together = []  # the jobs of each batched head draft
     many = FeatureHeadProposer.propose_many
+    monkeypatch.setattr(scheduler, "IN_OWN_CACHES", own_caches)
+    served = {"own": 0, "stacked": 0}
+    own, stacked = Room._in_own_caches, Room._stacked
+
+    def count(name, f):
+        def run(self, fed, rec):
+            out = f(self, fed, rec)
+            served[name] += out is not None
+            return out
+        return run
+    monkeypatch.setattr(Room, "_in_own_caches", count("own", own))
+    monkeypatch.setattr(Room, "_stacked", count("stacked", stacked))
     monkeypatch.setattr(FeatureHeadProposer, "propose_many",
                         staticmethod(lambda jobs: together.append(len(jobs)) or many(jobs)))
     for settings in (mixed, same):
@@ -251,6 +266,7 @@ def test_room_rows_get_the_bits_of_their_lone_passes(tmp_path_factory, monkeypat
                 assert max(together) >= 2  # the heads' rows did draft together
         finally:
             room.close()
+    assert served["own" if own_caches else "stacked"] > 0 and served["stacked" if own_caches else "own"] == 0
 
 
 @pytest.mark.parametrize("kernel", ["stream", "sdpa"])

@@ -269,8 +269,33 @@ class CachedLM:
         kb, vb = self._block
         kb[:, :, :, n:n + w].copy_(keys)
         vb[:, :, :, n:n + w].copy_(values)
-        for la, k, v in zip(layers, kb[:, :, :, :n + w].unbind(0), vb[:, :, :, :n + w].unbind(0)):
+        self._view_block(n + w)
+
+    def _view_block(self, n: int) -> None:
+        """Make every layer's keys and values the block's first n entries (views)."""
+        kb, vb = self._block
+        for la, k, v in zip(self.cache.layers, kb[:, :, :, :n].unbind(0), vb[:, :, :, :n].unbind(0)):
             la.keys, la.values = k, v
+
+    def block_with_room(self, w: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole block (keys, values), each [layers, 1, heads, capacity, head dim], with room for w entries after
+        the cached ones (grown as ``_append_block`` grows it: the cache copied once into a bigger pair), for a pass
+        that writes its new entries there itself (the room's pass over rows in their own caches,
+        ``compute.lean.fused_decode_rows``; then ``absorb_written``). None when the cache is not a block now
+        (``kv_block``)."""
+        if self.kv_block() is None:
+            return None
+        self._ensure_block(w)
+        return self._block
+
+    def absorb_written(self, feed: list[int], hidden: torch.Tensor | None, last_logits: torch.Tensor) -> None:
+        """``absorb`` for a pass that already wrote the fed tokens' KV entries into the block after the cached ones
+        (``block_with_room``): the layers' views grow by ``len(feed)``; hidden and last_logits as ``absorb``."""
+        self._view_block(self.cache.layers[0].keys.shape[-2] + len(feed))
+        if self.keep_hidden:
+            self.append_hidden(hidden)
+        self.ids = self.ids + list(feed)
+        self.last_logits = last_logits
 
     def _filled(self) -> bool:
         """Whether every layer of the cache holds [1, heads, n, head dim] entries (what a block can take)."""

@@ -42,18 +42,23 @@ no compiler, other architectures) a batched pass can differ by rounding, which c
 (``batch.first_difference_gap`` shows such a case).
 
 Isolation: a reader's exception (bad input, a failing draft) goes to that reader only; a failing shared pass is
-retried row by row, so only the row that fails alone gets the error. Stacking per pass (rather than one
-shared batch cache) is what makes that cheap to guarantee: a row's cache is only written after its pass
-succeeded. What stacking costs is measured per pass (``PassRecord.stack_ms``; ``benchmarks/bench_room.py``).
+retried row by row, so only the row that fails alone gets the error. A row's cache only grows after its pass
+succeeded: the shared pass runs over the rows in their own caches (``Room._in_own_caches``: each layer writes a
+row's new entries into its block past its cached ones and reads them back, and the cache's views take them in
+afterwards), or, where that does not apply, over a batch cache stacked from them (``Room._stacked``). What preparing
+the pass costs is measured per pass (``PassRecord.stack_ms``; ``benchmarks/bench_room.py``).
 
 Warm-up: a room made by ``room_for`` (the app's) first warms up when its first request arrives (``Room._warm_up``:
 the batched path's one-time costs, then ``gc.freeze`` once per process), so the first room of readers does not pay
 them in its first pass.
 
-Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or ``Room(no_draft_above=B)``) drafts nothing in a pass of
-more than B rows, as serving engines switch speculation off under load (vLLM's
-``speculative_disable_by_batch_size``). Off by default. Greedy outputs stay the same; sampled outputs then follow
-the same distribution but are no longer the same text as alone (fewer draws are made).
+Drafting: by default the room drafts in a pass only where its own measured passes say it pays
+(``engine.decoding.draft_policy``: per band of readers per pass, drafted against plain passes' tokens per reader per
+second), as serving engines switch speculation off under load. Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or
+``Room(no_draft_above=B)``) drafts nothing in a pass of more than B rows instead (vLLM's
+``speculative_disable_by_batch_size``); ``off`` always drafts; ``auto`` (the default) measures. Greedy outputs stay the
+same either way; a sampled output from a pass that did not draft follows the same distribution but is no longer the
+same text as alone (fewer draws are made), so ``off`` is what keeps every text equal to alone.
 """
 
 from __future__ import annotations
@@ -77,7 +82,8 @@ from typing import Callable, Iterator
 import torch
 
 from engine.decoding.attention import KVScratch, fed_visibility, model_mask, stack_left_padded
-from engine.decoding.compute import batch_invariant
+from engine.decoding.compute import batch_invariant, fused_decode_rows
+from engine.decoding.draft_policy import BandRates, DraftPolicy
 from engine.decoding.compute.invariant import _aligned
 from engine.decoding.models import LoadedModel
 from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
@@ -85,6 +91,8 @@ from engine.decoding.trace import Round
 from engine.errors import InputError
 
 NO_DRAFT_ENV = "SPEEDUP_LAB_NO_DRAFT_ABOVE"
+AUTO = "auto"
+"""``no_draft_above``'s value (and the environment variable's default) for drafting chosen from measured passes."""
 MAX_ROWS_ENV = "SPEEDUP_LAB_ROOM_MAX_ROWS"
 LOG_ENV = "SPEEDUP_LAB_ROOM_LOG"  # a file: one JSON line per pass (benchmarks/bench_room.py reads the server's)
 DEFAULT_MAX_ROWS = 32
@@ -102,6 +110,10 @@ STACK_IN_PLACE = True
 """The room's target pass stacks the rows' caches into transformers ``StaticLayer`` s with room for the pass's new
 entries (``attention.stack_left_padded(room=...)``); False: a ``DynamicCache`` the forward concatenates onto (for
 A/B measurements; the same bits either way, tested)."""
+IN_OWN_CACHES = True
+"""The room's target pass runs over the rows in their own KV caches where it can (``_in_own_caches``: the
+"stream" path's fused layers, every row's cache a ``CachedLM`` block), so no batch cache is stacked; False: always
+stack (for A/B measurements; the same bits either way, tested)."""
 WINDOW_S = 10.0  # the room's recent tokens/s and rows per pass are over this many seconds of passes
 WARM_ROWS = 16  # the warm-up's batched passes: rows (at most max_rows) ...
 WARM_PROMPT = 48  # ... each a prompt of this many tokens, prefilled (one by one), then two plain-decoding rounds
@@ -147,7 +159,8 @@ def configure_threads(n: int | None = None) -> int:
 
 
 def parse_no_draft_above(value) -> int | None:
-    """The operator's batch limit for drafting: None (off) for None/""/"0"/"off", else a whole number ≥ 1.
+    """The operator's batch limit for drafting: None (no fixed limit) for None/""/"0"/"off"/"auto" ("auto": the room
+    measures where drafting pays, ``Room``; elsewhere, as the CLI's batch, there is no limit), else a whole number ≥ 1.
 
     Raises:
         InputError: for anything else.
@@ -155,14 +168,14 @@ def parse_no_draft_above(value) -> int | None:
     if value is None:
         return None
     s = str(value).strip().lower()
-    if s in ("", "0", "off", "none"):
+    if s in ("", "0", "off", "none", AUTO):
         return None
     try:
         b = int(s)
     except ValueError:
-        raise InputError(f"{NO_DRAFT_ENV} must be a whole number of rows (or 0 / off), got {value!r}.") from None
+        raise InputError(f"{NO_DRAFT_ENV} must be a whole number of rows (or auto, 0 / off), got {value!r}.") from None
     if b < 1:
-        raise InputError(f"{NO_DRAFT_ENV} must be ≥ 1 (or 0 / off), got {value!r}.")
+        raise InputError(f"{NO_DRAFT_ENV} must be ≥ 1 (or auto, 0 / off), got {value!r}.")
     return b
 
 
@@ -208,9 +221,11 @@ class RoomStats:
         readers_now: requests running or waiting. last_pass_rows: rows of the last pass (0 before any).
         rows_per_pass: mean rows per pass over the last ``WINDOW_S`` seconds (None: no pass in it).
         tokens_per_s: tokens emitted by all rows ÷ the worker's busy time in that window (None: none).
-        passes: passes since the room started. no_draft_above: the operator's limit (None: off).
+        passes: passes since the room started. no_draft_above: the operator's limit (None: none).
         max_rows: rows per pass at most. threads: torch's intra-op threads.
         stack_share: stacking + unstacking ÷ pass time in the window (None: no shared pass).
+        drafting: with the measured drafting choice (``draft_policy``), the band of the last pass's readers: its
+            measured rates and choice (None: a fixed choice, or no pass yet).
     """
 
     readers_now: int
@@ -222,6 +237,7 @@ class RoomStats:
     max_rows: int
     threads: int
     stack_share: float | None
+    drafting: BandRates | None = None
 
 
 class Ticket:
@@ -312,7 +328,8 @@ class Room:
     Args:
         target: the loaded target every submitted decoder uses.
         max_rows: requests served per pass at most (≥ 1; default ``SPEEDUP_LAB_ROOM_MAX_ROWS`` or 32).
-        no_draft_above: draft nothing in a pass of more rows (None: off; default ``SPEEDUP_LAB_NO_DRAFT_ABOVE``).
+        no_draft_above: draft nothing in a pass of more rows; None or "off": always draft; "auto": draft where the
+            room's measured passes say it pays (``draft_policy``); default ``SPEEDUP_LAB_NO_DRAFT_ABOVE``, else "auto".
         abandon_s: a ticket not polled for this long is dropped.
         batch_drafts: rows whose drafts share a head draft in one batched call per step (``propose_many``);
             False: every row drafts alone (bit-identical drafts to alone; for A/B measurements).
@@ -334,8 +351,9 @@ class Room:
         if not isinstance(max_rows, int) or max_rows < 1:
             raise InputError(f"Rows per pass must be a whole number ≥ 1, got {max_rows!r}.")
         self.max_rows = max_rows
-        self.no_draft_above = (parse_no_draft_above(os.environ.get(NO_DRAFT_ENV)) if no_draft_above == "env"
-                               else parse_no_draft_above(no_draft_above))
+        raw = (os.environ.get(NO_DRAFT_ENV) or AUTO) if no_draft_above == "env" else no_draft_above
+        self.draft_policy = DraftPolicy() if str(raw).strip().lower() == AUTO else None
+        self.no_draft_above = None if self.draft_policy else parse_no_draft_above(raw)
         self.abandon_s = abandon_s
         self.batch_drafts = batch_drafts
         self.threads = configure_threads()
@@ -439,7 +457,7 @@ class Room:
             rows_per_pass=statistics.fmean(p.rows for p in recent) if recent else None,
             tokens_per_s=sum(p.emitted for p in recent) / (busy / 1000) if busy > 0 else None,
             passes=self.pass_count, no_draft_above=self.no_draft_above, max_rows=self.max_rows,
-            threads=self.threads,
+            threads=self.threads, drafting=self.draft_policy.rates(last) if self.draft_policy and last else None,
             stack_share=(sum(p.stack_ms + p.unstack_ms for p in shared) / sum(p.ms for p in shared))
             if shared and sum(p.ms for p in shared) > 0 else None)
 
@@ -550,7 +568,8 @@ class Room:
 
     def _pass(self, batch: list[Ticket], record: bool = True) -> None:
         t_pass = time.perf_counter()
-        allow_draft = self.no_draft_above is None or len(batch) <= self.no_draft_above
+        allow_draft = (self.draft_policy.drafts(len(batch)) if self.draft_policy is not None
+                       else self.no_draft_above is None or len(batch) <= self.no_draft_above)
         rec = PassRecord(t_end=0.0, ms=0.0, rows=len(batch), fed_rows=0, tokens=0, emitted=0, stack_ms=0.0,
                          unstack_ms=0.0, target_ms=0.0, drafted=allow_draft, served=[t.id for t in batch])
         locked: list[SpeculativeDecoder] = []
@@ -623,6 +642,8 @@ class Room:
         rec.t_end = time.monotonic()
         if not record:
             return
+        if self.draft_policy is not None:
+            self.draft_policy.record(rec.fed_rows, rec.drafted, rec.emitted, rec.ms)
         with self._cond:
             self.passes.append(rec)
             self.pass_count += 1
@@ -685,6 +706,13 @@ class Room:
         prefills = [x for x in fed if x[1].target_lm.cached_len == 0]  # (split before any of them is fed)
         fed = [x for x in fed if x[1].target_lm.cached_len > 0]
         out = self._each_alone(prefills, rec)
+        if len(fed) > 1 and IN_OWN_CACHES:
+            try:
+                own = self._in_own_caches(fed, rec)
+            except Exception:  # noqa: BLE001 - retried stacked, then row by row, below
+                own = None
+            if own is not None:
+                return {**out, **own}
         if len(fed) > 1:
             try:
                 return {**out, **self._stacked(fed, rec)}
@@ -710,6 +738,56 @@ class Room:
         rec.target_ms += (time.perf_counter() - t0) * 1000
         rec.fed_rows += 1
         rec.tokens += len(p.feed)
+        return out
+
+    @torch.inference_mode()
+    def _in_own_caches(self, fed: list[tuple[Ticket, SpeculativeDecoder, PendingPass]],
+                       rec: PassRecord) -> dict[int, torch.Tensor | None] | None:
+        """The shared pass over the rows in their own KV caches (``compute.fused_decode_rows``): each layer writes a
+        row's new entries into its ``CachedLM`` block and attends over that block, so nothing is stacked or handed
+        back. Each row gets the bits of its lone pass (tests/test_scheduler.py). None where it does not apply (not the
+        fused "stream" path, a cache that is not a block): the caller stacks instead. ``rec.stack_ms`` gets the
+        blocks' preparation (a block grown past its spare is copied once)."""
+        dev = self.target.device
+        if dev.type != "cpu":
+            return None
+        t0 = time.perf_counter()
+        lms = [dec.target_lm for _, dec, _ in fed]
+        widths = [len(p.feed) for _, _, p in fed]
+        width = max(widths)
+        blocks = [lm.block_with_room(width) for lm in lms]
+        if any(b is None for b in blocks):
+            return None
+        lens = [lm.cached_len for lm in lms]
+        pos = torch.tensor([[n + i for i in range(width)] for n in lens], dtype=torch.long)
+        pad_id = self._pad_id()
+        inp = torch.tensor([p.feed + [pad_id] * (width - len(p.feed)) for _, _, p in fed], dtype=torch.long)
+        rec.stack_ms += (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        model = self.target.model
+        with batch_invariant():  # the LM head's product too: the streaming kernel at any row count
+            h = fused_decode_rows(model.get_decoder(), inp, pos, blocks, lens, widths)
+            if h is None:
+                return None
+            idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed)
+                   for j in range(p.n_fed_logits)]
+            logits_all = None
+            if idx:
+                sel = h[torch.tensor([i for i, _ in idx]), torch.tensor([j for _, j in idx])]
+                logits_all = model.get_output_embeddings()(sel).float()
+        rec.target_ms += (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        out: dict[int, torch.Tensor | None] = {}
+        start = 0
+        for r, ((_, _, p), lm) in enumerate(zip(fed, lms)):
+            w = widths[r]
+            lg = logits_all[start:start + p.n_fed_logits] if p.n_fed_logits else None
+            start += p.n_fed_logits
+            lm.absorb_written(p.feed, h[r, :w] if lm.keep_hidden else None, lg[-1])
+            out[id(p)] = lg
+        rec.unstack_ms += (time.perf_counter() - t0) * 1000
+        rec.fed_rows += len(fed)
+        rec.tokens += len(fed) * width
         return out
 
     @torch.inference_mode()

@@ -113,6 +113,7 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
             _STREAM["op"] = mod.small_linear
             _STREAM["attention"] = getattr(mod, "invariant_attention", None)
             _STREAM["fused_layer"] = getattr(mod, "FusedLayer", None)
+            _STREAM["ragged_pass"] = getattr(mod, "RaggedPass", None)
             if getattr(mod, "compact_supported", lambda: False)():
                 _STREAM["compact"] = {"f16": mod.small_linear_f16, "q8": mod.small_linear_q8}
                 if hasattr(mod, "small_linear_q41"):

@@ -34,6 +34,9 @@
 // invariant_attention.cpp.
 torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cols,
                                   torch::Tensor n_cols, torch::Tensor n_fed, double scale);
+torch::Tensor invariant_attention_rows(const torch::Tensor& q, const float* const* kbase, const float* const* vbase,
+                                       const int64_t* hstride, const int64_t* n_cached, const int64_t* n_fed, int64_t G,
+                                       double scale);
 
 namespace {
 
@@ -115,6 +118,57 @@ const float* bias_ptr(const c10::optional<torch::Tensor>& b, int64_t N) {
   return b->data_ptr<float>();
 }
 
+// The rows of a room's pass, each in its own KV cache (no batch cache): row b's keys and values are its CachedLM's
+// blocks [layers, 1, G, capacity_b, D] (proposers.py's _append_block), its first n_cached[b] entries cached; the
+// pass writes its fed tokens' entries at slots n_cached[b], … of every layer and reads them back from there. Made
+// once per pass; checks every row's block (fp32 CPU, contiguous, the same layers, heads and head dim, room for Q more
+// entries) so the layers' calls below can address them directly. Why: stacking 16 readers' caches into one batch cache
+// and handing the new entries back copied every cached entry each pass (9 ms of a 55 ms 16-reader pass, AMD EPYC).
+class RaggedPass {
+ public:
+  RaggedPass(std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, std::vector<int64_t> n_cached,
+             std::vector<int64_t> n_fed, int64_t Q)
+      : keys_(std::move(keys)), values_(std::move(values)), n_cached_(std::move(n_cached)), n_fed_(std::move(n_fed)),
+        Q_(Q) {
+    const size_t B = keys_.size();
+    TORCH_CHECK(B > 0 && values_.size() == B && n_cached_.size() == B && n_fed_.size() == B && Q > 0,
+                "RaggedPass: one keys block, values block, cached length and fed count per row, Q > 0");
+    const auto& k0 = keys_[0];
+    TORCH_CHECK(k0.dim() == 5 && k0.size(1) == 1, "RaggedPass: blocks [layers, 1, heads, capacity, head dim]");
+    layers_ = k0.size(0);
+    G_ = k0.size(2);
+    D_ = k0.size(4);
+    for (size_t b = 0; b < B; ++b) {
+      for (const auto* t : {&keys_[b], &values_[b]})
+        TORCH_CHECK(t->dim() == 5 && t->scalar_type() == torch::kFloat && t->device().is_cpu() && t->is_contiguous() &&
+                        t->size(0) == layers_ && t->size(1) == 1 && t->size(2) == G_ && t->size(4) == D_ &&
+                        t->size(3) == keys_[b].size(3) && !t->requires_grad(),
+                    "RaggedPass: row ", b, "'s blocks must be contiguous fp32 CPU [", layers_, ", 1, ", G_,
+                    ", capacity, ", D_, "]");
+      TORCH_CHECK(n_cached_[b] > 0 && n_fed_[b] >= 1 && n_fed_[b] <= Q && n_cached_[b] + Q <= keys_[b].size(3),
+                  "RaggedPass: row ", b, " needs 0 < cached, 1 <= fed <= Q and room for Q entries");
+      hstride_.push_back(keys_[b].size(3) * D_);
+    }
+    kbase_.resize(B);
+    vbase_.resize(B);
+  }
+  int64_t rows() const { return static_cast<int64_t>(keys_.size()); }
+
+  // Row b's layer-l keys and values ([G, capacity, D], hstride floats a head), for the calls of layer l.
+  void point(int64_t layer) {
+    TORCH_CHECK(layer >= 0 && layer < layers_, "RaggedPass: layer ", layer, " outside the blocks' ", layers_);
+    for (size_t b = 0; b < keys_.size(); ++b) {
+      kbase_[b] = keys_[b].data_ptr<float>() + layer * keys_[b].stride(0);
+      vbase_[b] = values_[b].data_ptr<float>() + layer * values_[b].stride(0);
+    }
+  }
+
+  std::vector<torch::Tensor> keys_, values_;
+  std::vector<int64_t> n_cached_, n_fed_, hstride_;
+  std::vector<float*> kbase_, vbase_;
+  int64_t Q_, layers_ = 0, G_ = 0, D_ = 0;
+};
+
 class FusedLayer {
  public:
   // in_norm, post_norm: [H] fp32; each product's weight form (see stream_weight) and bias or None: qkv [(hq + 2 hk)
@@ -178,9 +232,10 @@ class FusedLayer {
     return {out[0], out[1], out[2], false};
   }
 
-  // qkv's work; with kb and vb defined, k and v go to slots [n, n + Q) of them and are not returned.
+  // qkv's work; with kb and vb defined, k and v go to slots [n, n + Q) of them and are not returned; with a RaggedPass
+  // (pointed at this layer), row b's go to slots [n_cached[b], n_cached[b] + Q) of its own block, not returned either.
   std::vector<torch::Tensor> qkv_into(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kb,
-                                      torch::Tensor vb, int64_t n) const {
+                                      torch::Tensor vb, int64_t n, const RaggedPass* rows_pass = nullptr) const {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == H_ && x.scalar_type() == torch::kFloat && x.device().is_cpu(),
                 "fused_layer.qkv: x [B, Q, H] fp32 on the CPU expected");
     x = x.contiguous();
@@ -197,32 +252,64 @@ class FusedLayer {
     stream_product(xn.data(), qkv_, qkv_b_, y.data(), M);
     auto q = torch::empty({B, hq_, Q, D}, x.options());
     const bool into = kb.defined();
-    auto k = into ? kb : torch::empty({B, hk_, Q, D}, x.options());
-    auto v = into ? vb : torch::empty({B, hk_, Q, D}, x.options());
-    // element (b, h, j, d) of the new entries: at slot n + j of a block, else at j of a [B, hk, Q, D] tensor
-    const int64_t ksb = k.stride(0), ksh = k.stride(1), ksj = k.stride(2), kj0 = into ? n : 0;
-    const int64_t vsb = v.stride(0), vsh = v.stride(1), vsj = v.stride(2);
-    float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    const bool ragged = rows_pass != nullptr;
+    auto k = into ? kb : (ragged ? torch::Tensor() : torch::empty({B, hk_, Q, D}, x.options()));
+    auto v = into ? vb : (ragged ? torch::Tensor() : torch::empty({B, hk_, Q, D}, x.options()));
+    // element (b, h, j, d) of the new entries: at slot n + j of a block, at slot n_cached[b] + j of row b's own block
+    // (a RaggedPass), else at j of a [B, hk, Q, D] tensor
+    const int64_t ksb = ragged ? 0 : k.stride(0), ksh = ragged ? 0 : k.stride(1), ksj = ragged ? D : k.stride(2);
+    const int64_t kj0 = into ? n : 0;
+    const int64_t vsb = ragged ? 0 : v.stride(0), vsh = ragged ? 0 : v.stride(1), vsj = ragged ? D : v.stride(2);
+    float *qp = q.data_ptr<float>(), *kp = ragged ? nullptr : k.data_ptr<float>(),
+          *vp = ragged ? nullptr : v.data_ptr<float>();
     const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
     const int64_t row = qkv_.N;
     for (int64_t b = 0; b < B; ++b) {
+      if (ragged) {  // row b's own block: its layer's keys and values, a head every hstride floats, after its cache
+        kp = rows_pass->kbase_[b];
+        vp = rows_pass->vbase_[b];
+      }
+      const int64_t kh = ragged ? rows_pass->hstride_[b] : ksh, vh = ragged ? rows_pass->hstride_[b] : vsh;
+      const int64_t j0 = ragged ? rows_pass->n_cached_[b] : kj0;
       for (int64_t j = 0; j < Q; ++j) {
         const float* src = y.data() + (b * Q + j) * row;
         const int64_t pe = ((cos.size(0) == 1 ? 0 : b) * Q + j) * D;
         const float *c = cp + pe, *s = sp + pe;
         for (int64_t h = 0; h < hq_ + hk_; ++h) {  // transformers' apply_rotary_pos_emb: x·cos + rotate_half(x)·sin
           const float* in = src + h * D;
-          float* out = h < hq_ ? qp + ((b * hq_ + h) * Q + j) * D : kp + b * ksb + (h - hq_) * ksh + (kj0 + j) * ksj;
+          float* out = h < hq_ ? qp + ((b * hq_ + h) * Q + j) * D : kp + b * ksb + (h - hq_) * kh + (j0 + j) * ksj;
           for (int64_t d = 0; d < half; ++d) out[d] = in[d] * c[d] + (-in[d + half]) * s[d];
           for (int64_t d = half; d < D; ++d) out[d] = in[d] * c[d] + in[d - half] * s[d];
         }
         const float* vin = src + (hq_ + hk_) * D;
         for (int64_t h = 0; h < hk_; ++h)
-          std::memcpy(vp + b * vsb + h * vsh + (kj0 + j) * vsj, vin + h * D, D * sizeof(float));
+          std::memcpy(vp + b * vsb + h * vh + (j0 + j) * vsj, vin + h * D, D * sizeof(float));
       }
     }
-    if (into) return {q};
+    if (into || ragged) return {q};
     return {q, k, v};
+  }
+
+  // qkv for the rows of a RaggedPass at layer `layer`: x [B, Q, H], cos and sin [B, Q, D] (each row's positions).
+  // Writes every row's new keys and values into its own block after its cached entries; returns q [B, hq, Q, D].
+  torch::Tensor qkv_rows(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, RaggedPass& pass, int64_t layer) {
+    TORCH_CHECK(x.dim() == 3 && x.size(0) == pass.rows() && x.size(1) == pass.Q_ && pass.G_ == hk_ && pass.D_ == D_,
+                "fused_layer.qkv_rows: x [rows, Q, H] and blocks with this layer's kv heads and head dim expected");
+    pass.point(layer);
+    return qkv_into(x, cos, sin, torch::Tensor(), torch::Tensor(), 0, &pass)[0];
+  }
+
+  // rest for the rows of a RaggedPass (after qkv_rows at the same layer): attention over each row's own block, then
+  // the same o_proj, norm, MLP and residuals as rest. Returns the layer's output [B, Q, H].
+  torch::Tensor rest_rows(torch::Tensor x, torch::Tensor q, RaggedPass& pass, int64_t layer, double scale) const {
+    TORCH_CHECK(q.dim() == 4 && q.size(0) == pass.rows() && q.size(1) == hq_ && q.size(2) == pass.Q_ &&
+                    q.size(3) == D_ && q.scalar_type() == torch::kFloat && pass.G_ == hk_,
+                "fused_layer.rest_rows: q [rows, hq, Q, D] expected");
+    pass.point(layer);
+    q = q.contiguous();
+    auto att = invariant_attention_rows(q, pass.kbase_.data(), pass.vbase_.data(), pass.hstride_.data(),
+                                        pass.n_cached_.data(), pass.n_fed_.data(), hk_, scale);
+    return after_attention(x, att);
   }
 
   // x [B, Q, H] (the layer's input: the residual), q [B, hq, Q, D], k and v [B, hk, L, D] (the cache after its
@@ -232,10 +319,19 @@ class FusedLayer {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == H_ && x.scalar_type() == torch::kFloat,
                 "fused_layer.rest: x [B, Q, H] fp32 expected");
     x = x.contiguous();
-    const int64_t B = x.size(0), Q = x.size(1), M = B * Q, D = D_;
-    TORCH_CHECK(q.dim() == 4 && q.size(0) == B && q.size(1) == hq_ && q.size(2) == Q && q.size(3) == D,
+    const int64_t B = x.size(0), Q = x.size(1);
+    TORCH_CHECK(q.dim() == 4 && q.size(0) == B && q.size(1) == hq_ && q.size(2) == Q && q.size(3) == D_,
                 "fused_layer.rest: q [B, hq, Q, D] expected");
-    auto att = invariant_attention(q, k, v, cols, n_cols, n_fed, scale);  // [B, hq, Q, D] contiguous
+    return after_attention(x, invariant_attention(q, k, v, cols, n_cols, n_fed, scale));
+  }
+
+  // Everything after the attention ([B, hq, Q, D] contiguous): o_proj, + x, RMSNorm, gate/up, SiLU · up, down_proj,
+  // + residual. Returns [B, Q, H].
+  torch::Tensor after_attention(torch::Tensor x, const torch::Tensor& att) const {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == H_ && x.scalar_type() == torch::kFloat,
+                "fused_layer: x [B, Q, H] fp32 expected");
+    x = x.contiguous();
+    const int64_t B = x.size(0), Q = x.size(1), M = B * Q, D = D_;
     const float* ap = att.data_ptr<float>();
     const int64_t A = hq_ * D;
     std::vector<float> a(M * A), h1(M * H_), hn(M * H_), gu(M * gu_.N), act(M * I_);
@@ -272,6 +368,10 @@ class FusedLayer {
 
 void register_fused_layer(pybind11::module_& m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;  // as small_linear.cpp's entries
+  pybind11::class_<RaggedPass>(m, "RaggedPass")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
+                          std::vector<int64_t>, int64_t>(),
+           "a pass over rows each in its own KV cache block: (keys blocks, values blocks, cached lengths, fed counts, Q)");
   pybind11::class_<FusedLayer>(m, "FusedLayer")
       .def(pybind11::init<torch::Tensor, double, std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>,
                           std::string, std::vector<torch::Tensor>, c10::optional<torch::Tensor>, torch::Tensor, double,
@@ -281,5 +381,8 @@ void register_fused_layer(pybind11::module_& m) {
       .def("qkv", &FusedLayer::qkv, nogil(), "RMSNorm, the fused q/k/v product and the rotary embedding: [q, k, v]")
       .def("qkv_append", &FusedLayer::qkv_append, nogil(),
            "qkv writing k and v into a cache block in place: (q, keys, values, True), else (q, k, v, False)")
-      .def("rest", &FusedLayer::rest, nogil(), "attention, o_proj, residual, RMSNorm, gate/up, SiLU · up, down_proj, residual");
+      .def("rest", &FusedLayer::rest, nogil(), "attention, o_proj, residual, RMSNorm, gate/up, SiLU · up, down_proj, residual")
+      .def("qkv_rows", &FusedLayer::qkv_rows, nogil(),
+           "qkv for a RaggedPass's rows at a layer: their new keys and values into their own blocks; returns q")
+      .def("rest_rows", &FusedLayer::rest_rows, nogil(), "rest for a RaggedPass's rows at a layer");
 }

@@ -45,12 +45,18 @@ inline float dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-struct Rows {  // one call's tensors and shapes (see invariant_attention below)
+struct Rows {  // one call's tensors and shapes (see invariant_attention and invariant_attention_rows below)
   const float *q, *k, *v;
   float* out;
   const int64_t *cols, *n_cols, *n_fed;
   int64_t C, H, Q, D, ksb, ksg, ksl, vsb, vsg, vsl, group;
   float scale;
+  // Rows in their own caches (invariant_attention_rows): row b's keys and values start at kbase[b] and vbase[b], a kv
+  // head every hstride[b] floats, a key every D floats, its columns 0, 1, … in order (cols unused). nullptr: one
+  // batch tensor, as above.
+  const float* const* kbase = nullptr;
+  const float* const* vbase = nullptr;
+  const int64_t* hstride = nullptr;
 };
 
 // Score of one key: NV > 0 vectors of 16 lanes held in registers (D == 16 · NV), NV == 0 any D (a scalar tail).
@@ -74,15 +80,17 @@ void attend(const Rows& a, int64_t first, int64_t last) {
   for (int64_t task = first; task < last; ++task) {
     const int64_t b = task / a.H, h = task % a.H, g = h / a.group;
     const int64_t fed = a.n_fed[b], ncols = a.n_cols[b];
-    const int64_t* rc = a.cols + b * a.C;
-    const float* kb = a.k + b * a.ksb + g * a.ksg;
-    const float* vb = a.v + b * a.vsb + g * a.vsg;
+    // key column c of this row: rc[c], or c itself for a row in its own cache (the same keys, read by the same code)
+    const int64_t* rc = a.kbase ? nullptr : a.cols + b * a.C;
+    const float* kb = a.kbase ? a.kbase[b] + g * a.hstride[b] : a.k + b * a.ksb + g * a.ksg;
+    const float* vb = a.kbase ? a.vbase[b] + g * a.hstride[b] : a.v + b * a.vsb + g * a.vsg;
+    const int64_t ksl = a.kbase ? D : a.ksl, vsl = a.kbase ? D : a.vsl;
     for (int64_t j = 0; j < fed; ++j) {
       const float* qj = a.q + ((b * a.H + h) * a.Q + j) * D;
       const int64_t n = ncols - fed + j + 1;  // the keys query j sees
       const int64_t padded = (n + 15) / 16 * 16;
       e.assign(padded, -std::numeric_limits<float>::infinity());
-      for (int64_t c = 0; c < n; ++c) e[c] = score<NV>(qj, kb + rc[c] * a.ksl, D) * a.scale;
+      for (int64_t c = 0; c < n; ++c) e[c] = score<NV>(qj, kb + (rc ? rc[c] : c) * ksl, D) * a.scale;
       v16 mv = splat(-std::numeric_limits<float>::infinity());
       for (int64_t c = 0; c < padded; c += 16) {
         v16 x = load16(e.data() + c);
@@ -101,7 +109,7 @@ void attend(const Rows& a, int64_t first, int64_t last) {
         v16 acc[NV];
         for (int i = 0; i < NV; ++i) acc[i] = splat(0.0f);
         for (int64_t c = 0; c < n; ++c) {
-          const float* vc = vb + rc[c] * a.vsl;
+          const float* vc = vb + (rc ? rc[c] : c) * vsl;
           const v16 w = splat(e[c]);
           for (int i = 0; i < NV; ++i) acc[i] += w * load16(vc + 16 * i);
         }
@@ -109,7 +117,7 @@ void attend(const Rows& a, int64_t first, int64_t last) {
       } else {
         for (int64_t d = 0; d < D; ++d) tail[d] = 0.0f;
         for (int64_t c = 0; c < n; ++c) {
-          const float* vc = vb + rc[c] * a.vsl;
+          const float* vc = vb + (rc ? rc[c] : c) * vsl;
           const v16 w = splat(e[c]);
           for (int64_t d = 0; d < D16; d += 16) store16(tail.data() + d, load16(tail.data() + d) + w * load16(vc + d));
           for (int64_t d = D16; d < D; ++d) tail[d] += e[c] * vc[d];
@@ -164,6 +172,35 @@ torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tenso
   const Rows rows{qp, kp, vp, op, cp, nc, nf, C, H, Q, D, ksb, ksg, ksl, vsb, vsg, vsl, H / G, static_cast<float>(scale)};
   at::parallel_for(0, B * H, 1, [&](int64_t first, int64_t last) {
     switch (D) {  // the head dimension in registers where it is a small multiple of 16 (the same code for every row)
+      case 16: attend<1>(rows, first, last); break;
+      case 32: attend<2>(rows, first, last); break;
+      case 64: attend<4>(rows, first, last); break;
+      case 128: attend<8>(rows, first, last); break;
+      default: attend<0>(rows, first, last); break;
+    }
+  });
+  return out;
+}
+
+// Attention of rows that each keep their keys and values in their own cache (the room's pass without a batch cache):
+// q [B, H, Q, D] fp32 contiguous; row b's keys and values at kbase[b] and vbase[b] ([G, capacity, D] with a kv head
+// every hstride[b] floats), its first n_cached[b] + n_fed[b] columns used: its cached entries, then its fed tokens'.
+// The same outputs, by the same code, as invariant_attention with cols 0, 1, …, n_cols = n_cached + n_fed. The
+// caller (fused_layer.cpp's RaggedPass) checks every row's shapes and room.
+torch::Tensor invariant_attention_rows(const torch::Tensor& q, const float* const* kbase, const float* const* vbase,
+                                       const int64_t* hstride, const int64_t* n_cached, const int64_t* n_fed, int64_t G,
+                                       double scale) {
+  const int64_t B = q.size(0), H = q.size(1), Q = q.size(2), D = q.size(3);
+  std::vector<int64_t> n_cols(B);
+  for (int64_t b = 0; b < B; ++b) n_cols[b] = n_cached[b] + n_fed[b];
+  auto out = torch::zeros({B, H, Q, D}, q.options());
+  Rows rows{q.data_ptr<float>(), nullptr, nullptr, out.data_ptr<float>(), nullptr, n_cols.data(), n_fed, 0, H, Q, D,
+            0, 0, D, 0, 0, D, H / G, static_cast<float>(scale)};
+  rows.kbase = kbase;
+  rows.vbase = vbase;
+  rows.hstride = hstride;
+  at::parallel_for(0, B * H, 1, [&](int64_t first, int64_t last) {
+    switch (D) {
       case 16: attend<1>(rows, first, last); break;
       case 32: attend<2>(rows, first, last); break;
       case 64: attend<4>(rows, first, last); break;
