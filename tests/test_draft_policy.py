@@ -23,24 +23,32 @@ def _pass(pol, rows, drafted, emitted, ms):
     pol.record(rows, drafted, emitted, ms)
 
 
-def test_it_drafts_first_tries_plain_then_keeps_the_faster_and_tries_the_other_again():
+def test_many_readers_start_plain_try_drafting_later_then_keep_the_faster_and_try_the_other_again():
     """16 readers: drafted passes 28 tokens in 117 ms, plain passes 16 tokens in 40 ms (the AMD EPYC's room): per reader
     28/16 / 0.117 = 14.96 against 16/16 / 0.040 = 25.0 tokens/s, so plain; drafting measured 0.60×, under the
     clear-loss margin 0.75, so every 4 × 3 = 12th decision of the band tries it again."""
     pol = DraftPolicy(explore_every=3)
-    _pass(pol, 16, True, 28, 117.0)  # a drafted pass: now a plain one to compare
-    _pass(pol, 15, False, 15, 40.0)  # 15 readers: the same band
+    _pass(pol, 15, False, 15, 40.0)  # a band of 16 (15 readers: the same band) starts plain ...
+    for _ in range(10):
+        _pass(pol, 16, False, 16, 40.0)
+    _pass(pol, 16, True, 28, 117.0)  # ... and tries drafting at its 4 × 3 = 12th decision
     pol.record(16, True, 28, 117.0)
-    pol.record(16, False, 16, 40.0)
     r = pol.rates(16)
     assert r.drafted == pytest.approx((28 / 16) * 2 / 0.234)
-    assert r.plain == pytest.approx(2 / 0.080)
+    assert r.plain == pytest.approx(6 / 0.240)  # the kept (last 6) plain passes
     assert not r.drafts
     assert "0.60×" in r.line() and "does not draft" in r.line()
-    choices = [pol.drafts(16) for _ in range(22)]  # decisions 3..24 of the band: 12 and 24 try drafting again
-    assert [i + 3 for i, c in enumerate(choices) if c] == [12, 24]
+    choices = [pol.drafts(16) for _ in range(24)]  # decisions 13..36 of the band: 24 and 36 try drafting again
+    assert [i + 13 for i, c in enumerate(choices) if c] == [24, 36]
     assert pol.drafts(4)  # another band measures on its own
     assert pol.drafts(1)
+
+
+def test_few_readers_start_by_drafting_and_try_plain_next():
+    pol = DraftPolicy()
+    _pass(pol, 3, True, 6, 20.0)
+    _pass(pol, 3, False, 3, 15.0)
+    assert pol.rates(3).drafts  # 2 per reader in 20 ms against 1 in 15
 
 
 def test_when_drafting_pays_it_keeps_drafting():

@@ -9,10 +9,11 @@ embedded target and head, 16 chat readers, 2026-12-07): a pass drafting γ = 2 f
 
 Where the break-even lies depends on the machine, the prompts' acceptance and the draft, so ``DraftPolicy`` measures
 it: for each band of readers per pass (1, 2, 3–5, 6–11, 12–22, …) it keeps the recent passes of both kinds and
-chooses the one that emitted more tokens per reader per second; it starts by drafting, tries a plain pass once a
-band has a drafted pass to compare with, and tries the kind it did not choose again every ``EXPLORE_EVERY`` passes
-of the band (less often when it lost clearly), so a change in acceptance (other prompts, other readers) moves the
-choice. A reader alone always drafts
+chooses the one that emitted more tokens per reader per second. A band of few readers starts by drafting and tries
+a plain pass next; a band of many starts plain and tries drafting as late as it tries a clear loser again
+(``PLAIN_FIRST_FROM``: the cheaper mistake first). Then it tries the kind it did not choose again every
+``EXPLORE_EVERY`` passes of the band (less often when it lost clearly), so a change in acceptance (other prompts,
+other readers) moves the choice. A reader alone always drafts
 (the band of 1), as on its own.
 
 What it changes for a reader: greedy texts are the same either way (speculative decoding is exact); a sampled
@@ -37,6 +38,14 @@ KEEP = 6
 """Recent passes of each kind kept per band."""
 MIN_PASSES = 1
 """Passes of a kind a band needs before its rate is trusted."""
+PLAIN_FIRST_FROM = 8
+"""Bands of at least this many readers start with plain passes and first try drafting at their
+``EXPLORE_EVERY · CLEAR_FACTOR``-th pass; smaller bands start by drafting and try a plain pass next. Why: a try of the
+wrong kind costs little one way and much the other. A plain pass where drafting pays loses at most the accepted tokens
+of one pass; a drafted pass where the machine is busy computing costs (γ + 1)× the arithmetic of a plain one (on the
+AMD EPYC at 15-16 readers, 156-256 ms against 43, and the readers it served fell out of step, so the room's last
+passes ran with a few readers each). Many readers per pass make that case likely, few readers (a pass that waits on
+the weights) the other."""
 
 
 def band(rows: int) -> int:
@@ -75,10 +84,12 @@ class DraftPolicy:
     ``drafts(rows)`` says whether a pass of ``rows`` readers drafts; ``record(rows, drafted, emitted, ms)`` adds a
     finished pass (tokens emitted for all its readers, its wall time in ms)."""
 
-    def __init__(self, explore_every: int = EXPLORE_EVERY, keep: int = KEEP, min_passes: int = MIN_PASSES):
-        if explore_every < 2 or keep < 1 or min_passes < 1 or min_passes > keep:
-            raise ValueError("explore_every ≥ 2, keep ≥ 1 and 1 ≤ min_passes ≤ keep expected")
+    def __init__(self, explore_every: int = EXPLORE_EVERY, keep: int = KEEP, min_passes: int = MIN_PASSES,
+                 plain_first_from: int = PLAIN_FIRST_FROM):
+        if explore_every < 2 or keep < 1 or min_passes < 1 or min_passes > keep or plain_first_from < 2:
+            raise ValueError("explore_every ≥ 2, keep ≥ 1, 1 ≤ min_passes ≤ keep and plain_first_from ≥ 2 expected")
         self.explore_every, self.keep, self.min_passes = explore_every, keep, min_passes
+        self.plain_first_from = plain_first_from
         self._passes: dict[tuple[int, bool], collections.deque] = {}
         self._decided: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
@@ -96,6 +107,9 @@ class DraftPolicy:
         if b == 1:
             return True
         d, p = self._rate(b, True), self._rate(b, False)
+        if b >= self.plain_first_from and (d is None or p is None):
+            # plain until measured; drafting first tried as late as a clear loser is tried again
+            return p is not None and count % (self.explore_every * CLEAR_FACTOR) == 0
         if d is None:
             return True
         if p is None:

@@ -656,7 +656,11 @@ class Room:
                 pass
 
     def _judge(self, rows, logits, pass_ms: float, rec: PassRecord, n_batch: int) -> None:
-        """Judge each fed row with its reader's own rule and hand its round to its page (a prefill emits nothing)."""
+        """Judge each fed row with its reader's own rule, then hand every round to its page (a prefill emits nothing).
+        The rounds go out after all rows are judged: a page woken by its round runs Python (it draws) and, in the
+        Streamlit server, took the GIL from the worker still judging the other rows (on the AMD EPYC a 15-reader pass
+        whose readers all finished spent 118 ms judging, against 6 for the passes before it)."""
+        ready: list[tuple[Ticket, SpeculativeDecoder, Round]] = []
         for t, dec, p in rows:
             if t.done.is_set():
                 continue
@@ -671,6 +675,8 @@ class Room:
                     self._finish(t)
                 continue
             rec.emitted += len(rnd.emitted_ids)
+            ready.append((t, dec, rnd))
+        for t, dec, rnd in ready:
             self._deliver(t, dec, rnd, n_batch)
 
     @staticmethod
