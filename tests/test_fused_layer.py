@@ -194,3 +194,23 @@ def _decode_logits_with(lm, widths=(1, 3, 2)):
         seq = seq + [11 + (3 * i + j) % 17 for j in range(w)]
         out.append(lm.logits_for(seq, n_logits=w))
     return out
+
+
+def test_a_pass_over_rows_in_their_own_caches_checks_every_block():
+    """``RaggedPass`` (the room's pass over readers in their own caches, ``lean.fused_decode_rows``) addresses each
+    row's block directly, so it refuses blocks it could write past or misread: no room for the pass's tokens, more fed
+    tokens than the pass's width, another dtype, other heads."""
+    make = extension._STREAM["ragged_pass"]
+    k = torch.zeros(2, 1, 3, 8, 16)
+    v = torch.zeros_like(k)
+    make([k, k.clone()], [v, v.clone()], [4, 6], [2, 1], 2)  # 4 + 2 and 6 + 2 ≤ 8 slots
+    with pytest.raises(RuntimeError, match="room"):
+        make([k], [v], [7], [1], 2)
+    with pytest.raises(RuntimeError, match="room"):
+        make([k], [v], [4], [3], 2)  # feeds 3 tokens in a pass 2 wide
+    with pytest.raises(RuntimeError, match="contiguous fp32"):
+        make([k], [v.double()], [4], [1], 2)
+    with pytest.raises(RuntimeError, match="contiguous fp32"):
+        make([k, k[:, :, :2].contiguous()], [v, v[:, :, :2].contiguous()], [4, 4], [1, 1], 2)
+    with pytest.raises(RuntimeError, match="one keys block"):
+        make([k], [v, v], [4], [1], 2)
