@@ -8,17 +8,16 @@ embedded target and head, 16 chat readers, 2026-12-07): a pass drafting γ = 2 f
 28 tokens, a plain pass 40 ms for 16 tokens: drafting gave 0.61× the tokens per second.
 
 Where the break-even lies depends on the machine, the prompts' acceptance and the draft, so ``DraftPolicy`` measures
-it: for each band of readers per pass (1, 2, 3–5, 6–11, 12–22, …) it keeps the recent passes of both kinds and
-chooses the one that emitted more tokens per reader per second. A band of few readers starts by drafting and tries
-a plain pass next; a band of many starts plain and tries drafting as late as it tries a clear loser again
-(``PLAIN_FIRST_FROM``: the cheaper mistake first). Then it tries the kind it did not choose again every
-``EXPLORE_EVERY`` passes of the band (less often when it lost clearly), so a change in acceptance (other prompts,
-other readers) moves the choice. A reader alone always drafts
-(the band of 1), as on its own.
+it for passes of many readers: for each band of readers per pass (6–11, 12–22, 23–45, …: the nearest power of two)
+it keeps the recent passes of both kinds and chooses the one that emitted more tokens per reader per second. Such a
+band starts plain and tries drafting as late as it tries a clear loser again (the cheaper mistake first); then it
+tries the kind it did not choose again every ``EXPLORE_EVERY`` passes of the band (less often when it lost clearly),
+so a change in acceptance (other prompts, other readers) moves the choice. Passes of fewer than ``MEASURED_FROM``
+readers always draft, as each reader would alone.
 
 What it changes for a reader: greedy texts are the same either way (speculative decoding is exact); a sampled
-reader's text stays a sample of the same distribution but is no longer the same text as alone, since a plain pass
-makes fewer random draws (as with the operator's fixed limit, ``scheduler.parse_no_draft_above``).
+reader's text from a plain pass stays a sample of the same distribution but is no longer the same text as alone,
+since a plain pass makes fewer random draws (as with the operator's fixed limit, ``scheduler.parse_no_draft_above``).
 """
 
 from __future__ import annotations
@@ -38,14 +37,14 @@ KEEP = 6
 """Recent passes of each kind kept per band."""
 MIN_PASSES = 1
 """Passes of a kind a band needs before its rate is trusted."""
-PLAIN_FIRST_FROM = 8
-"""Bands of at least this many readers start with plain passes and first try drafting at their
-``EXPLORE_EVERY · CLEAR_FACTOR``-th pass; smaller bands start by drafting and try a plain pass next. Why: a try of the
-wrong kind costs little one way and much the other. A plain pass where drafting pays loses at most the accepted tokens
-of one pass; a drafted pass where the machine is busy computing costs (γ + 1)× the arithmetic of a plain one (on the
-AMD EPYC at 15-16 readers, 156-256 ms against 43, and the readers it served fell out of step, so the room's last
-passes ran with a few readers each). Many readers per pass make that case likely, few readers (a pass that waits on
-the weights) the other."""
+MEASURED_FROM = 8
+"""Bands of fewer readers always draft, as each reader would alone: a pass of few readers waits on the weights, so
+drafting's extra arithmetic is nearly free, and every text stays the text alone (a plain pass would make a sampled
+reader's draws differ). Bands of at least this many readers are measured: they start with plain passes and first try
+drafting as late as they try a clear loser again. Why in that order: a try of the wrong kind costs little one way and
+much the other. A plain pass where drafting pays loses at most the accepted tokens of one pass; a drafted pass where
+the machine is busy computing costs (γ + 1)× the arithmetic of a plain one (on the AMD EPYC at 15-16 readers, 156-256
+ms against 43, and the readers it served fell out of step, so the room's last passes ran with a few readers each)."""
 
 
 def band(rows: int) -> int:
@@ -85,11 +84,11 @@ class DraftPolicy:
     finished pass (tokens emitted for all its readers, its wall time in ms)."""
 
     def __init__(self, explore_every: int = EXPLORE_EVERY, keep: int = KEEP, min_passes: int = MIN_PASSES,
-                 plain_first_from: int = PLAIN_FIRST_FROM):
-        if explore_every < 2 or keep < 1 or min_passes < 1 or min_passes > keep or plain_first_from < 2:
-            raise ValueError("explore_every ≥ 2, keep ≥ 1, 1 ≤ min_passes ≤ keep and plain_first_from ≥ 2 expected")
+                 measured_from: int = MEASURED_FROM):
+        if explore_every < 2 or keep < 1 or min_passes < 1 or min_passes > keep or measured_from < 2:
+            raise ValueError("explore_every ≥ 2, keep ≥ 1, 1 ≤ min_passes ≤ keep and measured_from ≥ 2 expected")
         self.explore_every, self.keep, self.min_passes = explore_every, keep, min_passes
-        self.plain_first_from = plain_first_from
+        self.measured_from = measured_from
         self._passes: dict[tuple[int, bool], collections.deque] = {}
         self._decided: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
@@ -104,16 +103,12 @@ class DraftPolicy:
         return per_reader / seconds if seconds > 0 else None
 
     def _choice(self, b: int, count: int) -> bool:
-        if b == 1:
+        if b < self.measured_from:
             return True
         d, p = self._rate(b, True), self._rate(b, False)
-        if b >= self.plain_first_from and (d is None or p is None):
+        if d is None or p is None:
             # plain until measured; drafting first tried as late as a clear loser is tried again
             return p is not None and count % (self.explore_every * CLEAR_FACTOR) == 0
-        if d is None:
-            return True
-        if p is None:
-            return False
         best = d >= p
         every = self.explore_every * (CLEAR_FACTOR if min(d, p) < CLEAR_MARGIN * max(d, p) else 1)
         return (not best) if count % every == 0 else best
@@ -139,5 +134,5 @@ class DraftPolicy:
         b = band(rows)
         with self._lock:
             d, p = self._rate(b, True), self._rate(b, False)
-            best = True if b == 1 or d is None else (False if p is None else d >= p)
+            best = True if b < self.measured_from else (False if d is None or p is None else d >= p)
         return BandRates(b, d, p, best)

@@ -52,9 +52,9 @@ Warm-up: a room made by ``room_for`` (the app's) first warms up when its first r
 the batched path's one-time costs, then ``gc.freeze`` once per process), so the first room of readers does not pay
 them in its first pass.
 
-Drafting: by default the room drafts in a pass only where its own measured passes say it pays
-(``engine.decoding.draft_policy``: per band of readers per pass, drafted against plain passes' tokens per reader per
-second), as serving engines switch speculation off under load. Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or
+Drafting: by default a pass of few readers drafts (as each would alone), and a pass of many (8 or more) drafts only
+where the room's own measured passes say it pays (``engine.decoding.draft_policy``: per band of readers per pass,
+drafted against plain passes' tokens per reader per second), as serving engines switch speculation off under load. Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or
 ``Room(no_draft_above=B)``) drafts nothing in a pass of more than B rows instead (vLLM's
 ``speculative_disable_by_batch_size``); ``off`` always drafts; ``auto`` (the default) measures. Greedy outputs stay the
 same either way; a sampled output from a pass that did not draft follows the same distribution but is no longer the
@@ -83,7 +83,7 @@ import torch
 
 from engine.decoding.attention import KVScratch, fed_visibility, model_mask, stack_left_padded
 from engine.decoding.compute import batch_invariant, fused_decode_rows
-from engine.decoding.draft_policy import BandRates, DraftPolicy
+from engine.decoding.draft_policy import BandRates, DraftPolicy, band
 from engine.decoding.compute.invariant import _aligned
 from engine.decoding.models import LoadedModel
 from engine.decoding.speculative import GenerationResult, PendingPass, SpeculativeDecoder
@@ -225,7 +225,7 @@ class RoomStats:
         max_rows: rows per pass at most. threads: torch's intra-op threads.
         stack_share: stacking + unstacking ÷ pass time in the window (None: no shared pass).
         drafting: with the measured drafting choice (``draft_policy``), the band of the last pass's readers: its
-            measured rates and choice (None: a fixed choice, or no pass yet).
+            measured rates and choice (None: a fixed choice, no pass yet, or a band of readers that always drafts).
     """
 
     readers_now: int
@@ -457,7 +457,8 @@ class Room:
             rows_per_pass=statistics.fmean(p.rows for p in recent) if recent else None,
             tokens_per_s=sum(p.emitted for p in recent) / (busy / 1000) if busy > 0 else None,
             passes=self.pass_count, no_draft_above=self.no_draft_above, max_rows=self.max_rows,
-            threads=self.threads, drafting=self.draft_policy.rates(last) if self.draft_policy and last else None,
+            threads=self.threads, drafting=(self.draft_policy.rates(last) if self.draft_policy is not None and last
+                                            and band(last) >= self.draft_policy.measured_from else None),
             stack_share=(sum(p.stack_ms + p.unstack_ms for p in shared) / sum(p.ms for p in shared))
             if shared and sum(p.ms for p in shared) > 0 else None)
 
