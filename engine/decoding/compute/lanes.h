@@ -47,6 +47,32 @@ static inline float lanes_sum(v16 v) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// lanes_sum of four vectors at once, [lanes_sum(a), lanes_sum(b), lanes_sum(c), lanes_sum(d)]: the same adds of the
+// same operands in the same tree (each level's adds for the four vectors in one or two registers), so the same four
+// floats, in 14 instructions instead of 28. A tile's block (small_linear.cpp) ends with 24 sums over K = 576, about a
+// sixth of its instructions one at a time.
+static inline __m128 lanes_sum4(v16 a, v16 b, v16 c, v16 d) {
+  __m512 A, B, C, D;
+  std::memcpy(&A, &a, sizeof(A));
+  std::memcpy(&B, &b, sizeof(B));
+  std::memcpy(&C, &c, sizeof(C));
+  std::memcpy(&D, &d, sizeof(D));
+  // a_i = v_i + v_(i+8): quarters [0, 1] + [2, 3] of A and B side by side, then of C and D
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(A, B, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(A, B, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(C, D, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(C, D, _MM_SHUFFLE(3, 2, 3, 2)));
+  // b_i = a_i + a_(i+4): one 128-bit lane per vector
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  // b_0 + b_2 and b_1 + b_3, then their sum, in element 0 of each lane
+  const __m512 w = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 t = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
+}
+#endif
+
 // e^x for 16 lanes (Cephes' expf: x = n·ln 2 + r, a degree-5 polynomial in r, × 2^n; about 1 ulp). Lanes below
 // −87.3 (e^x below fp32's normal range, −inf included) give 0, above 88.4 e^88.4. The same operations for every lane
 // and every call.

@@ -297,6 +297,18 @@ __attribute__((noinline)) static void block(const float* X, const L& W, const fl
       for (int r = 0; r < RR; ++r) acc[i][r] += xv * wv[r];
     }
   }
+#if defined(__AVX512F__)
+  if constexpr (RR == 4) {
+    if (K16 == K) {  // a tile's four sums per input row at once (lanes_sum4: the same floats), then the bias
+      for (int i = 0; i < MM; ++i) {
+        __m128 s = lanes_sum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        if (B) s = _mm_add_ps(s, _mm_loadu_ps(B + n0));
+        _mm_storeu_ps(Y + (m0 + i) * N + n0, s);
+      }
+      return;
+    }
+  }
+#endif
   for (int i = 0; i < MM; ++i) {
     for (int r = 0; r < RR; ++r) {
       float s = lanes_sum(acc[i][r]);
