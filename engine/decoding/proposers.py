@@ -283,9 +283,11 @@ class CachedLM:
         that writes its new entries there itself (the room's pass over rows in their own caches,
         ``compute.lean.fused_decode_rows``; then ``absorb_written``). None when the cache is not a block now
         (``kv_block``)."""
-        if self.kv_block() is None:
+        held = self.kv_block()  # (its checks walk every layer: once a pass, not again in _ensure_block)
+        if held is None:
             return None
-        self._ensure_block(w)
+        if held[0].shape[-2] + w > self._block[0].shape[-2]:
+            self._ensure_block(w)
         return self._block
 
     def absorb_written(self, feed: list[int], hidden: torch.Tensor | None, last_logits: torch.Tensor) -> None:
