@@ -12,7 +12,7 @@ def test_bands_are_the_nearest_powers_of_two():
 
 
 def test_a_reader_alone_and_a_few_readers_always_draft():
-    """Below ``MEASURED_FROM`` (8) readers a pass drafts whatever was measured: as alone, so every text is the text
+    """Below ``MEASURED_FROM``'s band (fewer than 6 readers) a pass drafts whatever was measured: as alone, so every text is the text
     alone."""
     pol = DraftPolicy()
     for rows in (1, 2, 3, 5):
@@ -85,5 +85,5 @@ def test_bad_settings_and_empty_passes():
     pol.record(0, False, 0, 5.0)  # fed nobody: not a measurement
     pol.record(9, False, 9, 0.0)
     assert pol.rates(9).plain is None and pol.rates(9).drafted is None
-    assert pol.rates(9).line() == ("At 8+ readers per pass the room is still measuring whether drafting pays "
+    assert pol.rates(9).line() == ("At about 8 readers per pass the room is still measuring whether drafting pays "
                                    "(trying a plain pass now).")

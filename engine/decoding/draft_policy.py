@@ -12,8 +12,8 @@ it for passes of many readers: for each band of readers per pass (6–11, 12–2
 it keeps the recent passes of both kinds and chooses the one that emitted more tokens per reader per second. Such a
 band starts plain and tries drafting as late as it tries a clear loser again (the cheaper mistake first); then it
 tries the kind it did not choose again every ``EXPLORE_EVERY`` passes of the band (less often when it lost clearly),
-so a change in acceptance (other prompts, other readers) moves the choice. Passes of fewer than ``MEASURED_FROM``
-readers always draft, as each reader would alone.
+so a change in acceptance (other prompts, other readers) moves the choice. Passes in a band below ``MEASURED_FROM``
+(fewer than 6 readers) always draft, as each reader would alone.
 
 What it changes for a reader: greedy texts are the same either way (speculative decoding is exact); a sampled
 reader's text from a plain pass stays a sample of the same distribution but is no longer the same text as alone,
@@ -38,9 +38,9 @@ KEEP = 6
 MIN_PASSES = 1
 """Passes of a kind a band needs before its rate is trusted."""
 MEASURED_FROM = 8
-"""Bands of fewer readers always draft, as each reader would alone: a pass of few readers waits on the weights, so
+"""Bands below this (passes of fewer than 6 readers) always draft, as each reader would alone: a pass of few readers waits on the weights, so
 drafting's extra arithmetic is nearly free, and every text stays the text alone (a plain pass would make a sampled
-reader's draws differ). Bands of at least this many readers are measured: they start with plain passes and first try
+reader's draws differ). Bands from this one up (6 readers or more) are measured: they start with plain passes and first try
 drafting as late as they try a clear loser again. Why in that order: a try of the wrong kind costs little one way and
 much the other. A plain pass where drafting pays loses at most the accepted tokens of one pass; a drafted pass where
 the machine is busy computing costs (γ + 1)× the arithmetic of a plain one (on the AMD EPYC at 15-16 readers, 156-256
@@ -67,7 +67,7 @@ class BandRates:
 
     def line(self) -> str:
         """One sentence for the Live page's room panel."""
-        readers = f"{self.band}+ readers" if self.band > 1 else "1 reader"
+        readers = f"about {self.band} readers" if self.band > 1 else "1 reader"
         if self.drafted is None or self.plain is None:
             return (f"At {readers} per pass the room is still measuring whether drafting pays "
                     f"({'drafting' if self.drafts else 'trying a plain pass'} now).")

@@ -52,7 +52,7 @@ Warm-up: a room made by ``room_for`` (the app's) first warms up when its first r
 the batched path's one-time costs, then ``gc.freeze`` once per process), so the first room of readers does not pay
 them in its first pass.
 
-Drafting: by default a pass of few readers drafts (as each would alone), and a pass of many (8 or more) drafts only
+Drafting: by default a pass of few readers drafts (as each would alone), and a pass of many (6 or more) drafts only
 where the room's own measured passes say it pays (``engine.decoding.draft_policy``: per band of readers per pass,
 drafted against plain passes' tokens per reader per second), as serving engines switch speculation off under load. Operator option: ``SPEEDUP_LAB_NO_DRAFT_ABOVE=B`` (or
 ``Room(no_draft_above=B)``) drafts nothing in a pass of more than B rows instead (vLLM's
