@@ -128,6 +128,20 @@ void attend(const Rows& a, int64_t first, int64_t last) {
   }
 }
 
+// Every (row, head) pair of a call, split across threads: the head dimension in registers where it is a small multiple
+// of 16 (the same code for every row).
+void attend_all(const Rows& rows, int64_t pairs) {
+  at::parallel_for(0, pairs, 1, [&](int64_t first, int64_t last) {
+    switch (rows.D) {
+      case 16: attend<1>(rows, first, last); break;
+      case 32: attend<2>(rows, first, last); break;
+      case 64: attend<4>(rows, first, last); break;
+      case 128: attend<8>(rows, first, last); break;
+      default: attend<0>(rows, first, last); break;
+    }
+  });
+}
+
 }  // namespace
 
 // q [B, H, Q, D], k and v [B, G, L, D] fp32 on the CPU (the last dimension contiguous; any other strides), cols
@@ -170,15 +184,7 @@ torch::Tensor invariant_attention(torch::Tensor q, torch::Tensor k, torch::Tenso
   const int64_t ksb = k.stride(0), ksg = k.stride(1), ksl = k.stride(2);
   const int64_t vsb = v.stride(0), vsg = v.stride(1), vsl = v.stride(2);
   const Rows rows{qp, kp, vp, op, cp, nc, nf, C, H, Q, D, ksb, ksg, ksl, vsb, vsg, vsl, H / G, static_cast<float>(scale)};
-  at::parallel_for(0, B * H, 1, [&](int64_t first, int64_t last) {
-    switch (D) {  // the head dimension in registers where it is a small multiple of 16 (the same code for every row)
-      case 16: attend<1>(rows, first, last); break;
-      case 32: attend<2>(rows, first, last); break;
-      case 64: attend<4>(rows, first, last); break;
-      case 128: attend<8>(rows, first, last); break;
-      default: attend<0>(rows, first, last); break;
-    }
-  });
+  attend_all(rows, B * H);
   return out;
 }
 
@@ -199,14 +205,6 @@ torch::Tensor invariant_attention_rows(const torch::Tensor& q, const float* cons
   rows.kbase = kbase;
   rows.vbase = vbase;
   rows.hstride = hstride;
-  at::parallel_for(0, B * H, 1, [&](int64_t first, int64_t last) {
-    switch (D) {
-      case 16: attend<1>(rows, first, last); break;
-      case 32: attend<2>(rows, first, last); break;
-      case 64: attend<4>(rows, first, last); break;
-      case 128: attend<8>(rows, first, last); break;
-      default: attend<0>(rows, first, last); break;
-    }
-  });
+  attend_all(rows, B * H);
   return out;
 }
