@@ -776,12 +776,7 @@ class Room:
             h = fused_decode_rows(model.get_decoder(), inp, pos, blocks, lens, widths)
             if h is None:
                 return None
-            idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed)
-                   for j in range(p.n_fed_logits)]
-            logits_all = None
-            if idx:
-                sel = h[torch.tensor([i for i, _ in idx]), torch.tensor([j for _, j in idx])]
-                logits_all = model.get_output_embeddings()(sel).float()
+            logits_all = _asked_logits(model, h, fed, widths)
         rec.target_ms += (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         out: dict[int, torch.Tensor | None] = {}
@@ -840,12 +835,7 @@ class Room:
             h = model.get_decoder()(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
                                     use_cache=True).last_hidden_state  # [b, width, H]
             # the logits each row asked for: its feed's last n positions, gathered, one LM-head call
-            idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed)
-                   for j in range(p.n_fed_logits)]
-            logits_all = None
-            if idx:
-                sel = h[torch.tensor([i for i, _ in idx], device=dev), torch.tensor([j for _, j in idx], device=dev)]
-                logits_all = model.get_output_embeddings()(sel).float().cpu()
+            logits_all = _asked_logits(model, h, fed, widths)
         rec.target_ms += (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         out: dict[int, torch.Tensor | None] = {}
@@ -871,6 +861,17 @@ class Room:
         tok = self.target.tokenizer
         pad = getattr(tok, "pad_token_id", None)
         return int(pad if pad is not None else (getattr(tok, "eos_token_id", None) or 0))
+
+
+def _asked_logits(model, h: torch.Tensor, fed, widths: list[int]) -> torch.Tensor | None:
+    """The logits every fed row asked for (the last ``n_fed_logits`` positions of its feed), gathered from the pass's
+    last hidden states h [rows, width, H] in row order and put through the LM head in one call: [Σ n_fed_logits, V]
+    fp32 on the CPU, or None when no row asked for any."""
+    idx = [(r, widths[r] - p.n_fed_logits + j) for r, (_, _, p) in enumerate(fed) for j in range(p.n_fed_logits)]
+    if not idx:
+        return None
+    sel = h[torch.tensor([i for i, _ in idx], device=h.device), torch.tensor([j for _, j in idx], device=h.device)]
+    return model.get_output_embeddings()(sel).float().cpu()
 
 
 class ScheduledDecoder:
