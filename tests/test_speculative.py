@@ -683,6 +683,35 @@ def test_reserve_block_puts_the_cache_into_a_block_that_the_next_pass_fills_in_p
                            ref.logits_for([5, 6, 7, 8, 9, 10, 11, 12, 13], 1))
 
 
+def test_warp_together_gives_each_round_the_bits_of_its_own_warp():
+    """``warp_together`` (the room warps a pass's rounds together): each round's p and top-5 are ``warp_probs`` and
+    ``top_k_rows`` of that round alone, bit for bit, for greedy and sampled rounds of different lengths and settings
+    mixed in one call."""
+    from engine.decoding.sampling import argmax_rows, cumsum_rows, sample, top_k_rows
+    from engine.decoding.speculative import warp_together
+
+    gen = torch.Generator().manual_seed(5)
+    cfgs = [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8), SamplingConfig(temperature=0.8),
+            SamplingConfig(temperature=1.0, top_k=50), SamplingConfig(temperature=0.7, top_p=0.9),
+            SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.7, top_p=0.9)]
+    rounds = [(c, torch.randn(1 + i % 3, 49152, generator=gen) * 4) for i, c in enumerate(cfgs)]
+    together = warp_together(rounds)
+    assert len(together) == len(rounds)
+    for (cfg, logits), (p, (vals, idx), best, cdf) in zip(rounds, together):
+        alone = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
+        assert p.dtype == alone.dtype and torch.equal(p, alone)
+        v, i = top_k_rows(alone, 5)
+        assert vals == v.tolist() and idx == i.tolist()
+        if cfg.greedy:
+            assert cdf is None and best == argmax_rows(logits)
+        else:  # the bonus draw from the cdf made with the others is the draw sample makes alone
+            assert best is None and torch.equal(cdf, torch.cumsum(alone[-1], 0))
+            draws = [sample(alone[-1], torch.Generator().manual_seed(s), c) for s in range(20) for c in (None, cdf)]
+            assert draws[0::2] == draws[1::2]
+    negative = torch.tensor([[0.5, -0.1, 0.6], [0.2, 0.3, 0.5]])
+    assert cumsum_rows(negative)[0] is None and cumsum_rows(negative)[1] is not None
+
+
 def _copy_cache(cache):
     from transformers import DynamicCache
 
