@@ -683,6 +683,27 @@ def test_reserve_block_puts_the_cache_into_a_block_that_the_next_pass_fills_in_p
                            ref.logits_for([5, 6, 7, 8, 9, 10, 11, 12, 13], 1))
 
 
+def test_kv_block_sees_a_layer_that_no_longer_holds_the_blocks_view(tiny):
+    """``kv_block`` answers from the views it made itself only while every layer still holds them: a layer given other
+    tensors (a copy, a crop) makes it check the layers again and answer None."""
+    from engine.decoding.proposers import CachedLM
+
+    model = tiny["target"].model
+    with torch.inference_mode():
+        lm = CachedLM(model, torch.device("cpu"))
+        lm.logits_for([5, 6, 7, 8, 9], 1)
+        assert lm.reserve_block() is True and lm.kv_block() is not None
+        layer = lm.cache.layers[1]
+        layer.keys = layer.keys.clone()  # the same values, no longer the block's
+        assert lm.kv_block() is None
+        lm2 = CachedLM(model, torch.device("cpu"))
+        lm2.logits_for([5, 6, 7, 8, 9], 1)
+        lm2.reserve_block()
+        lm2.crop(3)
+        blk = lm2.kv_block()
+        assert blk is not None and blk[0].shape[-2] == 3  # a crop's slices are still views of the block
+
+
 def test_warp_together_gives_each_round_the_bits_of_its_own_warp():
     """``warp_together`` (the room warps a pass's rounds together): each round's p and top-5 are ``warp_probs`` and
     ``top_k_rows`` of that round alone, bit for bit, for greedy and sampled rounds of different lengths and settings
