@@ -420,6 +420,17 @@ def _run_area() -> None:
                     "does not fit in a link. Paste the prompt into the sidebar, or pick a preset.")
         stop_page()
 
+    # Run to the end at an unpaced speed goes into the room now, before the rest of the run area is drawn: the worker
+    # decodes while this page draws. Submitted after drawing, a reader of a 16-reader room clicking at once joined the
+    # passes only after its page had drawn its round, text and captions (each page's Python sharing the cores)
+    early = None
+    if run_all and not dec.finished and not SPEEDS[S["lv_speed"]][1] and not S.get("lv_open_pending"):
+        try:
+            early = room.submit(dec, None)
+        except SpeedupLabError as e:
+            st.error(str(e))
+            stop_page()
+
     progress = st.empty()
     # the room: readers decoding, rows per pass, the room's tokens/s (engine.decoding.scheduler); on a projector under the
     # text, so the round's verdict and its text are on a 720-pixel first screen
@@ -539,11 +550,13 @@ def _run_area() -> None:
             stop_page()
 
 
-    def _room_rounds(d: SpeculativeDecoder, rounds: int | None = None):
+    def _room_rounds(d: SpeculativeDecoder, rounds: int | None = None, ticket=None):
         """Run to the end (or ``rounds`` rounds) through the room: yields the rounds as the worker runs them (all that
-        arrived since the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it."""
-        ticket = room.submit(d, rounds)
+        arrived since the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it.
+        ``ticket``: the run's request when it was submitted already (``early``)."""
         try:
+            if ticket is None:
+                ticket = room.submit(d, rounds)
             yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN)
         except SpeedupLabError as e:
             st.error(str(e))
@@ -588,7 +601,7 @@ def _run_area() -> None:
         # presenter speed paces the run: one round at a time, each animated and paused; otherwise the run stays in
         # the room until it ends (no pass missed while the page draws) and the page draws the latest round
         rounds_in = (iter(lambda: _safe_step(dec) if not dec.finished else None, None) if round_pause
-                     else (batch[-1] for batch in _room_rounds(dec)))
+                     else (batch[-1] for batch in _room_rounds(dec, ticket=early)))
         for rnd in rounds_in:  # a newer run (a click) ends this loop
             # "instant" redraws at most every INSTANT_REDRAW_S: each redraw costs the server and the browser CPU
             # time while the next round computes, which slowed the measured run (Chromium shares the cores); in a
