@@ -66,6 +66,21 @@ def test_when_drafting_pays_it_keeps_drafting():
     assert [pol2.drafts(4) for _ in range(4)] == [True, False, True, False]  # decisions 1..4: 2 and 4 try plain
 
 
+def test_a_kind_that_keeps_losing_clearly_is_tried_less_and_less_often():
+    """16 readers where drafting keeps losing clearly (28 tokens in 117 ms against 16 in 40): with explore_every 2, the
+    first try at decision 4 × 2 = 8, then 16 (every 8th while it loses clearly), and after each further clear loss the
+    wait doubles: 24, 40, 72, 136, then at most 16 × 8 = 128 decisions apart: 264, 392."""
+    pol = DraftPolicy(explore_every=2)
+    tries = []
+    for count in range(1, 401):
+        drafted = pol.drafts(16)
+        if drafted:
+            tries.append(count)
+        pol.record(16, drafted, 28 if drafted else 16, 117.0 if drafted else 40.0)
+    assert tries == [8, 16, 24, 40, 72, 136, 264, 392]
+    assert not pol.rates(16).drafts
+
+
 def test_recent_passes_only_so_a_change_moves_the_choice():
     pol = DraftPolicy(explore_every=100, keep=2, min_passes=2)
     for d, e, ms in ((True, 16, 20.0), (True, 16, 20.0), (False, 8, 15.0), (False, 8, 15.0)):

@@ -11,7 +11,8 @@ Where the break-even lies depends on the machine, the prompts' acceptance and th
 it for passes of many readers: for each band of readers per pass (6–11, 12–22, 23–45, …: the nearest power of two)
 it keeps the recent passes of both kinds and chooses the one that emitted more tokens per reader per second. Such a
 band starts plain and tries drafting as late as it tries a clear loser again (the cheaper mistake first); then it
-tries the kind it did not choose again every ``EXPLORE_EVERY`` passes of the band (less often when it lost clearly),
+tries the kind it did not choose again every ``EXPLORE_EVERY`` passes of the band (less and less often while it keeps
+losing clearly),
 so a change in acceptance (other prompts, other readers) moves the choice. Passes in a band below ``MEASURED_FROM``
 (fewer than 6 readers) always draft, as each reader would alone.
 
@@ -30,9 +31,13 @@ from dataclasses import dataclass
 EXPLORE_EVERY = 16
 """Passes of a band between tries of the kind not chosen (its measurement kept fresh); ``CLEAR_FACTOR`` times as
 many when the kind not chosen measured under ``CLEAR_MARGIN`` of the chosen one's rate (a try of it costs more
-than it can find: on the AMD EPYC a drafted pass of 15 readers took 156-182 ms against 46-53 for a plain one)."""
+than it can find: on the AMD EPYC a drafted pass of 15 readers took 156-182 ms against 46-53 for a plain one), and
+twice as many again after each further try it lost clearly, up to ``MAX_BACKOFF`` times ``CLEAR_FACTOR``: a room of 16
+readers on the AMD EPYC whose drafted try cost 270 ms (its draft head catching up on 60 plain passes' tokens, 197 ms)
+lost ~6 % of its time to a try every 64 passes."""
 CLEAR_MARGIN = 0.75
 CLEAR_FACTOR = 4
+MAX_BACKOFF = 16
 KEEP = 6
 """Recent passes of each kind kept per band."""
 MIN_PASSES = 1
@@ -91,6 +96,8 @@ class DraftPolicy:
         self.measured_from = measured_from
         self._passes: dict[tuple[int, bool], collections.deque] = {}
         self._decided: collections.Counter = collections.Counter()
+        self._next_try: dict[int, int] = {}  # band → the decision that tries the kind not chosen next
+        self._clear_losses: collections.Counter = collections.Counter()  # band → its tries in a row lost clearly
         self._lock = threading.Lock()
 
     def _rate(self, b: int, drafted: bool) -> float | None:
@@ -110,8 +117,16 @@ class DraftPolicy:
             # plain until measured; drafting first tried as late as a clear loser is tried again
             return p is not None and count % (self.explore_every * CLEAR_FACTOR) == 0
         best = d >= p
-        every = self.explore_every * (CLEAR_FACTOR if min(d, p) < CLEAR_MARGIN * max(d, p) else 1)
-        return (not best) if count % every == 0 else best
+        clear = min(d, p) < CLEAR_MARGIN * max(d, p)
+        nxt = self._next_try.get(b)
+        if not (count >= nxt if nxt is not None
+                else count % (self.explore_every * (CLEAR_FACTOR if clear else 1)) == 0):
+            return best
+        # a try of the kind not chosen; the wait before the next one doubles with each clear loss in a row
+        self._clear_losses[b] = self._clear_losses[b] + 1 if clear else 0
+        factor = CLEAR_FACTOR * min(2 ** (self._clear_losses[b] - 1), MAX_BACKOFF) if clear else 1
+        self._next_try[b] = count + self.explore_every * factor
+        return not best
 
     def drafts(self, rows: int) -> bool:
         """Whether the next pass of ``rows`` readers drafts (and count it as one of its band's decisions)."""
