@@ -72,6 +72,8 @@ ROOM_REDRAW_S = 0.5  # with other readers in the room, Run to the end updates it
 # its text) at most every 0.5 s per other reader and draws the round, the text and the room panel only when the run
 # ends (bench_room.py, 16 readers in headless Chromium: 16 pages redrawing every 3 s kept a 16-row pass at 3.9 s median, 1.3 s with no redraws; the
 # target's forward was 0.8 s. Each element drawn is a message every page's browser renders: the panel is ten)
+ROOM_WAKE_S = 0.1  # at instant speed a running page takes its rounds from the room at most this often (it draws at
+# most every INSTANT_REDRAW_S): woken for every pass, 16 readers' pages took the GIL from the room's worker 16 times a pass
 AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B B A A B (engine.decoding.measure):
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
@@ -550,14 +552,14 @@ def _run_area() -> None:
             stop_page()
 
 
-    def _room_rounds(d: SpeculativeDecoder, rounds: int | None = None, ticket=None):
+    def _room_rounds(d: SpeculativeDecoder, rounds: int | None = None, ticket=None, wake_every: float | None = None):
         """Run to the end (or ``rounds`` rounds) through the room: yields the rounds as the worker runs them (all that
         arrived since the last yield), until the run ends or a newer run of this page (Stop, any click) cancels it.
-        ``ticket``: the run's request when it was submitted already (``early``)."""
+        ``ticket``: the run's request when it was submitted already (``early``); ``wake_every``: ``Ticket.rounds``'."""
         try:
             if ticket is None:
                 ticket = room.submit(d, rounds)
-            yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN)
+            yield from ticket.rounds(should_stop=lambda: S.get("lv_gen") != GEN, wake_every=wake_every)
         except SpeedupLabError as e:
             st.error(str(e))
             stop_page()
@@ -569,7 +571,7 @@ def _run_area() -> None:
     if asked and not dec.rounds:
         bar = progress.progress(0.0, text=f"Opening round {asked}: stepping the run from the prompt…")
         last_draw = time.perf_counter()
-        for _ in _room_rounds(dec, asked):  # a newer run (Stop, any click) ends this loop
+        for _ in _room_rounds(dec, asked, wake_every=ROOM_WAKE_S):  # a newer run (Stop, any click) ends this loop
             others = room.readers() - 1
             if time.perf_counter() - last_draw >= max(INSTANT_REDRAW_S, ROOM_REDRAW_S * others):
                 bar.progress(min(len(dec.rounds) / asked, 1.0),
@@ -601,7 +603,8 @@ def _run_area() -> None:
         # presenter speed paces the run: one round at a time, each animated and paused; otherwise the run stays in
         # the room until it ends (no pass missed while the page draws) and the page draws the latest round
         rounds_in = (iter(lambda: _safe_step(dec) if not dec.finished else None, None) if round_pause
-                     else (batch[-1] for batch in _room_rounds(dec, ticket=early)))
+                     else (batch[-1] for batch in _room_rounds(dec, ticket=early,
+                                                               wake_every=ROOM_WAKE_S if frame_s == 0 else None)))
         for rnd in rounds_in:  # a newer run (a click) ends this loop
             # "instant" redraws at most every INSTANT_REDRAW_S: each redraw costs the server and the browser CPU
             # time while the next round computes, which slowed the measured run (Chromium shares the cores); in a

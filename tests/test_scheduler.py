@@ -401,6 +401,32 @@ def test_stop_mid_run_then_go_on(tiny):
         room.close()
 
 
+def test_a_reader_that_wakes_at_intervals_gets_every_round_and_the_end_at_once(tiny):
+    """``Ticket.rounds(wake_every=…)`` (a page that draws at most every so often): every round arrives, in order, in
+    fewer batches than rounds, and the run's end is seen when it comes, not after the interval."""
+    want = _alone(tiny, 1, n_new=40)
+    room = Room(tiny, no_draft_above=None)
+    try:
+        d = _decoder(tiny, 1, n_new=40)
+        room.prefill(d)
+        t = room.submit(d, None)
+        batches = list(t.rounds(wake_every=0.05))
+        got = [r for b in batches for r in b]
+        assert d.finished and [r.emitted_ids for r in got] == [r.emitted_ids for r in want.rounds]
+        assert len(batches) < len(got)  # rounds waited in the queue between wakes
+        d2 = _decoder(tiny, 1, n_new=40)
+        room.prefill(d2)
+        t0 = time.monotonic()
+        got2 = [r for b in room.submit(d2, None).rounds(wake_every=30.0) for r in b]
+        assert time.monotonic() - t0 < 10 and len(got2) == len(want.rounds)  # the end, not the 30 s interval
+        stopped = room.submit(_decoder(tiny, 0, n_new=40), None)
+        for _ in stopped.rounds(should_stop=lambda: True, wake_every=30.0):
+            pass
+        assert stopped.cancelled.is_set() and stopped.done.is_set()  # a stop is not held up by the interval
+    finally:
+        room.close()
+
+
 class _Broken(Proposer):
     name = "broken"
 
