@@ -476,7 +476,8 @@ def test_fairness_bound_with_capped_rows(tiny):
     room = Room(tiny, max_rows=2, no_draft_above=None)
     try:
         decs = [_decoder(tiny, i, n_new=12) for i in range(6)]
-        tickets = [room.submit(d, None) for d in decs]  # queued together, FIFO
+        with room._cond:  # the worker cannot collect a pass until all six are queued: FIFO from one queue
+            tickets = [room.submit(d, None) for d in decs]
         got = _in_threads([(lambda t=t: t.wait()) for t in tickets])
         for i in range(6):
             assert [x for r in got[i] for x in r.emitted_ids] == want[i].token_ids
