@@ -19,7 +19,8 @@ draft (the trained EAGLE-style head), the chat preset, temperatures alternating 
 - where the two cores went during the run (``CpuSampler``): CPU seconds of the server and of all Chromium processes,
   second by second, from the first click to the last reader's Finished;
 - the same K readers in this process without a browser (``engine_room``): pass time, the target's forward, and
-  the time spent stacking the readers' caches into one batch cache and back (the most a shared cache could save).
+  the time spent stacking the readers' caches into one batch cache and back (the most a shared cache could save);
+  and one reader alone there before and after it, for the engine's own ratio (no pages, no clicks).
 
 ``--client protocol`` replaces the browser with Streamlit-protocol sessions over the app's websocket
 (``benchmarks/room_client.py``): the server does everything it does for a Chromium page, but no page renders on
@@ -406,7 +407,13 @@ def main() -> None:
                     "judge_ms_median": med([p.get("judge_ms", 0.0) for p in server]),
                     "judge_ms_max": max((p.get("judge_ms", 0.0) for p in server), default=None),
                     "busy_share": sum(p["ms"] for p in server) / 1000 / room["elapsed_s"] if room["elapsed_s"] else None}
+                # the engine without Streamlit: one reader alone, the room, one reader alone (the median of the two)
+                alone_e = [_in_thread(lambda: engine_room(1, args.max_new, args.no_draft_above))]
                 rows[-1]["engine_room"] = _in_thread(lambda: engine_room(k, args.max_new, args.no_draft_above))
+                alone_e.append(_in_thread(lambda: engine_room(1, args.max_new, args.no_draft_above)))
+                rows[-1]["engine_alone_tokens_per_s"] = [x["tokens_per_s"] for x in alone_e]
+                rows[-1]["engine_ratio"] = (rows[-1]["engine_room"]["tokens_per_s"]
+                                            / statistics.fmean(rows[-1]["engine_alone_tokens_per_s"]))
                 print(json.dumps(rows[-1]), flush=True)
             if browser is not None:
                 browser.close()
@@ -484,6 +491,11 @@ def main() -> None:
         lines.append(f"| {e['readers']} | {f(e['tokens_per_s'])} | {f(e['pass_ms'])} | {f(e['target_ms'])} | "
                      f"{f(e['stack_ms'])} | {f(e['stack_share'], '.1%')} | {f(e.get('cores_used'), '.2f')} | "
                      f"{f(e.get('steal_share'), '.0%')} |")
+    for r in rows:
+        if r.get("engine_ratio"):
+            lines += ["", f"{r['readers']} readers in this process: {r['engine_ratio']:.2f}× one reader alone in this "
+                      "process (" + " and ".join(f"{x:.1f}" for x in r["engine_alone_tokens_per_s"])
+                      + " tok/s, before and after the room): the engine's own ratio, without pages or clicks."]
     lines += ["", "Where the two cores went from the first click to the last reader's Finished (`CpuSampler`: CPU seconds "
               "from /proc every 0.25 s, an interval counted in the second it ends in; the JSON has them second by second):", "",
               *(["| readers | window s | Chromium CPU s | server CPU s | this process CPU s (the Playwright driver) "
