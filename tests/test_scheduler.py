@@ -521,7 +521,8 @@ def test_no_draft_above_turns_drafting_off_in_large_passes(tiny):
     room = Room(tiny, no_draft_above=1)
     try:
         decs = [_decoder(tiny, i, temp=0.0) for i in range(3)]
-        tickets = [room.submit(d, None) for d in decs]
+        with room._cond:  # queued together: the first pass holds all three
+            tickets = [room.submit(d, None) for d in decs]
         got = _in_threads([(lambda t=t: t.wait()) for t in tickets])
         for i in range(3):  # greedy: the same tokens with or without drafting
             assert [x for r in got[i] for x in r.emitted_ids] == want[i].token_ids
