@@ -252,9 +252,16 @@ def player_html(race: Race, speed: float = 1.0, present: bool = False, nonce: in
     ``nonce`` changes the document so a new race (or a Replay from the page) starts a fresh player."""
     data = json_for_script(player_data(race, speed, present))
     return (_PLAYER.replace("__FONT__", "17px" if present else "14px")
-            .replace("__TEXT_H__", "84px" if present else "120px")
+            .replace("__TEXT_H__", _text_height(4 if present else 7))
             .replace("__NONCE__", str(int(nonce)))
             .replace("__DATA__", data))
+
+
+def _text_height(lines: int) -> str:
+    """A lane's text box as a whole number of its lines (CSS height in the box's own em; ``.text`` sets
+    line-height 1.35 and no vertical padding, which would show the next line's top), so the box never ends through
+    the middle of a line: a box of 84 px at the presenter's font held 4.3 lines and cut the fifth in half."""
+    return f"{lines * 1.35:.2f}em"
 
 
 # A fixed document: the only variable parts are the font size, a box height, an integer and the escaped JSON.
@@ -283,7 +290,7 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .prog > div { height: 100%; width: 0; background: #8a8f98; }
 .lane.spec .prog > div { background: #2e9b5b; }
 .text { height: __TEXT_H__; overflow-y: auto; white-space: pre-wrap; word-break: break-word; line-height: 1.35;
-  font-family: "Source Code Pro", ui-monospace, monospace; font-size: 0.86em; background: #fafbfc; padding: 2px 4px;
+  font-family: "Source Code Pro", ui-monospace, monospace; font-size: 0.86em; background: #fafbfc; padding: 0 4px;
   border-radius: 4px; }
 .tok { border-radius: 2px; }
 .tok.accepted { background: #c9f0d3; } .tok.correction { background: #ffd8a8; } .tok.bonus { background: #cfe3ff; }

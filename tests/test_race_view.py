@@ -153,3 +153,13 @@ def test_qr_png_is_a_png_of_the_address():
         qr_png("")
     with pytest.raises(InputError):
         qr_png(url, scale=0)
+
+
+@pytest.mark.parametrize("present", [False, True])
+def test_a_lane_text_box_holds_whole_lines(present):
+    """The lane's text box is a whole number of its lines tall, so no line is cut through its letters."""
+    html = player_html(_race(), present=present)
+    css = re.search(r"\.text \{([^}]*)\}", html).group(1)
+    height = float(re.search(r"height: ([0-9.]+)em;", css).group(1))
+    line = float(re.search(r"line-height: ([0-9.]+);", css).group(1))
+    assert height / line == pytest.approx(round(height / line)) and round(height / line) >= 4
