@@ -189,7 +189,9 @@ def _after_race(race, n: int) -> None:
         st.caption(f"Timed runs, ms per token, in the order they ran ({', '.join(race.order)}): speculative "
                    + ", ".join(f"{x:.1f}" for x in race.spec_ms_per_token) + "; plain "
                    + ", ".join(f"{x:.1f}" for x in race.base_ms_per_token)
-                   + (f". Median ratio over all timed runs: {race.ab_speedup:.2f}×" if race.ab_speedup else "")
+                   + (f". The same runs by the decoders' own clocks (prefill included, without the lane recording "
+                      f"between rounds; the median of each kind): {race.ab_speedup:.2f}×, against "
+                      f"{race.speedup:.2f}× on the lanes' clocks above" if race.ab_speedup and race.speedup else "")
                    + f". Warm-up {race.warm_ms / 1000:.1f} s, timed runs {race.measure_ms / 1000:.1f} s.")
 
 
