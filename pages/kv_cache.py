@@ -42,7 +42,7 @@ MEASURED = "This machine (measured)"
 
 # widget key -> (ModelSpec field, lo, hi)
 FIELDS = {
-    "layers": ("num_layers", 0, 256),
+    "layers": ("num_layers", 1, 256),
     "heads": ("num_heads", 1, 512),
     "kv_heads": ("num_kv_heads", 1, 512),
     "head_dim": ("head_dim", 1, 1024),
@@ -167,7 +167,7 @@ if st.session_state.get("clamped"):
 
 col_a, col_b, col_c = st.columns(3)
 with col_a:
-    st.slider("Layers", 0, 256, key="layers")
+    st.slider("Layers", 1, 256, key="layers")
     st.slider("Query heads", 1, 512, key="heads")
     st.slider("KV heads (= query heads: MHA, 1: MQA)", 1, 512, key="kv_heads")
     st.slider("Head dimension", 1, 1024, key="head_dim")

@@ -85,7 +85,6 @@ def test_sliding_window_caps_the_sequence():
 @pytest.mark.parametrize("key, value, words", [
     ("kv_heads", 4, "do not divide"),   # 4 KV heads vs 9 query heads
     ("kv_heads", 12, "more KV heads"),
-    ("layers", 0, "number of layers"),
     ("slide_layers", 40, "impossible"),  # 40 sliding layers of 30
 ])
 def test_nonsense_configuration_shows_error(key, value, words):
@@ -97,6 +96,18 @@ def test_nonsense_configuration_shows_error(key, value, words):
     errs = _errors(at)
     assert errs and words in errs[0]
     assert not at.metric  # nothing computed from a nonsense model
+
+
+def test_a_link_with_too_few_layers_opens_with_one_layer_and_says_so():
+    """A link's layers=-5 became 0 (the slider's old minimum), and the page then refused 0 layers: a link's value is
+    clamped to a model the page can draw."""
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)  # a new browser opening the link
+    at.query_params["layers"] = "-5"
+    at.run()
+    assert not at.exception and not _errors(at)
+    assert at.slider(key="layers").value == 1
+    assert any("layers=-5 → 1" in t.value for t in at.toast)
+    assert at.metric  # the numbers are shown for the clamped model
 
 
 def test_upload_config_json_and_bad_upload():
