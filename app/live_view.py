@@ -199,6 +199,29 @@ def round_frames(rnd: Round) -> list[str]:
     return frames
 
 
+def round_to_show(rounds: list[Round], finished: bool) -> tuple[Round, str | None]:
+    """The round the Live page opens when it draws a run's state, and a line to say why when it is not the last.
+
+    The last round, except at the end of a run whose last round drafted nothing while an earlier one did (the
+    draft is capped by the tokens left, so a run that stops at its token limit often ends on a plain target step):
+    then the last round that drafted, the one that shows speculation at work.
+
+    Args:
+        rounds: the run's rounds, at least one. finished: the run has ended.
+
+    Returns:
+        (round, None) for the last round; (round, line) otherwise, the line plain Markdown (no model text).
+    """
+    last = rounds[-1]
+    if not finished or last.n_drafted or last.tree is not None:
+        return last, None
+    shown = next((r for r in reversed(rounds) if r.n_drafted), None)
+    if shown is None:
+        return last, None
+    return shown, (f"Round {shown.index + 1} is shown, the last that drafted: the run's final round, "
+                   f"{last.index + 1}, drafted nothing and was a plain target step.")
+
+
 def round_summary(rnd: Round) -> str:
     """One plain sentence about a round (no model text): counts, outcome, timings."""
     n = rnd.n_drafted

@@ -23,6 +23,7 @@ from app.live_view import (
     PROMPT_URL_MAX,
     room_lines,
     room_progress_line,
+    round_to_show,
     chart_labels,
     default_draft_kind,
     default_preset,
@@ -280,6 +281,8 @@ _round_raw = st.query_params.get("lv_round")  # a link's round to open (below, o
 _round_asked = round_link_value(_round_raw, MAX_NEW_UI)
 if _round_asked is None:
     note_replaced("lv_round", str(_round_raw), 0, "not a round number")
+elif _round_asked == MAX_NEW_UI and str(_round_raw).strip() != str(MAX_NEW_UI):
+    note_replaced("lv_round", str(_round_raw), MAX_NEW_UI, "the most rounds a run can have")
 sync_url(URL_KEYS)
 # a custom prompt goes in the link too (a preset's is named by lv_preset), unless too long for a URL
 _custom = st.session_state["lv_preset"] == CUSTOM
@@ -670,7 +673,12 @@ def _run_area() -> None:
     # ------------------------------------------------------------------------------------------ current state
     if dec.rounds:
         if not step:  # a stepped round was just animated into the box
-            _draw_round(dec.rounds[-1], 0)
+            _shown, _why = round_to_show(dec.rounds, dec.finished and opened is None)
+            _draw_round(_shown, 0)
+            if _why:  # under the round's title (its own placeholder: round_md holds the round's body)
+                with round_title.container():
+                    st.markdown(f"**{round_summary(_shown)}**")
+                    st.caption(_why)
     else:
         round_title.markdown("**No round yet.**")
         _g_def, _g_why = _kind_gamma(S["lv_draft"])

@@ -567,3 +567,20 @@ def test_back_to_back_corrections_keep_their_own_spans():
                              (" bed", "bonus")])
     assert md == (":green-background[1\\.]:orange-background[ Limit]:orange-background[ screen]"
                   ":green-background[ time]:blue-background[ before]:blue-background[ bed]")
+
+
+def test_a_finished_run_opens_its_last_round_that_drafted():
+    from app.live_view import round_to_show
+
+    def plain(i):
+        return Round(index=i, context_len=3, drafted=[], n_accepted=0, next_token_id=8, next_text="b",
+                     next_kind="plain", next_top_p=[], residual_top=None, emitted_ids=[8], draft_ms=0,
+                     verify_ms=2, tokens_verified=1)
+
+    rounds = [_round(0), _round(1), plain(2)]
+    assert round_to_show(rounds, finished=False) == (rounds[2], None)  # a run still going shows its latest round
+    shown, why = round_to_show(rounds, finished=True)
+    assert shown is rounds[1] and why.startswith("Round 2 is shown, the last that drafted") and "final round, 3," in why
+    assert round_to_show(rounds[:2], finished=True) == (rounds[1], None)  # the last drafted: itself
+    only_plain = [plain(0), plain(1)]
+    assert round_to_show(only_plain, finished=True) == (only_plain[1], None)  # plain decoding: nothing else to show

@@ -83,6 +83,14 @@ def test_a_run_that_ends_before_the_round_says_so(tiny):
     assert _round_title(at).startswith(f"**Round {len(dec.rounds)}:")
 
 
+def test_a_round_past_any_run_is_read_as_the_last_with_a_note(tiny):
+    """lv_round=100000 opened at the page's most rounds while the message named that number: the link's value is
+    named in a note as it is replaced."""
+    at = _live({"lv_target": tiny, "lv_draft": "ngram", "lv_max_new": 5, "lv_round": 100000}, PROMPT)
+    assert any("lv_round=100000 → 256" in t.value for t in at.toast)
+    assert "asked for round 256, but this run ended" in _infos(at)
+
+
 def test_an_unreadable_round_is_ignored_with_a_note(tiny):
     at = _live({"lv_target": tiny, "lv_draft": "ngram", "lv_max_new": 12, "lv_round": "three"}, PROMPT)
     assert not at.session_state["lv_dec"].rounds
