@@ -332,3 +332,11 @@ def test_predict_from_run_needs_the_profile_and_t1():
         predict_from_run(_run_record(acceptance_by_position=[1.2]))
     with pytest.raises(InputError):
         predict_from_run(_run_record(verify_tokens_counts={1: 2, 5: 3}))  # 4 rounds against 5
+
+
+def test_signed_percent_never_reads_minus_zero():
+    from engine.explain.analytic import signed_percent
+
+    assert signed_percent(0.15) == "+15%" and signed_percent(-0.0126) == "-1%"
+    assert signed_percent(-0.004) == "-0.4%" and signed_percent(0.0049) == "+0.5%"
+    assert signed_percent(-0.0004) == "±0%" and signed_percent(0.0) == "±0%"

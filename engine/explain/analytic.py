@@ -1429,6 +1429,16 @@ def predict_from_run(run: object) -> RunPrediction | None:
     return pred
 
 
+def signed_percent(d: float) -> str:
+    """A relative change ``d`` (0.15 = 15 %) as a signed percentage that never reads "-0%": whole percent from
+    0.5 % up, one decimal below that, and "±0%" under 0.05 % (a change that rounds away)."""
+    if abs(d) >= 0.005:
+        return f"{d:+.0%}"
+    if abs(d) >= 0.0005:
+        return f"{d:+.1%}"
+    return "±0%"
+
+
 def gap_summary(pred: RunPrediction, gamma: int) -> str:
     """One sentence: how far each assumption moves the prediction (each step's speedup ÷ the next one's − 1,
     in %) and what is left against the measurement."""
@@ -1438,13 +1448,13 @@ def gap_summary(pred: RunPrediction, gamma: int) -> str:
         d = s["constant"].speedup / s["lengths"].speedup - 1.0
         parts.append(f"Assuming every round drafts γ = {gamma} (the run drafted {pred.mean_draft_length:.1f} per "
                      f"round on average, {pred.empty_rounds} of {pred.n_rounds} rounds none) moves the prediction "
-                     f"by {d:+.0%}")
+                     f"by {signed_percent(d)}")
     if "positions" in s:
         d = s["lengths"].speedup / s["positions"].speedup - 1.0
-        parts.append(f"one α̂ for every draft position instead of α̂ by position by {d:+.0%}")
+        parts.append(f"one α̂ for every draft position instead of α̂ by position by {signed_percent(d)}")
     if "from_run" in s:
         d = s["positions"].speedup / s["from_run"].speedup - 1.0
-        parts.append(f"leaving out the prefill and the per-round bookkeeping by {d:+.0%}")
+        parts.append(f"leaving out the prefill and the per-round bookkeeping by {signed_percent(d)}")
     last = pred.steps[-1]
     text = "; ".join(parts) + "."
     if pred.measured is not None and last.error is not None:
