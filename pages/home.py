@@ -3,6 +3,7 @@
 import streamlit as st
 
 from app.registry import PAGES_DIR, available_pages
+from app.tour import start_tour_button
 
 st.title("⚡ Speedup Lab")
 st.markdown(
@@ -10,12 +11,10 @@ st.markdown(
     "around a real speculative decoding engine running a real model (SmolLM2-135M-Instruct, embedded). "
     "Every number on these pages is computed or measured by the engine."
 )
+# the tour and presenter mode first: on a projector at 1280×720 the page list below filled the screen and hid them
+start_tour_button()
+st.divider()
 for p in available_pages():
     if p.file == "home.py":
         continue
     st.page_link(str(PAGES_DIR / p.file), label=f"**{p.title}** — {p.summary}", icon=p.icon)
-
-st.divider()
-from app.tour import start_tour_button  # noqa: E402
-
-start_tour_button()

@@ -819,7 +819,7 @@ def _section_tree() -> None:
     t3.radio("Verify-cost curve t(n)", list(TREE_CURVES), key="wi_tree_curve", format_func=TREE_CURVES.get)
     head = fit_tree_acceptance(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"],
                                max_rank=max(st.session_state["wi_tree_branch"], 2))
-    t3.button("Use the shipped head's measured α, δ, σ", key="wi_btn_tree_head", on_click=_set,
+    t3.button("The head's measured α, δ, σ", key="wi_btn_tree_head", on_click=_set,
               kwargs={"alpha": round(head.alphas[0], 2), "tree_decay": round(head.decay, 2),
                       "tree_sib": round(head.sigma, 2)},
               help=f"The trained draft head on the embedded target, teacher-forced along the target's greedy path "
