@@ -171,7 +171,7 @@ def _after_race(race, n: int) -> None:
         surv = survival(race.spec)
         if surv:
             fig = go.Figure(go.Bar(x=list(range(1, len(surv) + 1)), y=surv))
-            fig.update_layout(title="Survival: rounds whose first i draft tokens were all accepted",
+            fig.update_layout(title="Rounds with draft tokens 1…i all accepted",
                               xaxis_title="draft position i", yaxis_title="share of drafting rounds",
                               yaxis_range=[0, 1.05], height=280, margin={"t": 40, "b": 10})
             fig.update_xaxes(tickmode="linear", dtick=1)
