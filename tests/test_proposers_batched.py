@@ -47,6 +47,7 @@ def _decoder(tiny, head, i, n_new=N_NEW):
                               seed=seed, max_new_tokens=n_new, stop_on_eos=False)
 
 
+@torch.inference_mode()  # as the scheduler's worker runs it: no autograd on the target's logits
 def _advance(dec, prop):
     """One round of ``dec`` with the given proposal, its target pass alone (the scheduler's ``_alone``)."""
     p = dec.begin_pass(proposal=prop)
