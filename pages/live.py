@@ -523,10 +523,16 @@ def _run_area() -> None:
                 time.sleep(delay)
 
 
-    def _draw_round(rnd, frame_s: float, budget_s: float | None = None) -> None:
+    def _draw_round(rnd, frame_s: float, budget_s: float | None = None, note: str | None = None) -> None:
         """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
-        ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once."""
-        round_title.markdown(f"**{round_summary(rnd)}**")
+        ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once. ``note``: a line under
+        the round's title (why this round is the one shown)."""
+        if note:
+            with round_title.container():
+                st.markdown(f"**{round_summary(rnd)}**")
+                st.caption(note)
+        else:
+            round_title.markdown(f"**{round_summary(rnd)}**")
         if rnd.tree is not None:
             _draw_tree_round(rnd, frame_s, budget_s)
             return
@@ -674,11 +680,7 @@ def _run_area() -> None:
     if dec.rounds:
         if not step:  # a stepped round was just animated into the box
             _shown, _why = round_to_show(dec.rounds, dec.finished and opened is None)
-            _draw_round(_shown, 0)
-            if _why:  # under the round's title (its own placeholder: round_md holds the round's body)
-                with round_title.container():
-                    st.markdown(f"**{round_summary(_shown)}**")
-                    st.caption(_why)
+            _draw_round(_shown, 0, note=_why)
     else:
         round_title.markdown("**No round yet.**")
         _g_def, _g_why = _kind_gamma(S["lv_draft"])
