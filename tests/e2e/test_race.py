@@ -160,17 +160,17 @@ def test_a_round_of_the_recorded_race_opens_in_live(page, app_url):
 
 def test_opening_a_far_round_shows_progress_and_stops_on_stop(page, app_url):
     """Live opened at a far round steps there with a progress bar; Stop ends it between rounds: the page shows the
-    rounds run so far, says it stopped, and its link no longer names the round. Prompt lookup at γ 1 on a prompt the
-    model answers at length (greedy: 256 tokens without an end of sequence, about one a round), so the run is seconds
-    long on any machine this runs on; the chat preset's answer ended after 40 rounds, which a fast kernel stepped
-    before the progress bar's first redraw (0.5 s)."""
+    rounds run so far, says it stopped, and its link no longer names the round. The run must still be going when Stop
+    lands: the draft head's token trees of 32 nodes at temperature 2 accept about nothing (256 tokens in 255 rounds
+    of ~90 ms on the AMD EPYC, ~20 s). Prompt lookup at γ 1, greedy, took 256 tokens in 190 rounds and 2 s: a Stop
+    that landed after 2 s met a finished run, which says so instead of "Stopped"."""
     page.goto(app_url + "/live?lv_preset=custom&lv_prompt=Write+a+long+story+about+a+dragon."
-              "&lv_draft=ngram&lv_gamma=1&lv_temp=0&lv_max_new=256&lv_round=200")
+              "&lv_draft=head&lv_gamma=4&lv_tree=32&lv_branch=4&lv_temp=2&lv_max_new=256&lv_round=200")
     page.get_by_text(re.compile(r"Opening round 200: \d+ of 200 rounds stepped")).first.wait_for(timeout=180_000)
     page.locator(".st-key-lv_stop button").first.click()
     page.get_by_text(re.compile(r"^Stopped after \d+ rounds")).first.wait_for(timeout=60_000)
     wait_idle(page)
-    wait_url(page, "/live?", "lv_draft=ngram", absent=("lv_round=",))
+    wait_url(page, "/live?", "lv_draft=head", absent=("lv_round=",))
     stopped = re.search(r"Stopped after (\d+) rounds", page.inner_text("body"))
     assert stopped and 0 < int(stopped.group(1)) < 200
     assert page.get_by_text(re.compile(rf"^Round {stopped.group(1)}: ")).count() >= 1
