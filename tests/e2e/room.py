@@ -31,10 +31,13 @@ class Reader:
     tokens: int = 0
     text: str = ""
     error: str | None = None
+    extra: str = ""
+    """More of the page's link parameters ("&lv_tree=32…"), appended to ``query``."""
 
     @property
     def query(self) -> str:
-        return (f"lv_temp={self.temperature:g}&lv_seed={self.seed}&lv_max_new={self.max_new}&lv_speed=instant")
+        return (f"lv_temp={self.temperature:g}&lv_seed={self.seed}&lv_max_new={self.max_new}&lv_speed=instant"
+                + self.extra)
 
     @property
     def wall_s(self) -> float | None:

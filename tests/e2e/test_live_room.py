@@ -35,8 +35,12 @@ def test_three_readers_get_their_alone_texts(browser, app_url):
 
 def test_charts_wait_while_others_decode(browser, app_url):
     """A reader who steps a round while another reader's run is in flight gets the statistics but not the charts
-    (the deferral caption and a toggle instead); the toggle draws them at once."""
+    (the deferral caption and a toggle instead); the toggle draws them at once. The long run must still be in the room
+    when the other reader steps: the draft head's token trees of 32 nodes at temperature 2 accept about nothing, so
+    its 160 tokens take ~15 s on the AMD EPYC (greedy with the default draft, they took ~1 s, and the step could land
+    after the run's end)."""
     readers = readers_for(2, max_new=160)
+    readers[0].temperature, readers[0].extra = 2.0, "&lv_draft=head&lv_gamma=4&lv_tree=32&lv_branch=4"
     readers[1].max_new = 16
     try:
         open_readers(browser, app_url, readers)
