@@ -38,6 +38,7 @@ from engine.explain.analytic import (
     gap_rows,
     predict_from_run,
     simulate_rounds,
+    tree_capacity,
     tree_size_curve,
     try_it_exercises,
 )
@@ -830,6 +831,12 @@ def _section_tree() -> None:
     depth = st.session_state["wi_tree_depth"]
     alphas = [alpha * st.session_state["wi_tree_decay"] ** d for d in range(depth)]
     n = st.session_state["wi_tree_n"]
+    most = tree_capacity(st.session_state["wi_tree_branch"], depth)
+    if n > most:  # a tree of this branching and depth holds fewer nodes than the size asked
+        st.info(f"A tree with at most {st.session_state['wi_tree_branch']} children a node and depth "
+                f"{depth} holds at most {most} nodes: shown at N = {most}. Raise the branching or the maximum "
+                f"depth to inspect a tree of {n}.")
+        n = most
     try:
         cur = tree_size_curve(alphas, st.session_state["wi_tree_sib"], st.session_state["wi_tree_branch"], depth,
                               cost, TREE_MAX_NODES, st.session_state["wi_slope"], measured)

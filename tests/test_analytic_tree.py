@@ -172,3 +172,30 @@ def test_fit_on_ranks_up_to_the_branching_and_the_shipped_counts():
     # rank 2 alone: (80 + 96 + 88 + 85) / (263 + 313 + 339 + 367)
     two = fit_tree_acceptance(HEAD_RANK_COUNTS["hits"], HEAD_RANK_COUNTS["trials"], max_rank=2)
     assert two.sigma == pytest.approx(349 / 1282)
+
+
+def test_tree_capacity_by_hand():
+    """b + b² + … + b^D, capped at the largest size searched (64)."""
+    from engine.explain.analytic import tree_capacity
+
+    assert tree_capacity(3, 1) == 3
+    assert tree_capacity(1, 2) == 2
+    assert tree_capacity(2, 2) == 6  # 2 + 4
+    assert tree_capacity(3, 2) == 12  # 3 + 9
+    assert tree_capacity(2, 5) == 62  # 2 + 4 + 8 + 16 + 32
+    assert tree_capacity(2, 6) == 64  # 126, capped
+    assert tree_capacity(8, 16, n_max=10) == 10
+    with pytest.raises(InputError):
+        tree_capacity(0, 3)
+
+
+@pytest.mark.parametrize("branching,depth", [(3, 1), (1, 2), (2, 2)])
+def test_tree_curve_stops_at_the_capacity(branching, depth):
+    """A tree of small branching and depth holds fewer than 64 nodes: the curve has exactly that many sizes, and the
+    best tree of a larger size is the full tree (the What-if tab raised an IndexError asking for size 8 at depth 1)."""
+    from engine.explain.analytic import tree_capacity
+
+    most = tree_capacity(branching, depth)
+    cur = tree_size_curve(0.7, 0.3, branching, depth, 0.1)
+    assert cur.ns == list(range(1, most + 1)) and len(cur.speedups) == most
+    assert len(best_tree(64, 0.7, 0.3, branching, depth).parents) == most

@@ -1061,6 +1061,24 @@ def _check_tree_args(n_nodes: int, branching: int, max_depth: int) -> tuple[int,
     return int(n_nodes), int(branching), int(max_depth)
 
 
+def tree_capacity(branching: int, max_depth: int, n_max: int = TREE_MAX_NODES) -> int:
+    """The most nodes a tree can hold with at most ``branching`` children a node and depth ≤ ``max_depth``:
+    b + b² + … + b^D, capped at ``n_max`` (the largest size searched). :func:`best_tree` and
+    :func:`tree_size_curve` return no larger trees.
+
+    Raises:
+        InputError: branching outside 1..8, depth outside 1..64, n_max outside 1..64.
+    """
+    n, b, dmax = _check_tree_args(n_max, branching, max_depth)
+    total, level = 0, 1
+    for _ in range(dmax):
+        level *= b
+        total += level
+        if total >= n:
+            return n
+    return total
+
+
 def best_tree(n_nodes: int, depth_alphas: Sequence[float] | float, sigma: float, branching: int,
               max_depth: int) -> TreeShape:
     """The N-node tree with the largest E(tree), each node with at most ``branching`` children (ranks
@@ -1110,7 +1128,8 @@ class TreeSizeCurve:
     """Expected gain of the best tree of each size N = 1..n_max (the model above).
 
     Attributes:
-        ns: [n_max] tree sizes N.
+        ns: [M] tree sizes N = 1..M, M = :func:`tree_capacity` (n_max unless the branching and depth allow fewer
+            nodes); every list below is [M] too.
         tokens: [n_max] E of the best N-node tree (tokens per target pass).
         depths: [n_max] its depth (draft passes: EAGLE-2 drafts one depth per pass).
         verify_ratios: [n_max] t(N + 1)/t(1): the verify pass feeds the last token and the N nodes.

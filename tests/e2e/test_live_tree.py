@@ -84,3 +84,15 @@ def test_whatif_token_trees_tab(page, app_url):
     wait_url(page, "wi_tree_curve=slope", "wi_tree_n=12")
     assert not page.locator('[data-testid="stException"]').count()
     screenshot(page, "whatif_tree")
+
+
+def test_whatif_token_trees_tab_with_a_tree_smaller_than_the_size_asked(page, app_url):
+    """Depth 1 and branching 3 hold 3 nodes: the tab shows the full tree of 3 and says why, instead of an IndexError
+    (a reader dragged the depth to 1 at the default size 8)."""
+    page.goto(app_url + "/whatif?wi_tab=Token+trees&wi_tree_n=8&wi_tree_branch=3&wi_tree_depth=1")
+    wait_idle(page)
+    page.get_by_text("holds at most 3 nodes: shown at N = 3").first.wait_for(timeout=60_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                           ".some(t => t.textContent.startsWith('The best tree of 3 nodes'))", timeout=60_000)
+    assert not page.locator('[data-testid="stException"]').count()
+    screenshot(page, "whatif_tree_capacity")
