@@ -8,6 +8,7 @@ UI only: every number comes from ``engine.explain.analytic`` or ``engine.explain
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -512,13 +513,18 @@ def _section_batch_measured() -> None:
         "total tokens/s are compared at each batch size. The dashed curves are the roofline model above, for this "
         "machine: its bandwidth and FLOP/s measured, the method's α̂ and draft cost c measured at the smallest batch.")
     peaks = _machine(resolve_device(None).type)
+    from engine.decoding.batch import weight_bytes_per_param
+
+    bpp = weight_bytes_per_param(get_model("embedded"))  # the bytes a pass reads per weight (GGUF blocks here)
     m1, m2, m3 = st.columns(3)
     m1.metric("Memory bandwidth (measured)", f"{peaks.bandwidth_gbs:.1f} GB/s",
               help=f"Best of 3 copies of a {peaks.copy_mb} MB tensor (read + write), torch threads {peaks.threads}.")
     m2.metric("Matmul throughput (measured)", f"{peaks.peak_tflops * 1000:.1f} GFLOP/s",
               help=f"Best of 3 fp32 {peaks.matmul_n} × {peaks.matmul_n} matrix products (2n³ FLOPs each).")
-    m3.metric("A pass turns compute-bound from", f"≈ {peaks.ridge_tokens(4.0):,.0f} tokens",
-              help="The ridge of the roofline for fp32 weights: 4 bytes · FLOP/s ÷ (2 · bandwidth).")
+    m3.metric("A pass turns compute-bound from", f"≈ {peaks.ridge_tokens(bpp):,.0f} tokens",
+              help=f"The ridge of the roofline for the weights as the engine reads them ({bpp:.2f} bytes a weight): "
+                   "bytes a weight · FLOP/s ÷ (2 · bandwidth) (engine/decoding/batch.py: weight_bytes_per_param, "
+                   "MachinePeaks.ridge_tokens).")
     c1, c2, c3 = st.columns(3)
     c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
     c2.number_input("New tokens per sequence", 1, 64, step=1, key="wi_bs_tokens")
@@ -587,6 +593,9 @@ def _section_batch_measured() -> None:
             st.info("No measured sweep on this machine yet: press **Run the measured sweep**.")
             return
         sweep, meta = earlier
+        # the same kernel build (the store's key), so the same weight formats: a sweep stored before the roofline
+        # counted the bytes as read carries fp32's 4 bytes a weight
+        sweep = dataclasses.replace(sweep, bytes_per_param=bpp)
         st.caption(f"Measured on this machine earlier ({meta['date']}, {meta['cpu']}, {meta['compute']} kernels; "
                    f"batch sizes {', '.join(map(str, sweep.batches))}, {sweep.max_new_tokens} new tokens per sequence: "
                    "the last complete sweep, kept in the user cache). **Run the measured sweep** measures it again "
@@ -646,7 +655,7 @@ def _section_batch_measured() -> None:
                     "The room (readers on the Live page) is idle: its live batch appears here while readers run.")
     fp = go.Figure()
     fp.add_scatter(x=view.pass_tokens, y=view.pass_ms, mode="markers", name="measured (median)", marker={"size": 9})
-    fp.add_scatter(x=view.pass_tokens, y=view.model_pass_ms, mode="lines", name="roofline: max(bytes/bandwidth, FLOPs/peak)",
+    fp.add_scatter(x=view.pass_tokens, y=view.model_pass_ms, mode="lines", name=f"roofline: max({view.params * view.bytes_per_param / 1e6:.0f} MB of weights ÷ bandwidth, FLOPs ÷ peak)",
                    line={"dash": "dash"})
     fp.update_layout(title="Target pass time against tokens in the pass (B·(γ + 1) while every row drafts γ)",
                      xaxis={"title": "tokens in the pass", "type": "log",
@@ -662,7 +671,7 @@ def _section_batch_measured() -> None:
         "rounds also pay for drafting as it really runs (the draft head's own pass per row, the prompt lookup's "
         "search), for judging (each row's draft tokens tested against the target's p, row by row) and for per-row "
         "work (rows padded to one width, rejected tails cropped from the KV cache), and the target's "
-        "pass over γ + 1 tokens costs more than one token's on this CPU (the pass-time chart below). "
+        "pass over γ + 1 tokens costs more than one token's on this CPU (the pass-time chart above). "
         + "; ".join(f"{label}: model {model:.2f}×, measured {meas:.2f}× at B = {b}" for label, model, meas, b in gaps
                     if model is not None)
         + (f" (the smallest batch measured, B = {b_small})." if gaps else "")

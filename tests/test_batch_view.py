@@ -153,3 +153,23 @@ def test_room_marker_by_hand():
     assert room_batch(SimpleNamespace(rows_per_pass=11.54, readers_now=14)) == 12
     assert room_batch(SimpleNamespace(rows_per_pass=None, readers_now=3)) == 3
     assert room_batch(SimpleNamespace(rows_per_pass=None, readers_now=0)) is None
+
+
+def test_weight_bytes_per_param_counts_the_bytes_as_read_by_hand():
+    """On the "stream" path the roofline's bytes are the linear layers' as read (their compact forms) over their
+    weights: 111 MB for 538 MB of fp32 is 111e6 / (538e6 / 4) = 0.825 bytes a weight; off it (or with no formats)
+    the parameters' element size."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.decoding.batch import weight_bytes_per_param
+
+    model = torch.nn.Linear(4, 4)
+    stream = SimpleNamespace(model=model, compute=SimpleNamespace(
+        path="stream", formats={"read_bytes": 111_000_000, "fp32_bytes": 538_000_000}))
+    assert weight_bytes_per_param(stream) == pytest.approx(111e6 / (538e6 / 4))
+    assert weight_bytes_per_param(SimpleNamespace(model=model, compute=SimpleNamespace(path="onednn", formats={
+        "read_bytes": 1, "fp32_bytes": 4}))) == 4.0
+    assert weight_bytes_per_param(SimpleNamespace(model=model, compute=None)) == 4.0
+    assert weight_bytes_per_param(SimpleNamespace(model=model.half(), compute=None)) == 2.0

@@ -89,6 +89,20 @@ class MemoryEstimate:
         return self.total <= MEMORY_SHARE * self.available
 
 
+def weight_bytes_per_param(target: LoadedModel) -> float:
+    """The bytes a decode pass of ``target`` reads per weight: on the "stream" path the linear layers' bytes as
+    read (their exact compact forms, GGUF blocks for the embedded model: ``compute.weight_formats``) over their
+    parameters, else the parameters' element size (4 for fp32). The roofline's weight bytes (``analytic.
+    roofline_step_s``): priced at fp32, the embedded model's floor was 538 MB ÷ bandwidth, above the passes
+    measured while it reads 111 MB."""
+    c = target.compute
+    f = c.formats if c is not None and c.path == "stream" else None
+    if f and f.get("read_bytes") and f.get("fp32_bytes"):
+        return float(f["read_bytes"]) / (float(f["fp32_bytes"]) / 4.0)
+    p = next(target.model.parameters(), None)
+    return float(p.element_size()) if p is not None else 4.0
+
+
 def available_memory_bytes(device: torch.device) -> int:
     """Free memory on ``device`` in bytes (CUDA: free device memory; CPU: MemAvailable, else free pages)."""
     if device.type == "cuda":
@@ -1077,10 +1091,9 @@ def batch_sweep(target: LoadedModel, prompts: Sequence[str] | Sequence[list[int]
         from engine.decoding.models import load_model
 
         draft = load_model("embedded-draft", device=target.device)
-    p = next(target.model.parameters(), None)
     sweep = BatchSweep(batches=list(batches), methods=methods, max_new_tokens=max_new_tokens, reps=reps,
                        threads=torch.get_num_threads(), device=target.device.type, model=target.name,
-                       params=target.num_parameters, bytes_per_param=float(p.element_size()) if p is not None else 4.0,
+                       params=target.num_parameters, bytes_per_param=weight_bytes_per_param(target),
                        min_prompts=min_prompts)
     t_start = time.perf_counter()
     if warmup:
