@@ -25,6 +25,7 @@ from engine.explain.traffic import (
     fetch_scrape,
     list_models,
     position_view,
+    costs_from_run,
     predict,
     profile_from_input,
     profile_from_run,
@@ -214,6 +215,24 @@ else:
         st.error(escape_markdown(str(e)))
         sync_url(URL_KEYS)
         stop_page()
+    # the model's c and s from what this run measured (once per run: the sliders stay the reader's afterwards)
+    run_key = f"{id(dec)}:{len(dec.rounds)}"
+    if S.get("yt_run_costs") != run_key:
+        t1 = None
+        try:
+            from engine.decoding.pass_cost import machine_pass_cost
+
+            t1 = dict(machine_pass_cost(dec.target, measure=False).ms).get(1)
+        except (SpeedupLabError, AttributeError):
+            pass
+        try:
+            c_run, s_run, S["yt_run_where"] = costs_from_run(dec.stats(), dec.gamma, t1)
+            S["yt_cost"], S["yt_slope"] = round(c_run, 2), round(s_run, 2)
+        except SpeedupLabError as e:
+            S["yt_run_where"] = f"not from the run ({e}): the sliders' values"
+        S["yt_run_costs"] = run_key
+    st.caption(f"Draft cost and verify slope below are this run's, as measured: {S['yt_run_where']}. Move the "
+               "sliders to try other costs.")
     with st.expander("This run's counters in vLLM's names (paste them into the box above, or feed them to "
                      "`python -m engine traffic`)"):
         st.code(run_to_prometheus(prof, model_name=prof.model or "speedup-lab"), language="text", wrap_lines=True)
@@ -232,7 +251,8 @@ except SpeedupLabError as e:
 
 # ------------------------------------------------------------------ what was measured
 who = ENGINE_TITLES[prof.engine] + (f" · model {escape_markdown(prof.model)}" if prof.model else "")
-st.subheader("What your server measured")
+live_run = S["yt_source"] == SOURCES[1]
+st.subheader("What the Live run measured" if live_run else "What your server measured")
 st.caption(f"{who} · {prof.window}" + (f" · {prof.drafts:,.0f} drafts, {prof.draft_tokens:,.0f} draft tokens, "
                                         f"{prof.accepted_tokens:,.0f} accepted" if prof.has_counts else "")
            + (f" · {prof.draft_tokens:,.0f} draft tokens, {prof.accepted_tokens:,.0f} accepted (no count of drafts)"
@@ -251,7 +271,7 @@ m3.metric("α̂ (the analytic model's α)", "—" if ah is None else f"{ah:.3f}"
           help="Accepted ÷ judged draft tokens (judged: the target evaluated them). The What-if page's α. "
                "Without the judged count (drafts of varying length, SGLang), the α whose E(α, γ) is the mean "
                "acceptance length.")
-m4.metric("γ the server ran", "—" if prof.gamma is None else str(prof.gamma),
+m4.metric("γ the run drafted" if live_run else "γ the server ran", "—" if prof.gamma is None else str(prof.gamma),
           help="The number of draft positions counted (vLLM: num_speculative_tokens).")
 for n in prof.notes:
     st.caption("ℹ️ " + escape_markdown(n))  # notes quote label values of the scrape
@@ -278,7 +298,7 @@ else:
                    error_y=err, line={"color": MEASURED, "width": 3})
     fa.add_scatter(x=xs, y=[pv.alpha_hat] * len(xs), mode="lines", name=f"geometric: α̂ = {pv.alpha_hat:.3f}",
                    line={"color": GEOMETRIC, "dash": "dash"})
-    fa.update_layout(title="Conditional α_i (kept | all before kept)", xaxis_title="draft position i",
+    fa.update_layout(title="Conditional α_i (kept | all before kept)", xaxis={"title": "draft position i", "range": [-0.5, max(xs) + 0.5]},
                      yaxis={"title": "α_i", "range": [0, 1.02]}, xaxis_dtick=1, height=CHART_H,
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fa, key="yt_fig_alpha", where=left)
@@ -287,7 +307,7 @@ else:
                    line={"color": MEASURED, "width": 3})
     fs.add_scatter(x=xs, y=pv.survival_geometric, mode="lines+markers", name="geometric: α̂^(i+1)",
                    line={"color": GEOMETRIC, "dash": "dash"})
-    fs.update_layout(title="Survival P(A ≥ i + 1)", xaxis_title="draft position i",
+    fs.update_layout(title="Survival P(A ≥ i + 1)", xaxis={"title": "draft position i", "range": [-0.5, max(xs) + 0.5]},
                      yaxis={"title": "share of drafts", "range": [0, 1.02]}, xaxis_dtick=1, height=CHART_H,
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fs, key="yt_fig_survival", where=right)
@@ -364,11 +384,15 @@ else:
                 + ("" if share is None else f"; γ = {best} is the best in {share:.0%} of the profiles the counts allow")
                 + ".")
     if pred.best_is_extrapolated:
-        st.warning(f"γ = {best} is longer than the {n_meas} positions your server ran: positions past {n_meas} "
+        ran = (f"the {n_meas} draft position{'s' if n_meas != 1 else ''} "
+               + ("this run drafted" if live_run else "your server ran"))
+        st.warning(f"γ = {best} is longer than {ran}: positions past {n_meas} "
                    + ("are assumed as good as the last one." if pv is not None else
                       "follow the geometric model fitted to the mean, which nothing measured there.")
                    + f" The best γ within what was measured is {pred.best_gamma_measured} "
-                     f"({pred.best_speedup_measured:.2f}×). Try γ = {best}, then scrape again.")
+                     f"({pred.best_speedup_measured:.2f}×). "
+                   + (f"Run the Live page at γ = {best} to measure it." if live_run else
+                      f"Try γ = {best}, then scrape again."))
     for s in settings_for(best):
         st.markdown(f"**{s.engine}** · [flags documented here]({s.doc}) · {s.note}")
         st.code(s.flags, language="bash", wrap_lines=True)

@@ -65,7 +65,7 @@ def test_example_by_default():
     codes = [c.value for c in at.code]
     assert any('"num_speculative_tokens": 7' in c for c in codes)
     assert any("--spec-draft-n-max 7 --spec-draft-n-min 7" in c for c in codes)
-    assert any("longer than the 3 positions" in w.value for w in at.warning)  # γ = 7 is extrapolated
+    assert any("longer than the 3 draft positions your server ran" in w.value for w in at.warning)  # γ = 7 is extrapolated
     assert _qp(at, "yt_scrape") is None  # the example is not put in the link
 
 
@@ -169,7 +169,13 @@ def test_fetch_from_loopback_and_refusals():
         srv.server_close()
 
 
-def test_live_run_as_the_source():
+def test_live_run_as_the_source(monkeypatch):
+    from types import SimpleNamespace
+
+    import engine.decoding.pass_cost as pass_cost
+
+    # this machine's one-token pass for the toy target (its run drafts every round: no one-token pass of its own)
+    monkeypatch.setattr(pass_cost, "machine_pass_cost", lambda target, measure=True: SimpleNamespace(ms={1: 2.0}))
     at = _app(yt_source="The Live page's last run")
     assert any("No speculative run" in i.value for i in at.info)
     from engine.decoding.proposers import DraftModelProposer
@@ -189,6 +195,17 @@ def test_live_run_as_the_source():
     assert _metrics(at)["α̂ (the analytic model's α)"] == f"{s.acceptance_rate:.3f}"
     assert _metrics(at)["Acceptance rate"] == f"{s.accepted / s.drafted:.3f}"
     assert any("vllm:spec_decode_num_drafts_total" in c.value for c in at.code)
+    # the model's c and s are the run's own (not the sliders' server defaults), and the words name the run
+    from engine.explain.traffic import costs_from_run
+
+    c, slope, _ = costs_from_run(s, dec.gamma, t1_ms=2.0)
+    assert at.slider(key="yt_cost").value == pytest.approx(round(c, 2))
+    assert at.slider(key="yt_slope").value == pytest.approx(round(slope, 2))
+    assert any("this run's, as measured" in cap.value for cap in at.caption)
+    assert "γ the run drafted" in _metrics(at) and "What the Live run measured" in [h.value for h in at.subheader]
+    # the reader's own slider value stays on the next rerun of the same run
+    at.slider(key="yt_cost").set_value(0.5).run()
+    assert at.slider(key="yt_cost").value == 0.5
 
 
 def test_pasted_text_is_not_rendered_as_markdown():

@@ -604,3 +604,27 @@ def test_cli_reads_trtllm_and_vllm_json(capsys):
     assert out["alpha_hat"] == pytest.approx(74 / 94) and out["accepted_per_pos"] == [30, 24, 20]
     assert main(["traffic", str(FIX / "sglang_verify_before.txt"), str(FIX / "sglang_verify_after.txt")]) == 0
     assert "tokens per target pass = 3.000" in capsys.readouterr().out
+
+
+def test_costs_from_run_by_hand():
+    """c = draft ms a token ÷ t(1); s = (t(γ+1)/t(1) − 1) ÷ γ; t(1) the run's own, else the one given."""
+    from types import SimpleNamespace
+
+    from engine.explain.traffic import costs_from_run
+
+    run = SimpleNamespace(draft_ms_per_token=1.4, verify_ms_by_tokens={1: 7.0, 3: 9.1})
+    c, s, where = costs_from_run(run, 2)
+    assert c == pytest.approx(0.2) and s == pytest.approx((9.1 / 7.0 - 1) / 2)  # 0.15
+    assert "run's own" in where and "3 tokens" in where
+    # no one-token pass in the run: the machine's t(1); no pass over γ + 1 tokens: s = 0
+    c, s, where = costs_from_run(SimpleNamespace(draft_ms_per_token=2.0, verify_ms_by_tokens={2: 8.0}), 3, t1_ms=8.0)
+    assert c == pytest.approx(0.25) and s == 0.0 and "pass-cost curve" in where
+    # clipped to the sliders' [0, 1]
+    c, s, _ = costs_from_run(SimpleNamespace(draft_ms_per_token=20.0, verify_ms_by_tokens={1: 5.0, 2: 20.0}), 1)
+    assert (c, s) == (1.0, 1.0)
+    for bad in (SimpleNamespace(draft_ms_per_token=None, verify_ms_by_tokens={1: 5.0}),
+                SimpleNamespace(draft_ms_per_token=1.0, verify_ms_by_tokens={})):
+        with pytest.raises(InputError):
+            costs_from_run(bad, 2)
+    with pytest.raises(InputError):
+        costs_from_run(run, 0)

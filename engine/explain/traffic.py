@@ -1076,6 +1076,47 @@ class GammaPrediction:
         return bool(self.measured_positions) and self.best_gamma > self.measured_positions
 
 
+def costs_from_run(stats: Any, gamma: int, t1_ms: float | None = None) -> tuple[float, float, str]:
+    """The traffic model's draft cost c and verify-cost slope s as a run of this engine measured them, so a
+    Live run is predicted at its own costs rather than at a server's default guesses.
+
+    c = draft ms per token ÷ t(1), one draft step over one plain decode step (:func:`predict`'s c; the run's own
+    ``draft_cost_ratio`` divides by its verify pass instead). s = (t(γ + 1)/t(1) − 1) ÷ γ, the slope of
+    :func:`engine.explain.analytic.verify_cost_ratio` through the run's median pass over γ + 1 tokens. t(1): the
+    run's own one-token passes where it had some (``RunStats.verify_ms_by_tokens``), else ``t1_ms`` (this
+    machine's pass-cost curve, ``engine.decoding.pass_cost``). Both are clipped to [0, 1], the sliders' range.
+
+    Args:
+        stats: an ``engine.decoding.trace.RunStats`` (its ``draft_ms_per_token`` and ``verify_ms_by_tokens``, ms).
+        gamma: the run's draft length (≥ 1).
+        t1_ms: a one-token pass (ms) to use when the run had none.
+
+    Returns:
+        (c, s, where the numbers came from, in words).
+
+    Raises:
+        InputError: γ < 1, a run without draft time, or no one-token pass time at all.
+    """
+    g = int(gamma)
+    if g < 1:
+        raise InputError(f"γ must be at least 1, got {gamma!r}.")
+    draft = getattr(stats, "draft_ms_per_token", None)
+    by_n = {int(k): float(v) for k, v in (getattr(stats, "verify_ms_by_tokens", None) or {}).items()}
+    if draft is None:
+        raise InputError("This run has no draft time to price its draft with.")
+    t1, own = (by_n[1], True) if by_n.get(1) else (t1_ms, False)
+    if not t1 or t1 <= 0:
+        raise InputError("No one-token pass time to compare the draft and the verify pass with.")
+    c = min(max(float(draft) / t1, 0.0), 1.0)
+    full = by_n.get(g + 1)
+    s = min(max((full / t1 - 1.0) / g, 0.0), 1.0) if full else 0.0
+    where = (f"c = {float(draft):.2f} ms a draft token ÷ t(1) = {t1:.2f} ms "
+             + ("(the run's own one-token passes)" if own else "(this machine's pass-cost curve)")
+             + (f"; s from its median pass over {g + 1} tokens, {full:.2f} ms" if full else
+                f"; s = 0: the run has no pass over {g + 1} tokens"))
+    return c, s, where
+
+
 def predict(profile: AcceptanceProfile, c: float = DEFAULT_DRAFT_COST, slope: float = 0.0,
             gamma_max: int = GAMMA_MAX, seed: int = 0) -> GammaPrediction:
     """Tokens per pass and speedup for γ = 1..gamma_max, measured α_i vs the geometric model, the best γ, and

@@ -3,6 +3,7 @@ pasted bad scrape's message, and the link that carries a pasted scrape."""
 
 from __future__ import annotations
 
+import re
 import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,3 +92,28 @@ def test_traffic_refuses_a_remote_address(page, app_url):
     wait_idle(page)
     page.get_by_text("SPEEDUP_LAB_ALLOWED_HOSTS").first.wait_for()
     _value(page, "0.550")  # the example is still shown
+
+
+def test_traffic_reads_the_live_run_at_its_own_costs(page, app_url):
+    """A Live run, then Your traffic from "The Live page's last run" in the same session: the model's draft cost and
+    verify slope are the run's (a caption says where from), the words name the run, and the α chart's axis holds
+    the run's positions (γ 1: position 0 alone, where the axis ran from −1 to 0)."""
+    page.goto(app_url + "/live?lv_draft=head&lv_preset=chat&lv_gamma=1&lv_temp=0&lv_max_new=24&lv_speed=instant")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_role("button", name=re.compile(r"^Run to the end")).click()
+    page.get_by_text(re.compile(r"^Finished")).first.wait_for(timeout=120_000)
+    wait_idle(page)
+    page.get_by_role("link", name="Your traffic").first.click()  # the sidebar: the same session
+    wait_idle(page)
+    page.get_by_text("The Live page's last run").first.click()
+    wait_idle(page)
+    page.get_by_text("this run's, as measured").first.wait_for(timeout=60_000)
+    page.get_by_role("heading", name="What the Live run measured").first.wait_for()
+    assert page.get_by_text("γ the run drafted").count() >= 1
+    alpha = page.locator(".js-plotly-plot", has_text="Conditional α_i").first
+    alpha.wait_for(timeout=60_000)
+    ticks = [t.strip() for t in alpha.locator(".xtick text").all_text_contents()]
+    assert "0" in ticks and "−1" not in ticks and "-1" not in ticks, ticks
+    assert not page.locator('[data-testid="stException"]').count()
+    alpha.scroll_into_view_if_needed()
+    screenshot(page, "traffic_live_run")
