@@ -236,7 +236,8 @@ if m.is_mla:
 else:
     st.info(f"**{m.attention_kind}**: {m.num_heads} query heads share {m.num_kv_heads} "
             f"KV head{'' if m.num_kv_heads == 1 else 's'} "
-            f"({m.num_heads // m.num_kv_heads} query heads per KV head); each layer caches "
+            f"({m.num_heads // m.num_kv_heads} query head{'' if m.num_heads // m.num_kv_heads == 1 else 's'} per KV "
+            "head); each layer caches "
             f"2 × {m.num_kv_heads} × {m.head_dim} = {2 * m.num_kv_heads * m.head_dim} numbers per token.")
 if m.sliding_window and m.sliding_layers:
     st.caption(f"{m.sliding_layers} of {m.num_layers} layers keep only the last {m.sliding_window} tokens; "
@@ -251,7 +252,7 @@ k4.metric(f"Weights ({rep.weight_dtype})", format_bytes(rep.weights))
 
 st.subheader("The same model with MHA and with MQA")
 show_table(
-    [{"attention": f"{label}: {kind}", "KV heads": str(heads) if heads else "latent",
+    [{"attention": f"{label}: {kind}" if label == "this configuration" else label, "KV heads": str(heads) if heads else "latent",
       "KV per token": format_bytes(pt), "KV for the batch": format_bytes(bb),
       "vs this configuration": f"{bb / rep.batch_bytes:.2f}×" if rep.batch_bytes else "–"}
      for label, kind, heads, pt, bb in rep.compare])
@@ -295,7 +296,7 @@ for n, st_ in rep.steps.items():
         "bound": st_.bound,
         "tokens/s": f"{st_.tokens / st_.step_ms * 1e3:,.0f}",
         "compute-bound from batch": "never" if cb is None else f"{cb:,}",
-        "… KV empty": "never" if cb0 is None else f"{cb0:,}",
+        "… with no KV": "never" if cb0 is None else f"{cb0:,}",
     })
 show_table(rows)
 
