@@ -419,7 +419,7 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
         fw.add_scatter(x=[peer.mb_per_token], y=[peer.tokens_per_s], mode="markers+text", text=["llama.cpp"],
                        textposition="middle left", name="llama.cpp plain, the same GGUF (C++)",
                        marker={"size": 12, "symbol": "square"})
-    fw.update_layout(title="Tokens a second against the weight bytes a decode step reads",
+    fw.update_layout(title="Tokens/s against the weight MB a token reads",
                      xaxis={"title": "MB of weights read a token", "type": "log", "tickvals": LOG_TICKS},
                      yaxis={"title": "tokens/s", "type": "log", "tickvals": LOG_TICKS}, height=CHART_H,
                      margin={"t": 40, "b": 10},
@@ -429,7 +429,7 @@ def _section_weight_bytes(bandwidth_gbs: float) -> None:
     fk = go.Figure()
     for p in points:
         fk.add_scatter(x=list(p.pass_ratio), y=list(p.pass_ratio.values()), mode="lines+markers", name=p.label)
-    fk.update_layout(title="A pass over k tokens, × a one-token pass, by weight format",
+    fk.update_layout(title="A pass over k tokens ÷ a one-token pass",
                      xaxis_title="tokens in the pass k", yaxis_title="t(k) / t(1)", height=CHART_H,
                      margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
     show_chart(fk, key="wi_fig_bytes_curve", where=right)
@@ -941,7 +941,23 @@ def _gap_parts(run) -> None:
 
 # ------------------------------------------------------------------ sequential vs parallel (block) drafting
 SEQ_COLOR, BLOCK_COLOR, CUT_COLOR = "#4292c6", YOURS_COLOR, "#e6550d"
-MEASURED_SYMBOLS = {"block": "diamond", "head": "square", "medusa": "triangle-up"}
+# the measured rows of one kind (block chains of B = 4, 8, 16, a cut, a tree) each get their own symbol of the kind's
+# family, so the legend tells them apart (they drew as identical grey markers); all are plotly symbol names
+MEASURED_SYMBOLS = {"block": ("diamond", "diamond-open", "diamond-x", "diamond-cross", "diamond-tall", "diamond-wide"),
+                    "head": ("square", "square-open", "square-x", "square-cross"),
+                    "medusa": ("triangle-up", "triangle-up-open", "triangle-down", "triangle-down-open")}
+OTHER_SYMBOLS = ("circle", "circle-open", "circle-x", "circle-cross")
+
+
+def _measured_marker(kind: str, nth: int) -> dict:
+    """The grey marker of the ``nth`` measured row of draft ``kind`` (0-based): a symbol of the kind's family each."""
+    family = MEASURED_SYMBOLS.get(kind, OTHER_SYMBOLS)
+    symbol = family[nth % len(family)]
+    hollow = symbol.endswith("-open")
+    return {"symbol": symbol, "size": 12, "color": "#8c8c8c",
+            "line": {"width": 2 if hollow else 1, "color": "#8c8c8c" if hollow else "#ffffff"}}
+
+
 # below the x-axis title (at -0.25 on a shorter chart presenter mode's larger title ran into the legend)
 BLOCK_LEGEND = {"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"}
 
@@ -1039,10 +1055,12 @@ def _section_block() -> None:
                    y=[b[1] for b in (cur.best_seq, cur.best_block, cur.best_cut)], mode="markers", name="best γ",
                    marker=BEST_MARKER)
     if results is not None:
+        seen: dict[str, int] = {}
         for row in results.drafted():  # named by symbol in the legend: text labels of neighbours overlapped
+            family = row.kind if row.kind in MEASURED_SYMBOLS else ""  # every other kind shares the circles
+            nth = seen[family] = seen.get(family, -1) + 1
             fs.add_scatter(x=[row.gamma], y=[row.speedup], mode="markers", name=f"measured: {row.draft}",
-                           marker={"symbol": MEASURED_SYMBOLS.get(row.kind, "circle"), "size": 12, "color": "#8c8c8c",
-                                   "line": {"width": 1, "color": "#ffffff"}},
+                           marker=_measured_marker(row.kind, nth),
                            hovertemplate=(f"{row.draft}: %{{y:.2f}}× at γ = %{{x}}"
                                           + (f" (a tree of {row.tree} nodes)" if row.tree else "")
                                           + f", {row.tokens_per_pass:.2f} tokens per pass ({results.label()})"

@@ -170,3 +170,16 @@ def test_the_flat_verify_button(no_results):
     assert m["Sequential, γ = 4"].delta == "E 3.36 ÷ (4·c + 1.00)"
     # a flat verify: the oracle cut saves nothing
     assert m["Block + confidence cut (oracle)"].value == m["Block B = 5, γ = 4"].value
+
+
+def test_measured_rows_of_one_kind_have_their_own_symbols():
+    """The shipped results have several block rows (chains of B = 4, 8, 16, a cut, a tree): each measured point gets
+    its own valid plotly symbol, so the legend tells them apart (they were identical grey diamonds)."""
+    import plotly.graph_objects as go
+
+    at = _app(wi_gamma=3)
+    spec = _charts(at)["Speedup against γ (★ best)"]
+    symbols = [t["marker"]["symbol"] for t in spec["data"] if t["name"].startswith("measured: ")]
+    assert len(symbols) >= 5 and len(set(symbols)) == len(symbols), symbols
+    for s in symbols:
+        go.Scatter(marker={"symbol": s})  # ValueError for a name plotly does not draw
