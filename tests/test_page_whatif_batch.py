@@ -201,7 +201,7 @@ def test_what_bytes_cost_draws_the_formats_under_the_bandwidth_line(patched):
     assert not at.exception
     assert any(h.value == "What bytes cost" for h in at.subheader)
     specs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
-    fig = specs["Tokens a second against the weight bytes a decode step reads"]
+    fig = specs["Tokens/s against the weight MB a token reads"]
     points, meta = format_points()
     plain = next(t for t in fig["data"] if t["name"] == "plain decoding, measured")
     assert plain["x"] == pytest.approx([p.mb_per_token for p in points])
@@ -209,7 +209,7 @@ def test_what_bytes_cost_draws_the_formats_under_the_bandwidth_line(patched):
     line = next(t for t in fig["data"] if t["name"].startswith("this machine's copy bandwidth"))
     bw = float(line["name"].split("bandwidth (")[1].split(" GB/s")[0])
     assert line["y"][0] == pytest.approx(ceiling_tokens_per_s(bw, line["x"][0]), rel=0.01)
-    curves = specs["A pass over k tokens, × a one-token pass, by weight format"]
+    curves = specs["A pass over k tokens ÷ a one-token pass"]
     assert {t["name"] for t in curves["data"]} == {p.label for p in points}
     lesson = next(m.value for m in at.markdown if "fewer bytes a token make plain decoding faster" in m.value)
     assert f"{points[0].tokens_per_s:.1f} tokens/s" in lesson and f"{points[-1].head_speedup:.2f}×" in lesson
