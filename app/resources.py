@@ -1,4 +1,5 @@
-"""Process-wide resources shared by every browser session: loaded models (Streamlit's resource cache).
+"""Process-wide resources shared by every browser session: loaded models (Streamlit's resource cache) and this
+machine's measured bandwidth and FLOP/s (one measurement that every page shows).
 
 Models are read-only during decoding (each session keeps its own KV caches), so sharing them across
 sessions is safe.
@@ -36,3 +37,13 @@ def get_model(spec: str = "embedded", device: str | None = None, dtype: str | No
 def get_tokenizer(spec: str = "embedded"):
     """The tokenizer of ``spec``, loaded once per process; raises ModelLoadError."""
     return load_tokenizer(spec)
+
+
+@st.cache_data(show_spinner="Measuring this machine's memory bandwidth and FLOP/s…", ttl=900, max_entries=2)
+def machine_peaks(device: str):
+    """This machine's memory bandwidth and matmul FLOP/s (``engine.decoding.batch.measure_machine``: a 128 MB
+    tensor copy and a 1024² fp32 matmul, best of 3), measured once per 15 minutes and shared by the pages that show
+    them (What-if's roofline and the KV-cache page's "this machine"), so they show the same numbers."""
+    from engine.decoding.batch import measure_machine
+
+    return in_passing_thread(lambda: measure_machine(device))

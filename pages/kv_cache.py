@@ -88,7 +88,12 @@ def _on_preset() -> None:
 def _measure() -> None:
     # a callback runs before the script, so the device list already has the result: no st.rerun(), whose
     # interrupted run could leave the sliders' state at their minimums (seen in full e2e runs)
-    st.session_state["measured_hw"] = measure_this_machine()
+    from app.resources import machine_peaks
+    from engine.decoding.models import resolve_device
+
+    dev = resolve_device(None).type
+    # the CPU's numbers are the ones What-if's roofline shows (one cached measurement); a GPU measures its own
+    st.session_state["measured_hw"] = measure_this_machine(peaks=machine_peaks(dev) if dev == "cpu" else None)
 
 
 def _on_hub() -> None:

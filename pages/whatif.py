@@ -488,11 +488,11 @@ url_param("wi_bs_methods", next(iter(BS_METHODS)), str, choices=list(BS_METHODS)
 URL_KEYS += ["wi_bs_batches", "wi_bs_tokens", "wi_bs_methods"]
 
 
-@st.cache_data(show_spinner="Measuring this machine's memory bandwidth and FLOP/s…", ttl=900, max_entries=2)
 def _machine(device: str):
-    from engine.decoding.batch import measure_machine
+    """This machine's measured peaks, shared with the KV-cache page (``app.resources.machine_peaks``)."""
+    from app.resources import machine_peaks
 
-    return measure_machine(device)
+    return machine_peaks(device)
 
 
 def _section_batch_measured() -> None:

@@ -392,3 +392,14 @@ def test_decode_step_time_by_preset_names():
         decode_step_time("GPT-9", "H100 SXM")
     with pytest.raises(InputError, match="Unknown device"):
         decode_step_time("Llama-3.1-8B", "TPU")
+
+
+def test_measure_this_machine_takes_peaks_measured_already():
+    """The KV-cache page shows the measurement What-if's roofline uses: given peaks, no new measurement, the same
+    numbers in the spec's units (bytes/s, FLOP/s)."""
+    from types import SimpleNamespace
+
+    peaks = SimpleNamespace(bandwidth_gbs=26.9, peak_tflops=0.2, threads=2, copy_mb=128, matmul_n=1024)
+    hw = measure_this_machine(device="cpu", peaks=peaks)
+    assert hw.bandwidth == pytest.approx(26.9e9) and hw.peak_flops == pytest.approx(0.2e12) and hw.measured
+    assert "128 MB tensor copy" in hw.source and "2 threads" in hw.name

@@ -331,8 +331,10 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_this_machine(device: str | None = None, budget_s: float = 1.0) -> HardwareSpec:
-    """Measure this machine's memory bandwidth and matmul throughput quickly (≈ ``budget_s`` seconds).
+def measure_this_machine(device: str | None = None, budget_s: float = 1.0, peaks=None) -> HardwareSpec:
+    """Measure this machine's memory bandwidth and matmul throughput quickly (≈ ``budget_s`` seconds), or take
+    ``peaks`` measured already (an ``engine.decoding.batch.MachinePeaks`` on the CPU: the app passes the one
+    measurement What-if's roofline shows, so both pages give this machine the same numbers).
 
     * Bandwidth: ``dst.copy_(src)`` of a 64 MiB fp32 tensor (256 MiB on a GPU) moves ``2 · size``
       bytes (one read, one write); the best of several repeats is kept.
@@ -351,6 +353,12 @@ def measure_this_machine(device: str | None = None, budget_s: float = 1.0) -> Ha
 
     dev = resolve_device(device)
     gpu = dev.type == "cuda"
+    if peaks is not None and not gpu:
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        return HardwareSpec(f"This machine (CPU, {peaks.threads} threads, measured)", memory,
+                            peaks.bandwidth_gbs * 1e9, peaks.peak_tflops * 1e12,
+                            f"measured: {peaks.copy_mb} MB tensor copy, fp32 {peaks.matmul_n}×{peaks.matmul_n} matmul, "
+                            "best of 3 (the measurement What-if's roofline uses)", measured=True)
     deadline = time.perf_counter() + budget_s
     n_bytes = (256 if gpu else 64) * 2**20
     src = torch.empty(n_bytes // 4, dtype=torch.float32, device=dev).fill_(1.0)
