@@ -904,6 +904,17 @@ def _section_tree() -> None:
                "it is a chain and the numbers are the Analytic model tab's. Formulas: "
                "engine/explain/analytic.py (tree_size_curve). On the Live page, the tree size and branching "
                "settings run real trees.")
+    from engine.explain.measured import tree_pass_costs
+
+    tp = tree_pass_costs()
+    if tp is not None:
+        first, last = tp["rows"][0], tp["rows"][-1]
+        st.caption(f"**Real trees cost more than this curve on this engine.** The measured curve above is a chain's "
+                   "pass; a tree's verify pass runs the model with a tree-shaped attention mask instead of the fused "
+                   f"layers a chain's pass takes: over {first[0]} tokens it measured {first[2]:.1f} ms against the "
+                   f"chain's {first[1]:.1f} ({first[2] / first[1]:.2f}×), over {last[0]} tokens {last[2]:.1f} against "
+                   f"{last[1]:.1f} ms ({tp['cpu']}, {tp['compute']} path; benchmarks/bench_tree.py, "
+                   f"benchmarks/results/{tp['file']}). So the tree sizes that pay here are fewer than the curve says.")
 
 
 def _gap_parts(run) -> None:

@@ -138,3 +138,14 @@ def test_the_shipped_heads_measured_values_button():
 def test_extremes_stay_finite(alpha, cost):
     at = _app(wi_alpha=alpha, wi_cost=cost, wi_tree_n=64, wi_tree_branch=8)
     _no_bad_numbers(at)
+
+
+def test_the_tab_says_what_a_real_tree_pass_costs_here():
+    """The verify-cost curve is a chain's; a caption gives the tree benchmark's measured tree and chain passes."""
+    from engine.explain.measured import tree_pass_costs
+
+    at = _app()
+    tp = tree_pass_costs()
+    first = tp["rows"][0]
+    assert any("Real trees cost more than this curve" in c.value and f"{first[2]:.1f} ms against the chain's "
+               f"{first[1]:.1f}" in c.value for c in at.caption)

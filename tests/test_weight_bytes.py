@@ -98,3 +98,21 @@ def test_points_above_the_ceiling_by_hand():
     b = FormatPoint("fp32", "fp32", 500.0, 26.0, 30.0, 2, {1: 1.0})      # ceiling at 8 GB/s: 16 tok/s
     assert above_ceiling([a, b], 8.0) == [b]
     assert above_ceiling([a, b], 20.0) == []                              # 200 and 40 tok/s
+
+
+def test_tree_pass_costs_read_the_tree_benchmarks_verify_table(tmp_path):
+    from engine.explain.measured import tree_pass_costs
+
+    f = tmp_path / "tree_test.json"
+    f.write_text(json.dumps({"meta": {"machine_meta": {"cpu": "Test CPU", "compute": "stream"}}, "verify": {"rows": [
+        {"tokens_fed": 2, "nodes": 1, "chain_ms": 10.0, "tree_ms": 16.0},
+        {"tokens_fed": 9, "nodes": 8, "chain_ms": 20.0, "tree_ms": 30.0}]}}))
+    got = tree_pass_costs(f)
+    assert got == {"rows": [(2, 10.0, 16.0), (9, 20.0, 30.0)], "cpu": "Test CPU", "compute": "stream",
+                   "file": "tree_test.json"}
+    f.write_text(json.dumps({"meta": {}, "rows": []}))  # an older result without the pass table
+    assert tree_pass_costs(f) is None
+    assert tree_pass_costs(tmp_path / "missing.json") is None
+    # the shipped result has the table
+    shipped = tree_pass_costs()
+    assert shipped is not None and all(t > 0 and c > 0 for _, c, t in shipped["rows"])

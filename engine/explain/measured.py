@@ -43,3 +43,27 @@ def result_path(what: str, cpu: str | None = None, folder: Path = RESULTS) -> Pa
     """
     own = folder / f"{what}_{machine_slug(cpu)}.json"
     return own if own.exists() else folder / f"{what}_{REFERENCE_MACHINE}.json"
+
+
+def tree_pass_costs(path: str | Path | None = None) -> dict | None:
+    """A token tree's verify pass against a chain's over the same tokens, as ``benchmarks/bench_tree.py`` measured
+    them (its "verify" table: each pass over the context's 100 cached tokens, medians), or None when the result is
+    missing or has no such table.
+
+    Returns:
+        {"rows": [(tokens fed, chain ms, tree ms)], "cpu", "compute": the machine and compute path it ran on,
+        "file": the result's file name}.
+    """
+    import json
+
+    path = result_path("tree") if path is None else Path(path)
+    try:
+        d = json.loads(path.read_text())
+        rows = [(int(r["tokens_fed"]), float(r["chain_ms"]), float(r["tree_ms"])) for r in d["verify"]["rows"]]
+        mm = (d.get("meta") or {}).get("machine_meta") or {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not rows or any(c <= 0 or t <= 0 for _, c, t in rows):
+        return None
+    return {"rows": rows, "cpu": str(mm.get("cpu", "another machine")), "compute": str(mm.get("compute", "?")),
+            "file": path.name}
