@@ -214,3 +214,41 @@ def test_a_pass_over_rows_in_their_own_caches_checks_every_block():
         make([k, k[:, :, :2].contiguous()], [v, v[:, :, :2].contiguous()], [4, 4], [1, 1], 2)
     with pytest.raises(RuntimeError, match="one keys block"):
         make([k], [v, v], [4], [1], 2)
+
+
+def test_a_tree_pass_gives_each_node_the_bits_of_a_chain_pass_over_its_path(q41_path, monkeypatch):
+    """A token tree's verify pass runs the fused layers with each node a row over its own keys
+    (``compute.fused_visible_pass``): node i's logits and hidden state are bit for bit what a chain pass over the
+    context and i's path gives its last token, and within fp32 rounding of the masked model's pass it replaced."""
+    from engine.decoding import tree as tree_mod
+    from engine.decoding.tree import TokenTree, keep_accepted_path, tree_verify_pass
+
+    t = load_model(str(q41_path), device="cpu", compute="stream")
+    seq = list(PROMPT)
+    # root 12 with children 19 and 4; 19 has a child 7; a second root 25
+    tr = TokenTree(tokens=[12, 19, 4, 7, 25], parents=[-1, 0, 0, 1, -1], q=torch.zeros(5, 8))
+    calls = []
+    real = tree_mod._fused_tree_pass
+    monkeypatch.setattr(tree_mod, "_fused_tree_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
+    lm = CachedLM(t.model, t.device, keep_hidden=True)
+    lm.logits_for(seq)
+    logits, fed = tree_verify_pass(lm, seq, tr)
+    assert calls and fed == tr.size  # the context's last logits are kept: only the nodes are fed
+    hidden = lm.hidden[len(seq):].clone()
+    assert logits.shape[0] == tr.size + 1
+    for node in range(tr.size):
+        path = tr.path_to(node)
+        chain = CachedLM(t.model, t.device, keep_hidden=True)
+        chain.logits_for(seq)
+        one = chain.logits_for(seq + [tr.tokens[i] for i in path], n_logits=len(path))
+        assert torch.equal(one[-1], logits[1 + node]), node
+        assert torch.equal(chain.hidden[-1], hidden[node]), node
+    # the masked model's pass (the path it replaced): within rounding
+    monkeypatch.setattr(tree_mod, "_fused_tree_pass", lambda *a, **k: None)
+    lm2 = CachedLM(t.model, t.device, keep_hidden=True)
+    lm2.logits_for(seq)
+    masked, _ = tree_verify_pass(lm2, seq, tr)
+    assert float((masked - logits).abs().max()) <= 1e-4 * max(1.0, float(masked.abs().max()))
+    # the accepted path's cache is then the chain's
+    keep_accepted_path(lm, len(seq), [0, 1, 3], logits[1 + 3])
+    assert lm.ids == seq + [12, 19, 7]

@@ -179,7 +179,15 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
     inp = torch.tensor([ctx + tree.tokens], dtype=torch.long, device=lm.device)
     pos_t = torch.tensor([pos], dtype=torch.long, device=lm.device)
     n_logits = n + (0 if reuse else 1)
-    if lm.keep_hidden:
+    h = _fused_tree_pass(lm, inp, pos_t, new_vis, common)
+    if h is not None:  # the fused layers, each node as a row over its own keys: a chain's bits for its path
+        if lm.keep_hidden:
+            lm.append_hidden(h[0])
+        from engine.decoding.compute import batch_invariant
+
+        with batch_invariant():  # the LM head on the streaming kernel at any row count, as a chain's pass
+            logits = lm.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
+    elif lm.keep_hidden:
         h = lm.model.get_decoder()(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask,
                                    position_ids=pos_t).last_hidden_state
         lm.append_hidden(h[0])
@@ -192,6 +200,21 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
     lm.last_logits = None
     logits = logits.cpu()
     return (logits if row0 is None else torch.cat([row0, logits])), q_len
+
+
+def _fused_tree_pass(lm, inp: torch.Tensor, pos: torch.Tensor, new_vis: torch.Tensor, common: int):
+    """The tree pass through the fused layers (``compute.fused_visible_pass``) where the target runs them: a cache
+    after ``common`` > 0 entries on the CPU, no autograd; the cache's block gets room for the fed tokens first, as a
+    chain's decode pass does (``CachedLM._feed``). None where it does not apply: the caller runs the masked model."""
+    decoder = getattr(lm.model, "get_decoder", None)
+    if (common <= 0 or lm.device.type != "cpu" or torch.is_grad_enabled() or not hasattr(lm, "_filled")
+            or not callable(decoder)):
+        return None
+    from engine.decoding.compute import fused_visible_pass
+
+    if lm._filled():
+        lm._ensure_block(int(inp.shape[1]))
+    return fused_visible_pass(decoder(), inp, pos, lm.cache, new_vis)
 
 
 @torch.inference_mode()

@@ -98,13 +98,13 @@ from engine.decoding.compute.formats import (COMPACT_ATTR, Q8_BLOCK, Q41_BLOCK, 
                                              CompactWeight, compact_weight, weight_format)
 from engine.decoding.compute.fusion import SIBLINGS, FusedFollowerLinear, FusedLeadLinear
 from engine.decoding.compute.invariant import KEY_ALIGN, batch_invariant, invariant_attention
-from engine.decoding.compute.lean import fused_decode_rows, lean_layer_count
+from engine.decoding.compute.lean import fused_decode_rows, fused_visible_pass, lean_layer_count
 from engine.decoding.compute.onednn import PACK_MIN_ROWS, PACKED_ATTR
 from engine.decoding.compute.products import OneDNNLinear, linear, prepare_weight
 
 __all__ = ["active_stream_rows", "apply_path", "ATTENTION_SOURCE", "batch_invariant", "CHOICES", "choose_path",
            "COMPACT_ATTR", "compact_bytes", "compact_weight", "CompactWeight", "ComputePath", "cpu_model",
-           "ENV_VAR", "fused_decode_rows", "FusedFollowerLinear", "FusedLeadLinear", "invariant_attention", "kernel_name",
+           "ENV_VAR", "fused_decode_rows", "fused_visible_pass", "FusedFollowerLinear", "FusedLeadLinear", "invariant_attention", "kernel_name",
            "KERNEL_SOURCE", "KERNEL_SOURCES", "KEY_ALIGN", "lean_layer_count", "linear", "measure_key",
            "measure_paths", "measure_stream_rows", "OneDNNLinear", "PACK_MIN_ROWS", "PACKED_ATTR", "packed_bytes",
            "parse_override", "path_of", "PATHS", "prepare_weight", "Q41_BLOCK", "Q8_BLOCK", "self_check",

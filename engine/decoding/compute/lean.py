@@ -323,6 +323,57 @@ def fused_decode_rows(model: nn.Module, input_ids: torch.Tensor, position_ids: t
     return _rms_norm(model.norm, x)
 
 
+def fused_visible_pass(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, cache,
+                       new_vis: torch.Tensor) -> torch.Tensor | None:
+    """A pass of one sequence whose fed tokens see the whole cache and the fed tokens ``new_vis`` allows (a token
+    tree: each node its context, its ancestors and itself), run through the fused layers: each fed token is computed
+    as a row of its own whose attention reads exactly its visible keys in cache order (``fused_layer.cpp``'s ``rest``
+    with one key list per row, ``invariant_attention``). A node therefore gets the bits a chain pass over the context
+    and its path gives it: the same keys and values, read in the same order, by the same code.
+
+    Why: a tree's verify pass ran the model with a 4D mask, through the unfused layers: over 2 tokens it cost 17.9 ms
+    where a chain's fused pass cost 11.1 ms (AMD EPYC, ``benchmarks/bench_tree.py``), so trees lost to chains.
+
+    Args:
+        input_ids: [1, Q] the fed tokens. position_ids: [1, Q] their positions. cache: the sequence's transformers
+            cache (its entries are visible to every fed token; the fed tokens' entries are appended in feed order).
+        new_vis: [Q, Q] bool, new_vis[i, j]: fed token i sees fed token j (the diagonal set).
+
+    Returns:
+        [1, Q, H] the last hidden states after the final norm; None where this does not apply (no kernel, not the
+        "stream" path, a layer without its fused form, autograd or training, more than one sequence, not the CPU).
+    """
+    if (not DIRECT_MODEL or model.training or torch.is_grad_enabled() or type(model) not in _LEAN_MODELS_INV
+            or input_ids.device.type != "cpu" or input_ids.dim() != 2 or input_ids.shape[0] != 1):
+        return None
+    n = model.config.num_hidden_layers
+    layers = model.layers if len(model.layers) == n else model.layers[:n]
+    fused = _fused_stack(model, layers)
+    if fused is None:
+        return None
+    q_len = int(input_ids.shape[1])
+    vis = new_vis.to(torch.bool).cpu()
+    if vis.shape != (q_len, q_len) or not bool(vis.diagonal().all()):
+        return None
+    cached = int(cache.get_seq_length())
+    counts = vis.sum(1)
+    cols = torch.zeros(q_len, cached + int(counts.max()), dtype=torch.long)
+    cols[:, :cached] = torch.arange(cached)
+    for i in range(q_len):  # row i's keys: the whole cache, then the fed tokens it sees, in cache order
+        seen = torch.nonzero(vis[i]).flatten() + cached
+        cols[i, cached:cached + len(seen)] = seen
+    n_cols, n_fed = counts + cached, torch.ones(q_len, dtype=torch.long)
+    x = model.embed_tokens(input_ids)
+    cos, sin = model.rotary_emb(x, position_ids=position_ids)
+    for f, idx, scaling in fused:
+        q, k, v = f.qkv(x, cos, sin)
+        k, v = cache.update(k, v, idx)
+        # each fed token a row of one query over the same cache (a batch stride of 0)
+        x = f.rest(x.reshape(q_len, 1, -1), q.transpose(0, 2), k.expand(q_len, -1, -1, -1),
+                   v.expand(q_len, -1, -1, -1), cols, n_cols, n_fed, scaling).reshape(1, q_len, -1)
+    return _rms_norm(model.norm, x)
+
+
 def _fused_stack(model: nn.Module, layers) -> list | None:
     """Every layer's (``FusedLayer``, cache index, attention scale) when all of them have one, the layers are lean and
     the model's norm is transformers' RMSNorm on the CPU in fp32; else None (the model's own forward runs). Kept on the model with the
