@@ -11,7 +11,8 @@ method:
 - tokens/s: new tokens ÷ wall time, summed over prompts; speedup = plain's ms per token ÷ the method's;
 - draft ms per round and nodes per round (a tree's cost on the draft side);
 - verify ms by tokens fed: one target pass over n = 1, 2, 4, 8, 16, 32 tokens after a cached context of 100,
-  as a chain (causal) and as a binary-ish tree (the 4D tree mask), sizes interleaved, medians.
+  as a chain (causal) and as a binary-ish tree (``tree_verify_pass``: each node over its context and ancestors), sizes
+  interleaved, medians.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_tree.py [--prompts 6] [--max-new-tokens 64]
         [--threads 1] [--quick]   (2 threads on a loaded 2-core machine were ~20× slower)
@@ -69,7 +70,7 @@ def binaryish_parents(n: int) -> list[int]:
 @torch.inference_mode()
 def verify_costs(target, sizes=(1, 2, 4, 8, 16, 32), reps: int = 5, context: int = 100) -> dict:
     """Median ms of one target pass over n new tokens after a cached context of ``context`` tokens: as a
-    chain (plain causal pass, ``CachedLM.logits_for``) and as a tree (``tree_verify_pass`` with the 4D mask),
+    chain (plain causal pass, ``CachedLM.logits_for``) and as a tree (``tree_verify_pass``),
     n + 1 tokens fed either way (the last context token plus n), sizes and kinds interleaved."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 20000, (context + max(sizes),), generator=g).tolist()
@@ -162,7 +163,7 @@ def markdown(res: dict) -> str:
                          f"{r['speedup']:.2f}× | {'yes' if r['identical'] else 'NO'} |")
     v = res["verify"]
     lines += ["", f"Verify pass ms by tokens fed (context {v['context']} cached, medians of {v['reps']}, chain = "
-              "causal pass, tree = the same tokens with the 4D tree mask):\n",
+              "causal pass, tree = the same tokens, each node seeing its context and ancestors: `tree.tree_verify_pass`):\n",
               "| tokens fed | draft nodes | chain ms | tree ms | tree ÷ (pass over 2 tokens: chain γ=1) |",
               "|---|---|---|---|---|"]
     for r in v["rows"]:
