@@ -141,8 +141,11 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
     The fed tokens are the part of ``seq`` the cache lacks (a chain: each sees the cache and the fed context
     before it) followed by the N nodes; node i sees the whole context, its ancestors and itself
     (``engine.decoding.attention.tree_visibility``, Medusa §2.1.2 / SpecInfer §4.2) and has position id
-    len(seq) + depth(i) − 1 (0-based positions: a root sits where the next token would). The mask is the 4D
-    mask transformers 5.24 takes as is (``attention.model_mask``: bool for SDPA, additive for eager).
+    len(seq) + depth(i) − 1 (0-based positions: a root sits where the next token would). Where the target runs
+    the fused layers (a cached CPU pass on the "stream" path), each fed token is a row over exactly its visible keys
+    (``compute.fused_visible_pass``), so a node gets the bits a chain pass over its path gives; elsewhere the model
+    runs with the 4D mask transformers 5.24 takes as is (``attention.model_mask``: bool for SDPA, additive for
+    eager).
 
     Args:
         lm: the target's ``engine.decoding.proposers.CachedLM`` (its cache is made to hold ``seq``'s common
