@@ -49,7 +49,7 @@ def test_live_step_round(page, app_url):
 def test_live_run_can_be_stopped(page, app_url):
     """Stop during Run to the end ends the run between rounds and says so. The run must still be going when the click
     lands: the draft head's token trees of 32 nodes at temperature 2 accept about nothing, so 64 tokens take ~64
-    rounds of ~90 ms on the AMD EPYC (prompt lookup at γ 2, greedy, ended its 64 tokens within half a second, and a
+    rounds of ~80 ms on the AMD EPYC (prompt lookup at γ 2, greedy, ended its 64 tokens within half a second, and a
     Stop that lands after the end meets a finished run)."""
     page.goto(app_url + "/live?lv_draft=head&lv_tree=32&lv_branch=4&lv_preset=chat&lv_gamma=4&lv_temp=2"
               "&lv_max_new=64&lv_speed=fast")

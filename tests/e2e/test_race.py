@@ -162,7 +162,7 @@ def test_opening_a_far_round_shows_progress_and_stops_on_stop(page, app_url):
     """Live opened at a far round steps there with a progress bar; Stop ends it between rounds: the page shows the
     rounds run so far, says it stopped, and its link no longer names the round. The run must still be going when Stop
     lands: the draft head's token trees of 32 nodes at temperature 2 accept about nothing (256 tokens in 255 rounds
-    of ~90 ms on the AMD EPYC, ~20 s). Prompt lookup at γ 1, greedy, took 256 tokens in 190 rounds and 2 s: a Stop
+    of ~80 ms on the AMD EPYC, ~20 s). Prompt lookup at γ 1, greedy, took 256 tokens in 190 rounds and 2 s: a Stop
     that landed after 2 s met a finished run, which says so instead of "Stopped"."""
     page.goto(app_url + "/live?lv_preset=custom&lv_prompt=Write+a+long+story+about+a+dragon."
               "&lv_draft=head&lv_gamma=4&lv_tree=32&lv_branch=4&lv_temp=2&lv_max_new=256&lv_round=200")
