@@ -176,8 +176,6 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
     new_vis[:m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
     new_vis[m:, :m] = True
     new_vis[m:, m:] = tree.visibility()
-    vis = fed_visibility(new_vis, torch.ones(1, common, dtype=torch.bool))
-    mask = model_mask(vis, lm.model).to(lm.device)
     pos = list(range(common, len(seq))) + [len(seq) + d - 1 for d in tree.depths]
     inp = torch.tensor([ctx + tree.tokens], dtype=torch.long, device=lm.device)
     pos_t = torch.tensor([pos], dtype=torch.long, device=lm.device)
@@ -191,11 +189,13 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
         with batch_invariant():  # the LM head on the streaming kernel at any row count, as a chain's pass
             logits = lm.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
     elif lm.keep_hidden:
+        mask = _tree_mask(lm, new_vis, common)
         h = lm.model.get_decoder()(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask,
                                    position_ids=pos_t).last_hidden_state
         lm.append_hidden(h[0])
         logits = lm.model.get_output_embeddings()(h[:, -n_logits:])[0].float()
     else:
+        mask = _tree_mask(lm, new_vis, common)
         out = lm.model(input_ids=inp, cache=lm.cache, use_cache=True, attention_mask=mask, position_ids=pos_t,
                        logits_to_keep=n_logits)
         logits = out.logits[0, -n_logits:].float()
@@ -203,6 +203,11 @@ def tree_verify_pass(lm, seq: list[int], tree: TokenTree) -> tuple[torch.Tensor,
     lm.last_logits = None
     logits = logits.cpu()
     return (logits if row0 is None else torch.cat([row0, logits])), q_len
+
+
+def _tree_mask(lm, new_vis: torch.Tensor, common: int) -> torch.Tensor:
+    """The masked model's 4D mask: the ``common`` cached entries visible to every fed token, ``new_vis`` among them."""
+    return model_mask(fed_visibility(new_vis, torch.ones(1, common, dtype=torch.bool)), lm.model).to(lm.device)
 
 
 def _fused_tree_pass(lm, inp: torch.Tensor, pos: torch.Tensor, new_vis: torch.Tensor, common: int):

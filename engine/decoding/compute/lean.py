@@ -250,9 +250,7 @@ def fused_decode(model: nn.Module, input_ids: torch.Tensor | None, inputs_embeds
     if not (DIRECT_MODEL and cache is not None and getattr(invariant._INVARIANT, "on", False) and not model.training
             and not torch.is_grad_enabled() and type(model) in _LEAN_MODELS_INV):
         return None
-    n = model.config.num_hidden_layers
-    layers = model.layers if len(model.layers) == n else model.layers[:n]  # a slice is a new ModuleList
-    fused = _fused_stack(model, layers)
+    fused = _model_stack(model)
     if fused is None:
         return None
     x = model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -260,7 +258,7 @@ def fused_decode(model: nn.Module, input_ids: torch.Tensor | None, inputs_embeds
         position_ids = (torch.arange(x.shape[1], device=x.device) + cache.get_seq_length()).unsqueeze(0)
     cos, sin = model.rotary_emb(x, position_ids=position_ids)
     state = invariant._INVARIANT
-    cached = cache.layers if len(getattr(cache, "layers", ())) == len(layers) else None
+    cached = cache.layers if len(getattr(cache, "layers", ())) == len(fused) else None
     for f, idx, scaling in fused:
         la = cached[idx] if cached is not None else None
         blk = getattr(la, "block", None)
@@ -309,9 +307,7 @@ def fused_decode_rows(model: nn.Module, input_ids: torch.Tensor, position_ids: t
     if (make is None or not DIRECT_MODEL or model.training or torch.is_grad_enabled()
             or type(model) not in _LEAN_MODELS_INV or input_ids.device.type != "cpu"):
         return None
-    n = model.config.num_hidden_layers
-    layers = model.layers if len(model.layers) == n else model.layers[:n]
-    fused = _fused_stack(model, layers)
+    fused = _model_stack(model)
     if fused is None:
         return None
     pas = make([k for k, _ in blocks], [v for _, v in blocks], list(n_cached), list(n_fed), int(input_ids.shape[1]))
@@ -346,9 +342,7 @@ def fused_visible_pass(model: nn.Module, input_ids: torch.Tensor, position_ids: 
     if (not DIRECT_MODEL or model.training or torch.is_grad_enabled() or type(model) not in _LEAN_MODELS_INV
             or input_ids.device.type != "cpu" or input_ids.dim() != 2 or input_ids.shape[0] != 1):
         return None
-    n = model.config.num_hidden_layers
-    layers = model.layers if len(model.layers) == n else model.layers[:n]
-    fused = _fused_stack(model, layers)
+    fused = _model_stack(model)
     if fused is None:
         return None
     q_len = int(input_ids.shape[1])
@@ -372,6 +366,13 @@ def fused_visible_pass(model: nn.Module, input_ids: torch.Tensor, position_ids: 
         x = f.rest(x.reshape(q_len, 1, -1), q.transpose(0, 2), k.expand(q_len, -1, -1, -1),
                    v.expand(q_len, -1, -1, -1), cols, n_cols, n_fed, scaling).reshape(1, q_len, -1)
     return _rms_norm(model.norm, x)
+
+
+def _model_stack(model: nn.Module) -> list | None:
+    """``_fused_stack`` of the model's decoder layers (its first ``num_hidden_layers``: a slice is a new
+    ModuleList)."""
+    n = model.config.num_hidden_layers
+    return _fused_stack(model, model.layers if len(model.layers) == n else model.layers[:n])
 
 
 def _fused_stack(model: nn.Module, layers) -> list | None:
