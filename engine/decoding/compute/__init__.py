@@ -94,15 +94,16 @@ from engine.decoding.compute.choice import (CHOICES, ENV_VAR, STREAM_ROW_CANDIDA
 from engine.decoding.compute.extension import (ATTENTION_SOURCE, KERNEL_SOURCE, KERNEL_SOURCES, STALE_LOCK_S,
                                                STREAM_CFLAGS, STREAM_MAX_ROWS, cpu_model, kernel_name, stream_kernel,
                                                stream_problem)
-from engine.decoding.compute.formats import (COMPACT_ATTR, Q8_BLOCK, Q41_BLOCK, WEIGHT_FORMAT_ENV, WEIGHT_FORMATS,
-                                             CompactWeight, compact_weight, weight_format)
+from engine.decoding.compute.formats import (ARITHMETIC_ENV, ARITHMETICS, COMPACT_ATTR, INT8_KINDS, Q8_BLOCK, Q41_BLOCK,
+                                             WEIGHT_FORMAT_ENV, WEIGHT_FORMATS, CompactWeight, arithmetic,
+                                             arithmetic_scope, compact_weight, weight_format)
 from engine.decoding.compute.fusion import SIBLINGS, FusedFollowerLinear, FusedLeadLinear
 from engine.decoding.compute.invariant import KEY_ALIGN, batch_invariant, invariant_attention
 from engine.decoding.compute.lean import fused_decode_rows, fused_visible_pass, lean_layer_count
 from engine.decoding.compute.onednn import PACK_MIN_ROWS, PACKED_ATTR
 from engine.decoding.compute.products import OneDNNLinear, linear, prepare_weight
 
-__all__ = ["active_stream_rows", "apply_path", "ATTENTION_SOURCE", "batch_invariant", "CHOICES", "choose_path",
+__all__ = ["ARITHMETIC_ENV", "ARITHMETICS", "arithmetic", "arithmetic_scope", "INT8_KINDS", "active_stream_rows", "apply_path", "ATTENTION_SOURCE", "batch_invariant", "CHOICES", "choose_path",
            "COMPACT_ATTR", "compact_bytes", "compact_weight", "CompactWeight", "ComputePath", "cpu_model",
            "ENV_VAR", "fused_decode_rows", "fused_visible_pass", "FusedFollowerLinear", "FusedLeadLinear", "invariant_attention", "kernel_name",
            "KERNEL_SOURCE", "KERNEL_SOURCES", "KEY_ALIGN", "lean_layer_count", "linear", "measure_key",

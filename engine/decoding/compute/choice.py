@@ -19,7 +19,7 @@ from torch import nn
 from engine.decoding.compute import extension, onednn
 from engine.decoding.compute.apply import PATHS, ComputePath, apply_path, self_check
 from engine.decoding.compute.extension import STREAM_MAX_ROWS, cpu_model, kernel_name, stream_kernel
-from engine.decoding.compute.formats import weight_format
+from engine.decoding.compute.formats import arithmetic, weight_format
 from engine.errors import InputError
 
 ENV_VAR = "SPEEDUP_LAB_COMPUTE"
@@ -51,7 +51,7 @@ def measure_key() -> str:
     (``kernel_name``) and the row count from which oneDNN products read packed weights (``PACK_MIN_ROWS``). The path
     choice, the verify-cost curve (``engine.decoding.pass_cost``) and the batch curve are keyed by it, so they are
     measured again when either changes."""
-    return f"{kernel_name()}|packed>={onednn.PACK_MIN_ROWS}|weights={weight_format()}"
+    return f"{kernel_name()}|packed>={onednn.PACK_MIN_ROWS}|weights={weight_format()}|arithmetic={arithmetic()}"
 
 
 def _fingerprint(model: nn.Module) -> str:
@@ -199,7 +199,7 @@ def choose_path(model: nn.Module, override: str | None = None, store: Path | Non
     offered = ("default", "onednn") + (() if stream_bad else ("stream",))
     key = (_memo_key(model) + "|paths=" + ",".join(offered)
            + ("" if stream_bad else f"|kernel={extension._STREAM.get('name', '')}|rows=largest-win")
-           + f"|packed>={onednn.PACK_MIN_ROWS}|weights={weight_format()}")
+           + f"|packed>={onednn.PACK_MIN_ROWS}|weights={weight_format()}|arithmetic={arithmetic()}")
     with _LOCK:
         if key in _MEMO:
             return _MEMO[key]

@@ -26,7 +26,8 @@ STREAM_MAX_ROWS = 16
 KERNEL_SOURCE = Path(__file__).with_name("small_linear.cpp")
 ATTENTION_SOURCE = Path(__file__).with_name("invariant_attention.cpp")
 FUSED_SOURCE = Path(__file__).with_name("fused_layer.cpp")
-KERNEL_SOURCES = (KERNEL_SOURCE, ATTENTION_SOURCE, FUSED_SOURCE)
+INT8_SOURCE = Path(__file__).with_name("int8_product.cpp")
+KERNEL_SOURCES = (KERNEL_SOURCE, ATTENTION_SOURCE, FUSED_SOURCE, INT8_SOURCE)
 KERNEL_HEADERS = (Path(__file__).with_name("lanes.h"),)
 """What the sources share (``lanes.h``): part of the build's name too, so a change to it builds the kernel again."""
 """The streaming kernel's extension: the products (``small_linear.cpp``), the batch-invariant decode attention
@@ -118,7 +119,14 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
                 _STREAM["compact"] = {"f16": mod.small_linear_f16, "q8": mod.small_linear_q8}
                 if hasattr(mod, "small_linear_q41"):
                     _STREAM["compact"]["q41"] = mod.small_linear_q41
-                    _STREAM["q41_pack"] = mod.q41_pack
+            if hasattr(mod, "q41_pack"):  # the Q4_1 form's check: every build (the int8 arithmetic reads it too)
+                _STREAM["q41_pack"] = mod.q41_pack
+            if hasattr(mod, "small_linear_q41x8"):  # the int8 arithmetic (int8_product.cpp): every build has it
+                _STREAM["int8"] = {"q41x8": mod.small_linear_q41x8, "q8x8": mod.small_linear_q8x8,
+                                   "pack_q41": mod.int8_pack_q41, "pack_q8": mod.int8_pack_q8,
+                                   "quantize_rows": mod.int8_quantize_rows, "reference_q41": mod.int8_reference_q41,
+                                   "reference_q8": mod.int8_reference_q8, "impl": mod.int8_impl,
+                                   "force_portable": mod.int8_force_portable}
         except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _STREAM["problem"] = f"the streaming kernel could not be built here ({first[:200]})"

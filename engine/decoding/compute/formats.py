@@ -6,9 +6,11 @@ applied (``engine.decoding.compute.apply``: ``compact_bytes``, ``weight_formats`
 
 from __future__ import annotations
 
+import contextvars
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -32,6 +34,49 @@ def weight_format() -> str:
     return value
 
 
+ARITHMETIC_ENV = "SPEEDUP_LAB_ARITHMETIC"
+ARITHMETICS = ("int8", "fp32")
+_ARITHMETIC: contextvars.ContextVar[str | None] = contextvars.ContextVar("speedup_lab_arithmetic", default=None)
+
+
+def arithmetic() -> str:
+    """How the streaming kernel multiplies GGUF block weights (Q4_1, Q8_0): "int8" (the default: the activations of
+    each product quantized per row in blocks of 32 to int8 with one scale each, int8 products summed in int32 and
+    scaled per block, as llama.cpp computes them; ``int8_product.cpp``) or "fp32" (every weight rebuilt exactly to fp32
+    and multiplied in fp32: bit for bit the fp32 model's products, the reference). From ``arithmetic_scope`` while one
+    is open (a model loaded for one lane of a race), else ``SPEEDUP_LAB_ARITHMETIC``.
+
+    "int8" changes the model's numbers (its activations are rounded to 8 bits per block): a lossy property of the
+    compute path, measured against "fp32" by ``engine.decoding.compute.agreement``. Speculative decoding stays lossless
+    against whichever path runs the target: every row of a pass is computed alone (batch-invariant by construction).
+
+    Raises:
+        InputError: for another value."""
+    value = _ARITHMETIC.get() or (os.environ.get(ARITHMETIC_ENV) or "int8").strip().lower()
+    if value not in ARITHMETICS:
+        raise InputError(f"{ARITHMETIC_ENV} must be one of {', '.join(ARITHMETICS)}, got {value!r}.")
+    return value
+
+
+@contextmanager
+def arithmetic_scope(value: str | None) -> Iterator[None]:
+    """Within the block, ``arithmetic()`` is ``value`` (None: the process's setting) for this thread or task: the
+    compact forms made meanwhile (a model's load) use it, and keep it for their life.
+
+    Raises:
+        InputError: for a value not in ``ARITHMETICS``."""
+    if value is not None and value not in ARITHMETICS:
+        raise InputError(f"The arithmetic must be one of {', '.join(ARITHMETICS)}, got {value!r}.")
+    token = _ARITHMETIC.set(value)
+    try:
+        yield
+    finally:
+        _ARITHMETIC.reset(token)
+
+
+INT8_KINDS = ("q41x8", "q8x8")
+"""The compact forms of the "int8" arithmetic (``int8_product.cpp``): Q4_1 or Q8_0 weights × int8 activations."""
+
 COMPACT_ATTR = "_stream_compact"
 """The attribute of a weight tensor holding its exact compact form (``CompactWeight``)."""
 Q8_BLOCK = 32
@@ -43,10 +88,14 @@ class CompactWeight:
     """A weight's exact compact storage for the streaming kernel (``compact_weight``).
 
     Attributes:
-        kind: "f16" (the weight's values as fp16), "q8" (int8 values and one fp32 scale per ``Q8_BLOCK``) or
-            "q41" (4-bit codes, one fp32 scale and one fp32 minimum per ``Q41_BLOCK``: GGUF's Q4_1).
-        tensors: ("f16": [N, K] fp16), ("q8": [N, K] int8, [N, K / 32] fp32 scales) or ("q41": [N, K / 2] uint8
-            codes, [N, K / 32] fp32 scales, [N, K / 32] fp32 minimums).
+        kind: "f16" (the weight's values as fp16), "q8" (int8 values and one fp32 scale per ``Q8_BLOCK``),
+            "q41" (4-bit codes, one fp32 scale and one fp32 minimum per ``Q41_BLOCK``: GGUF's Q4_1), or the "int8"
+            arithmetic's forms of the last two, "q8x8" and "q41x8" (``INT8_KINDS``: the same values repacked in groups of
+            16 rows for int8 products, fp16 scales; ``int8_product.cpp``).
+        tensors: ("f16": [N, K] fp16), ("q8": [N, K] int8, [N, K / 32] fp32 scales), ("q41": [N, K / 2] uint8
+            codes, [N, K / 32] fp32 scales, [N, K / 32] fp32 minimums), ("q41x8": [G, K / 32, 256] uint8 codes,
+            [G, K / 32, 16] fp16 scales and minimums (as int16), [2] int64 (N, K)) or ("q8x8": [G, K / 32, 512] uint8
+            values + 128, [G, K / 32, 16] fp16 scales (as int16), [2] int64 (N, K)); G = ⌈N / 16⌉.
         op: the kernel entry reading this form.
         ptr, version: the fp32 weight's ``data_ptr`` and version counter when the form was made; a weight changed
             since (an in-place update, new data) no longer matches and is read as fp32 again.
@@ -85,21 +134,30 @@ def compact_weight(weight: torch.Tensor) -> str | None:
         size K that is not a multiple of 16 (the kernel reads compact forms in whole vectors: small_linear.cpp), or
         a kernel build without compact entries: ``_STREAM["compact"]``).
     """
-    ops = extension._STREAM.get("compact")
-    if (ops is None or weight_format() == "fp32" or weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
-            or not weight.is_contiguous() or weight.is_inference() or weight.numel() == 0 or weight.shape[1] % 16):
+    ops = dict(extension._STREAM.get("compact") or {})
+    int8 = extension._STREAM.get("int8") if arithmetic() == "int8" else None
+    if ((not ops and int8 is None) or weight_format() == "fp32" or weight.dim() != 2 or weight.dtype != torch.float32
+            or weight.device.type != "cpu" or not weight.is_contiguous() or weight.is_inference() or weight.numel() == 0
+            or weight.shape[1] % 16):
         return None
     with torch.no_grad():
         w = weight.detach()
+        offered = [kind for kind in ("f16", "q8", "q41") if kind in ops or (int8 is not None and kind != "f16")]
         kinds = [kind for kind, exact in (("f16", _exact_f16), ("q8", _exact_q8), ("q41", _exact_q41))
-                 if kind in ops and exact(w[:1]) not in (False, None)]  # the first row rules most forms out cheaply
+                 if kind in offered and exact(w[:1]) not in (False, None)]  # the first row rules most forms out cheaply
         form = None
         for kind in kinds:
             if kind == "f16":
                 got = (w.to(torch.float16),) if _exact_f16(w) else None
             else:
                 got = (_exact_q8 if kind == "q8" else _exact_q41)(w)
-            if got is not None:
+            if got is not None and int8 is not None and kind in ("q8", "q41"):
+                packed = int8[f"pack_{kind}"](*got)  # [] where a scale is not an fp16 value
+                if packed:
+                    form = CompactWeight(f"{kind}x8", tuple(packed), int8[f"{kind}x8"], weight.data_ptr(),
+                                         weight._version)
+                    break
+            if got is not None and kind in ops:
                 form = CompactWeight(kind, got, ops[kind], weight.data_ptr(), weight._version)
                 break
         if form is None:
@@ -175,7 +233,7 @@ def rebuild(form, rows: slice | None = None) -> torch.Tensor:
     widened; Q8_0 int8 · scale (one product, as ``_exact_q8``); Q4_1 d · q + m (d · q exact in fp32, one rounding of
     the sum, as ``small_linear.cpp``'s ``Q41`` and ``q41_pack``). Byte i of a Q4_1 block of 32 holds value i (low
     nibble) and value i + 16 (high nibble)."""
-    if rows is not None:
+    if rows is not None and form.kind not in INT8_KINDS:
         form = replace(form, tensors=tuple(t[rows] for t in form.tensors))
     if form.kind == "f16":
         return form.tensors[0].float()
@@ -183,6 +241,8 @@ def rebuild(form, rows: slice | None = None) -> torch.Tensor:
         values, scales = form.tensors
         n, k = values.shape
         return (values.float().view(n, k // 32, 32) * scales[..., None]).view(n, k)
+    if form.kind in INT8_KINDS:
+        return _rebuild_int8(form, rows)
     if form.kind == "q41":
         codes, scales, mins = form.tensors
         n = codes.shape[0]
@@ -190,6 +250,32 @@ def rebuild(form, rows: slice | None = None) -> torch.Tensor:
         q = torch.cat([blocks & 15, blocks >> 4], dim=-1).float()  # [n, K / 32, 32]
         return (q * scales[..., None] + mins[..., None]).view(n, -1)
     raise ValueError(f"no rebuild for compact form {form.kind!r}")
+
+
+def _rebuild_int8(form, rows: slice | None) -> torch.Tensor:
+    """The fp32 values of an int8 form's rows (``rebuild``), unpacked from its groups of 16 rows (``int8_product.cpp``:
+    Q4_1 byte (L, r, i) of a block's 256 holds value 4L + i of row r in its low nibble and 4(L + 4) + i in its high;
+    Q8_0 byte (j, r, i) of 512 holds value 4j + i of row r plus 128): the same values the exact form held."""
+    codes, scales = form.tensors[0], form.tensors[1]
+    n_rows, k = (int(v) for v in form.tensors[-1])
+    start, stop, _ = (rows or slice(None)).indices(n_rows)
+    g0, g1 = start // 16, max(start // 16, -(-stop // 16))
+    codes, scales = codes[g0:g1], scales[g0:g1].view(torch.float16).float()
+    g, nb = codes.shape[0], codes.shape[1]
+    if form.kind == "q41x8":
+        c = codes.view(g, nb, 4, 16, 4)
+        q = torch.cat([c & 15, c >> 4], dim=2)  # [g, nb, 8 steps, 16 rows, 4]
+    else:
+        q = codes.view(g, nb, 8, 16, 4).to(torch.int16) - 128
+    q = q.permute(0, 3, 1, 2, 4).reshape(g * 16, nb, 32).float()  # [rows, blocks, 32]
+    d = scales.permute(0, 2, 1).reshape(g * 16, nb, 1)
+    if form.kind == "q41x8":
+        m = form.tensors[2][g0:g1].view(torch.float16).float().permute(0, 2, 1).reshape(g * 16, nb, 1)
+        values = q * d + m  # d · q exact in fp32, one rounding of the sum: the exact form's arithmetic
+    else:
+        values = q * d
+    first = start - g0 * 16
+    return values.view(g * 16, k)[first:first + (stop - start)]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

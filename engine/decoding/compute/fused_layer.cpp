@@ -169,6 +169,18 @@ StreamWeight stream_weight(const std::string& kind, const std::vector<torch::Ten
                 "fused_layer: q41 weight [", N, ", ", K, "] expected");
     return {3, t[0].data_ptr<uint8_t>(), t[1].data_ptr<float>(), t[2].data_ptr<float>(), N, K};
   }
+  if (kind == "q41x8" || kind == "q8x8") {  // int8_product.cpp's forms: codes, scales (, mins), meta (N, K)
+    const bool q41 = kind == "q41x8";
+    check(q41 ? 4 : 3);
+    const auto& meta = t.back();
+    TORCH_CHECK(meta.scalar_type() == torch::kLong && meta.numel() == 2 && meta[0].item<int64_t>() == N &&
+                    meta[1].item<int64_t>() == K,
+                "fused_layer: ", kind, " weight [", N, ", ", K, "] expected");
+    StreamWeight w{q41 ? 4 : 5, t[0].data_ptr<uint8_t>(), nullptr, nullptr, N, K};
+    w.s16 = reinterpret_cast<const uint16_t*>(t[1].data_ptr<int16_t>());
+    w.m16 = q41 ? reinterpret_cast<const uint16_t*>(t[2].data_ptr<int16_t>()) : nullptr;
+    return w;
+  }
   TORCH_CHECK(false, "fused_layer: unknown weight form ", kind);
 }
 

@@ -101,14 +101,19 @@ static inline v16 exp_v16(v16 x) {
 }
 
 // A weight as the streaming kernel reads it: kind 0 fp32 [N, K] (w), 1 fp16 [N, K] (w), 2 Q8 (w int8 [N, K], s [N,
-// K / 32]), 3 Q41 (w uint8 [N, K / 2], s and mn [N, K / 32]).
+// K / 32]), 3 Q41 (w uint8 [N, K / 2], s and mn [N, K / 32]); the int8 arithmetic's forms (int8_product.cpp): 4 Q4_1 ×
+// int8 (w the interleaved codes, s16 and m16 fp16 scales and mins), 5 Q8_0 × int8 (w, s16).
 struct StreamWeight {
   int kind;
   const void* w;
   const float* s;
   const float* mn;
   int64_t N, K;
+  const uint16_t* s16 = nullptr;
+  const uint16_t* m16 = nullptr;
 };
 
 // y [M, N] = x [M, K] · Wᵀ (+ b) (small_linear.cpp): the streaming kernel's products, in its order.
 void stream_product(const float* X, const StreamWeight& W, const float* B, float* Y, int64_t M);
+// The same for the int8 forms (kinds 4 and 5; int8_product.cpp): activations quantized per row, int8 products.
+void int8_product(const float* X, const StreamWeight& W, const float* B, float* Y, int64_t M);

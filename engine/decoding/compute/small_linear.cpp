@@ -434,6 +434,8 @@ void stream_product(const float* X, const StreamWeight& W, const float* B, float
   const int64_t N = W.N, K = W.K;
   switch (W.kind) {
     case 0: run(X, F32{static_cast<const float*>(W.w), K}, B, Y, K, M, N); return;
+    case 4:
+    case 5: int8_product(X, W, B, Y, M); return;
 #if defined(SPEEDUP_LAB_COMPACT)
     case 1: run(X, F16{static_cast<const uint16_t*>(W.w), K}, B, Y, K, M, N); return;
     case 2: run(X, Q8{static_cast<const int8_t*>(W.w), W.s, K}, B, Y, K, M, N); return;
@@ -634,12 +636,15 @@ std::vector<torch::Tensor> q41_pack(torch::Tensor w) {
 
 // fused_layer.cpp (built into this extension): the decoder layer of a batch-invariant decode pass as two calls.
 void register_fused_layer(pybind11::module_& m);
+// int8_product.cpp (built into this extension): the int8 arithmetic's products.
+void register_int8(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Every entry lets go of Python's GIL while it computes (it touches no Python object): a Streamlit page's thread
   // drawing in Python beside the room's worker otherwise held the worker back between its calls.
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   register_fused_layer(m);
+  register_int8(m);
   m.def("small_linear", &small_linear, nogil(), "y = x @ w.T + b for few rows (fp32, CPU)");
   m.def("small_linear_f16", &small_linear_f16, nogil(), "small_linear for weights stored exactly as fp16");
   m.def("small_linear_q8", &small_linear_q8, nogil(), "small_linear for weights stored exactly as int8 x fp32 scale per 32");
