@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+from engine.decoding.compute import batch_invariant
+
 from engine.decoding.attention import tree_depths
 from engine.decoding.models import load_model
 from engine.decoding.proposers import CachedLM, Proposer
@@ -507,7 +509,7 @@ def test_embedded_first_token_follows_p(embedded):
 
     cfg = SamplingConfig(temperature=1.0, top_k=12)
     ids = encode_prompt(embedded.tokenizer, "Name a colour.")
-    with torch.inference_mode():
+    with torch.inference_mode(), batch_invariant():  # the engine's layout: the bits a plain step of the same path gives
         p_ref = warp_probs(embedded.model(torch.tensor([ids])).logits[0, -1].double(), cfg)
     prop = make_proposer("embedded-head", embedded)
     prop.set_branching(4)

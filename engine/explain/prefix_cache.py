@@ -738,6 +738,8 @@ def measure_prefix_reuse(lm, tokens_a: Sequence[int], tokens_b: Sequence[int], b
             "tokens (the last prompt token always has to be computed), so nothing can be reused. Pick a "
             "pair that shares a prefix, or a smaller block size.")
 
+    from engine.decoding.compute import batch_invariant
+
     model, dev = lm.model, lm.device
     is_cuda = torch.device(dev).type == "cuda"
 
@@ -750,7 +752,9 @@ def measure_prefix_reuse(lm, tokens_a: Sequence[int], tokens_b: Sequence[int], b
     ids_tail = ids_b[:, reuse:]
     n_a = ids_a.shape[1]
 
-    with torch.inference_mode():
+    # every pass in the batch-invariant layout (``compute.batch_invariant``), as the engine's own prefills: a
+    # position's bits depend only on the tokens before it, so the reused prefix gives the full prefill's logits
+    with torch.inference_mode(), batch_invariant():
         cache_a = _cache_of(model(input_ids=ids_a, use_cache=True))
 
         def run_full():

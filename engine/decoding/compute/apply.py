@@ -15,7 +15,7 @@ from torch import nn
 from engine.decoding.compute import extension, onednn, products
 from engine.decoding.compute.extension import STREAM_MAX_ROWS, stream_kernel
 from engine.decoding.compute.dense import embedding_pointers, release_linear, restore_dense
-from engine.decoding.compute.formats import COMPACT_ATTR, _compact_fresh, compact_weight, dense_values
+from engine.decoding.compute.formats import INT8_KINDS, COMPACT_ATTR, _compact_fresh, compact_weight, dense_values
 from engine.decoding.compute.fusion import FusedFollowerLinear, FusedLeadLinear, _fuse_siblings
 from engine.decoding.compute.lean import _lean_layers
 from engine.decoding.compute.memory import _own_memory, drop_mapped_pages, trim_memory
@@ -74,13 +74,26 @@ class ComputePath:
         f = self.formats
         if not f or not f.get("read_bytes"):
             return ""
-        names = {"q41": "GGUF Q4_1 blocks", "q8": "Q8_0 blocks", "f16": "fp16"}
-        parts = [f"{names[k]} ({f['count'][k]} matri{'ces' if f['count'][k] != 1 else 'x'})"
-                 for k in ("q41", "q8", "f16") if f["count"].get(k)]
+        names = {"q41": "GGUF Q4_1 blocks", "q8": "Q8_0 blocks", "f16": "fp16", "q41x8": "GGUF Q4_1 blocks",
+                 "q8x8": "Q8_0 blocks"}
+        count: dict[str, int] = {}
+        for k, n in f["count"].items():
+            if k in names:
+                count[names[k]] = count.get(names[k], 0) + n
+        parts = [f"{name} ({n} matri{'ces' if n != 1 else 'x'})" for name, n in count.items()]
         if not parts:
             return f"weights read as fp32: {f['read_bytes'] / 1e6:.0f} MB a token"
-        return (f"weights read as {' and '.join(parts)}, exactly: {f['read_bytes'] / 1e6:.0f} MB a token instead of "
+        how = ("× int8 activations (the int8 arithmetic, as llama.cpp's: activations rounded to 8 bits per block of "
+               "32, so the model's numbers change slightly)" if self.arithmetic == "int8"
+               else "rebuilt exactly to fp32 and multiplied in fp32 (the fp32 model's own numbers)")
+        return (f"weights read as {' and '.join(parts)} {how}: {f['read_bytes'] / 1e6:.0f} MB a token instead of "
                 f"{f['fp32_bytes'] / 1e6:.0f} as fp32")
+
+    @property
+    def arithmetic(self) -> str:
+        """"int8" when any weight is read in an int8 form (``formats.INT8_KINDS``: activations quantized), else
+        "fp32" (every product in fp32, the reference)."""
+        return "int8" if any(k in INT8_KINDS for k in (self.formats or {}).get("count", {})) else "fp32"
 
     @property
     def name(self) -> str:

@@ -126,7 +126,7 @@ def stream_kernel(progress: Callable[[str], None] | None = None) -> Callable | N
                                    "pack_q41": mod.int8_pack_q41, "pack_q8": mod.int8_pack_q8,
                                    "quantize_rows": mod.int8_quantize_rows, "reference_q41": mod.int8_reference_q41,
                                    "reference_q8": mod.int8_reference_q8, "impl": mod.int8_impl,
-                                   "force_portable": mod.int8_force_portable}
+                                   "force_portable": mod.int8_force_portable, "peak": mod.arithmetic_peak}
         except Exception as e:  # noqa: BLE001 - no compiler, no headers, a failed build: the path is not offered
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _STREAM["problem"] = f"the streaming kernel could not be built here ({first[:200]})"

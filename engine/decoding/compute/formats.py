@@ -47,7 +47,7 @@ def arithmetic() -> str:
     is open (a model loaded for one lane of a race), else ``SPEEDUP_LAB_ARITHMETIC``.
 
     "int8" changes the model's numbers (its activations are rounded to 8 bits per block): a lossy property of the
-    compute path, measured against "fp32" by ``engine.decoding.compute.agreement``. Speculative decoding stays lossless
+    compute path, measured against "fp32" by ``engine.decoding.agreement``. Speculative decoding stays lossless
     against whichever path runs the target: every row of a pass is computed alone (batch-invariant by construction).
 
     Raises:

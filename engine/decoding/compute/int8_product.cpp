@@ -36,6 +36,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <string>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -130,18 +132,22 @@ Act quantize_rows(const float* X, int64_t M, int64_t K, ActBuffers& buf) {
 }
 
 // The outputs of group g's 16 rows for input rows [m0, m0 + MM): acc [MM][16] as the formulas above define them.
-// kQ41: Q4_1 weights (256 bytes a block, mins), else Q8_0 (512 bytes a block, offset 128).
+// kQ41: Q4_1 weights (256 bytes a block, mins), else Q8_0 (512 bytes a block, offset 128). Every loop over rows and
+// steps is unrolled (the pragmas): a loop GCC left rolled kept the MM accumulators on the stack, one store and load per
+// block and row.
 #if SPEEDUP_LAB_INT8 == 512
 template <int MM, bool kQ41>
 inline void tile(const uint8_t* C, const uint16_t* S, const uint16_t* Mn, const Act& a, int64_t m0, int64_t nb,
                  float* out) {
   __m512 acc[MM];
+  #pragma GCC unroll 8
   for (int i = 0; i < MM; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     __m512i w[8];
     if constexpr (kQ41) {
       const uint8_t* p = C + b * 256;
+      #pragma GCC unroll 8
       for (int L = 0; L < 4; ++L) {
         const __m512i v = _mm512_loadu_si512(p + 64 * L);
         w[L] = _mm512_and_si512(v, low);
@@ -149,15 +155,18 @@ inline void tile(const uint8_t* C, const uint16_t* S, const uint16_t* Mn, const 
       }
     } else {
       const uint8_t* p = C + b * 512;
+      #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(p + 64 * j);
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(S + b * kGroup)));
     __m512 mw = _mm512_setzero_ps();
     if constexpr (kQ41) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(Mn + b * kGroup)));
+    #pragma GCC unroll 8
     for (int i = 0; i < MM; ++i) {
       const int64_t m = m0 + i;
       const int8_t* xq = a.q + m * a.K + b * kBlock;
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      #pragma GCC unroll 8
       for (int j = 0; j < 8; j += 2) {
         s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
         s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(load_i32(xq + 4 * j + 4)));
@@ -169,6 +178,7 @@ inline void tile(const uint8_t* C, const uint16_t* S, const uint16_t* Mn, const 
       if constexpr (kQ41) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[mb]), acc[i]);
     }
   }
+  #pragma GCC unroll 8
   for (int i = 0; i < MM; ++i) _mm512_storeu_ps(out + i * kGroup, acc[i]);
 }
 #elif SPEEDUP_LAB_INT8 == 256
@@ -197,14 +207,17 @@ static inline __m256i dot4(__m256i s, __m256i w, __m256i x, bool q41) {
 template <int MM, bool kQ41>
 inline void tile(const uint8_t* C, const uint16_t* S, const uint16_t* Mn, const Act& a, int64_t m0, int64_t nb,
                  float* out) {
+  #pragma GCC unroll 8
   for (int h = 0; h < 2; ++h) {
     __m256 acc[MM];
+    #pragma GCC unroll 8
     for (int i = 0; i < MM; ++i) acc[i] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
       __m256i w[8];
       if constexpr (kQ41) {
         const uint8_t* p = C + b * 256 + 32 * h;
+        #pragma GCC unroll 8
         for (int L = 0; L < 4; ++L) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * L));
           w[L] = _mm256_and_si256(v, low);
@@ -212,15 +225,18 @@ inline void tile(const uint8_t* C, const uint16_t* S, const uint16_t* Mn, const 
         }
       } else {
         const uint8_t* p = C + b * 512 + 32 * h;
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * j));
       }
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(S + b * kGroup + 8 * h)));
       __m256 mw = _mm256_setzero_ps();
       if constexpr (kQ41) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Mn + b * kGroup + 8 * h)));
+      #pragma GCC unroll 8
       for (int i = 0; i < MM; ++i) {
         const int64_t m = m0 + i;
         const int8_t* xq = a.q + m * a.K + b * kBlock;
         __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; j += 2) {
           s0 = dot4(s0, w[j], _mm256_set1_epi32(load_i32(xq + 4 * j)), kQ41);
           s1 = dot4(s1, w[j + 1], _mm256_set1_epi32(load_i32(xq + 4 * j + 4)), kQ41);
@@ -232,6 +248,7 @@ inline void tile(const uint8_t* C, const uint16_t* S, const uint16_t* Mn, const 
         if constexpr (kQ41) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[mb]), acc[i]);
       }
     }
+    #pragma GCC unroll 8
     for (int i = 0; i < MM; ++i) _mm256_storeu_ps(out + i * kGroup + 8 * h, acc[i]);
   }
 }
@@ -575,6 +592,105 @@ std::string int8_impl() {
 
 void int8_force_portable(bool on) { g_force_portable.store(on); }
 
+// This CPU's arithmetic ceilings: multiply-adds per second of a register-only loop of independent vector instructions
+// on every thread of PyTorch's pool (no memory traffic), over about `seconds`: kind "int8" (vpdpbusd, 4 byte products
+// a lane; AVX512-VNNI, else AVX-VNNI, else AVX2's maddubs + madd) or "fp32" (fused multiply-adds). What a pass's
+// products can reach at best, for the roofline (engine/explain: "what bytes and arithmetic cost").
+double arithmetic_peak(const std::string& kind, double seconds) {
+  TORCH_CHECK(kind == "int8" || kind == "fp32", "arithmetic_peak: kind int8 or fp32");
+  const bool int8 = kind == "int8";
+  constexpr int kChains = 12;
+  constexpr int64_t kIters = 1 << 16;
+  std::atomic<int64_t> macs{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  const int threads = at::get_num_threads();
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    int64_t done = 0;
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+      if (int8) {
+        __m512i acc[kChains];
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_epi32(c);
+        const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+        for (int64_t i = 0; i < kIters; ++i)
+#pragma GCC unroll 12
+          for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
+        int32_t sink = 0;
+        for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_epi32(acc[c]);
+        asm volatile("" : : "r"(sink));
+        done += kIters * kChains * 64;
+      } else {
+        __m512 acc[kChains];
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+        const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+        for (int64_t i = 0; i < kIters; ++i)
+#pragma GCC unroll 12
+          for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+        float sink = 0;
+        for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+        asm volatile("" : : "x"(sink));
+        done += kIters * kChains * 16;
+      }
+#elif defined(__AVX2__) && defined(__FMA__)
+      if (int8) {
+        __m256i acc[kChains];
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_epi32(c);
+        const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+#if !defined(__AVXVNNI__)
+        const __m256i ones = _mm256_set1_epi16(1);
+#endif
+        for (int64_t i = 0; i < kIters; ++i)
+#pragma GCC unroll 12
+          for (int c = 0; c < kChains; ++c) {
+#if defined(__AVXVNNI__)
+            acc[c] = _mm256_dpbusd_avx_epi32(acc[c], a, b);
+#else
+            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+#endif
+          }
+        int32_t lanes[8], sink = 0;
+        for (int c = 0; c < kChains; ++c) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), acc[c]);
+          sink += lanes[0];
+        }
+        asm volatile("" : : "r"(sink));
+        done += kIters * kChains * 32;
+      } else {
+        __m256 acc[kChains];
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+        const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+        for (int64_t i = 0; i < kIters; ++i)
+#pragma GCC unroll 12
+          for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+        float lanes[8], sink = 0;
+        for (int c = 0; c < kChains; ++c) {
+          _mm256_storeu_ps(lanes, acc[c]);
+          sink += lanes[0];
+        }
+        asm volatile("" : : "x"(sink));
+        done += kIters * kChains * 8;
+      }
+#else
+      {  // portable: what the compiler makes of plain loops (no vector ceiling claimed)
+        float f[64];
+        int32_t n[64];
+        for (int j = 0; j < 64; ++j) { f[j] = static_cast<float>(j); n[j] = j; }
+        for (int64_t i = 0; i < kIters / 16; ++i)
+          for (int j = 0; j < 64; ++j) {
+            if (int8) n[j] = n[j] * 3 + 1;
+            else f[j] = f[j] * 0.999f + 1e-3f;
+          }
+        asm volatile("" : : "r"(n[5]), "x"(f[7]));
+        done += kIters / 16 * 64;
+      }
+#endif
+    }
+    macs += done;
+  });
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(macs.load()) / dt;
+}
+
 void register_int8(pybind11::module_& m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("int8_pack_q41", &int8_pack_q41, nogil(), "a Q4_1 weight's int8-arithmetic form, or [] where none");
@@ -586,4 +702,5 @@ void register_int8(pybind11::module_& m) {
   m.def("int8_reference_q8", &int8_reference_q8, nogil(), "the scalar reference of small_linear_q8x8");
   m.def("int8_impl", &int8_impl, "the int8 products' instruction set in this build");
   m.def("int8_force_portable", &int8_force_portable, "take the portable int8 code (tests)");
+  m.def("arithmetic_peak", &arithmetic_peak, nogil(), "multiply-adds/s of a register-only int8 or fp32 loop on every thread");
 }
