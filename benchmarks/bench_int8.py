@@ -110,10 +110,10 @@ def decode_rate(target, proposer, ids, gamma: int = 4, max_new: int = 64) -> tup
     dec = SpeculativeDecoder(target, proposer, ids, gamma=gamma, max_new_tokens=max_new)
     dec.prefill()
     t1 = time.perf_counter()
-    res = dec.run()
+    dec.run()
     t2 = time.perf_counter()
-    n = len(res.new_ids)
-    return n / (t2 - t1), n / (t2 - t0), res.new_ids
+    n = len(dec.new_ids)
+    return n / (t2 - t1), n / (t2 - t0), list(dec.new_ids)
 
 
 def plain_rates(models: dict, reps: int) -> dict:

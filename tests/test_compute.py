@@ -425,7 +425,8 @@ def test_q41_blocks_give_the_fp32_weights_bits_for_every_row_count():
 
 
 @needs_compact
-def test_q41_check_finds_the_blocks_and_rejects_any_value_off_them():
+def test_q41_check_finds_the_blocks_and_rejects_any_value_off_them(monkeypatch):
+    monkeypatch.setenv(compute.ARITHMETIC_ENV, "fp32")  # the exact form (the int8 arithmetic's: tests/test_int8.py)
     gen = torch.Generator().manual_seed(4)
     w, q, d, m = _q41_exact(9, 64, gen)
     codes, scales, mins = compute.formats._exact_q41(w)
@@ -448,6 +449,7 @@ def test_q41_check_finds_the_blocks_and_rejects_any_value_off_them():
 
 
 def test_compact_form_is_found_only_where_exact_and_dropped_when_the_weight_changes(monkeypatch):
+    monkeypatch.setenv(compute.ARITHMETIC_ENV, "fp32")  # the exact forms (the int8 arithmetic's: tests/test_int8.py)
     gen = torch.Generator().manual_seed(12)
     exact16 = torch.randn(9, 48, generator=gen).half().float()
     exact8, q, d = _q8_exact(6, 64, gen)
@@ -817,14 +819,17 @@ def test_a_path_applied_under_inference_mode_keeps_every_exact_compact_form(tmp_
 @needs_compact
 @pytest.mark.slow
 def test_the_embedded_models_layers_are_read_as_their_gguf_blocks(embedded):
-    """On the stream path every layer matrix of the embedded model (Q4_1 in its GGUF) takes the exact Q4_1 form and
-    its LM head (Q8_0) the int8 one: the fp32 values, about a fifth of the bytes (weight_formats)."""
+    """On the stream path every layer matrix of the embedded model (Q4_1 in its GGUF) is read as its Q4_1 blocks and
+    its LM head (Q8_0) as its Q8_0 blocks, in the forms of the process's arithmetic (int8: the repacked forms; fp32:
+    the exact forms), about a fifth of the bytes (weight_formats)."""
     t = embedded
     if t.compute.path != "stream":  # the formats are the stream path's; another path makes no claim about them
         pytest.skip(f"this machine chose {t.compute.path} for the embedded model: {t.compute.reason}")
     f = compute.weight_formats(t.model)
     layers = t.config.num_hidden_layers
-    assert f["count"].get("q41") == 4 * layers and f["count"].get("q8") == 1, f  # qkv, o, gate+up, down
+    x8 = "x8" if compute.arithmetic() == "int8" else ""
+    assert f["count"].get(f"q41{x8}") == 4 * layers and f["count"].get(f"q8{x8}") == 1, f  # qkv, o, gate+up, down
+    assert t.compute.arithmetic == compute.arithmetic()
     assert f["read_bytes"] < 0.25 * f["fp32_bytes"]
     assert "GGUF Q4_1 blocks" in t.compute.label()
 
@@ -836,9 +841,11 @@ def test_weights_read_as_fp32_on_request(monkeypatch):
     exact16 = torch.randn(4, 32, generator=gen).half().float()
     monkeypatch.setenv(compute.WEIGHT_FORMAT_ENV, "fp32")
     assert compute.weight_format() == "fp32" and compute.compact_weight(exact16) is None
-    assert compute.measure_key().endswith("|weights=fp32")
+    assert "|weights=fp32|" in compute.measure_key()
     monkeypatch.setenv(compute.WEIGHT_FORMAT_ENV, "q2")
     with pytest.raises(InputError, match="SPEEDUP_LAB_WEIGHTS must be one of blocks, fp32"):
         compute.weight_format()
     monkeypatch.delenv(compute.WEIGHT_FORMAT_ENV)
-    assert compute.weight_format() == "blocks" and compute.measure_key().endswith("|weights=blocks")
+    assert compute.weight_format() == "blocks" and "|weights=blocks|" in compute.measure_key()
+    monkeypatch.setenv(compute.ARITHMETIC_ENV, "fp32")  # the arithmetic keys the measurements too
+    assert compute.measure_key().endswith("|arithmetic=fp32")

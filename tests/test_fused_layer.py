@@ -100,6 +100,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_the_call(q41_path):
 @pytest.mark.skipif(compute.stream_kernel() is None or "q41" not in (extension._STREAM.get("compact") or {}),
                     reason="this kernel build reads no compact weights (it needs AVX-512, or AVX2 with F16C and FMA)")
 def test_compact_forms_give_the_bits_of_the_fp32_weights(q41_path, monkeypatch):
+    monkeypatch.setenv(compute.ARITHMETIC_ENV, "fp32")  # the exact forms: the fp32 arithmetic
     blocks = load_model(str(q41_path), device="cpu", compute="stream")
     kinds = {w.__dict__[compute.COMPACT_ATTR].kind for w in
              (blocks.model.model.layers[0].self_attn.q_proj._fused_weight, blocks.model.model.layers[0].mlp.down_proj.weight)}
