@@ -16,6 +16,7 @@ import string
 from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec
 from engine.decoding.scheduler import WINDOW_S as ROOM_WINDOW_S
 from engine.decoding.trace import ORIGINS, Round, TopToken, token_origins
+from engine.explain.why import SPREAD_WARN, unsure_reasons
 
 PROMPT_URL_MAX = 2000
 """A custom prompt of up to this many characters travels in a page's link (Live's ``lv_prompt``, Race's
@@ -453,14 +454,9 @@ def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comp
         return line + " **Run baseline** times it against plain decoding."
     same = "identical texts" if comparison.identical else "different texts (sampling draws differ)"
     line += f" Measured speedup **{comparison.speedup:.2f}×** against plain decoding, {same}."
-    why = []
-    if noisy:
-        why.append("the timed runs of one kind differed by up to "
-                   + (f"{spread:.1f}×" if spread is not None else "more than usual"))
-    tpr = stats.tokens_per_round
-    if tpr and comparison.speedup > tpr * 1.02:
-        why.append(f"it is above the {tpr:.2f} tokens a round gave, which bounds it (a round costs at least a plain "
-                   "step)")
+    why = unsure_reasons(comparison.speedup, stats.tokens_per_round, spread)  # one rule with the run's record
+    if noisy and not (spread is not None and spread > SPREAD_WARN):
+        why.insert(0, "the timed runs of one kind differed by more than usual")
     if why:
         line += (" **Unsure**: " + "; ".join(why) + ". The machine was busy: run the baseline again with nothing "
                  "else running.")
