@@ -43,6 +43,7 @@ from app.live_view import (
 )
 from app.decoders import DRAFT_KINDS, make_decoder
 from app.resources import get_model
+from app.why_view import why_card
 from app.state import note_replaced, stage_text, stage_url, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
@@ -55,6 +56,7 @@ from engine.decoding.scheduler import room_for
 from engine.decoding.sampling import ACCEPT_RULES
 from engine.decoding.speculative import SpeculativeDecoder
 from engine.errors import SpeedupLabError
+from engine.explain.why import why_from_run
 from engine.explain.analytic import (TREE_MAX_BRANCHING, TREE_MAX_NODES, default_gamma_here, expected_tokens_per_pass,
                                      expected_tokens_per_round)
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
@@ -437,9 +439,9 @@ def _run_area() -> None:
             stop_page()
 
     progress = st.empty()
-    # the room: readers decoding, rows per pass, the room's tokens/s (engine.decoding.scheduler); on a projector under the
-    # text, so the round's verdict and its text are on a 720-pixel first screen
-    room_box = st.empty() if not presenting() else None
+    # the room: readers decoding, rows per pass, the room's tokens/s (engine.decoding.scheduler); under the text, so the
+    # round's verdict, the result and the text are on the first screen (1280×800, a 720-pixel projector, a phone)
+    room_box = None
 
 
     def _draw_room() -> None:
@@ -458,6 +460,7 @@ def _run_area() -> None:
         round_md = st.empty()
         tree_box = st.empty()  # a tree round's figure (chains draw nothing here)
     status = st.empty()  # under the round, so the round box stays on a projector's first screen
+    why_box = st.empty()  # after Run baseline: why the speedup is what it is, here (app.why_view)
     text_box = st.container()
     with text_box:
         st.subheader("Generated text")
@@ -708,9 +711,13 @@ def _run_area() -> None:
     # timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
     timing = ab.spec_stats if ab is not None else stats
     rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None, ab.base_stats if ab is not None else None,
-                       rounds=ab.spec_rounds if ab is not None else dec.rounds) if dec.proposer is not None else None
+                       rounds=ab.spec_rounds if ab is not None else dec.rounds,
+                       spread=ab.spread if ab is not None else None) if dec.proposer is not None else None
     if rec is not None:
         S["measured_run"] = rec
+        if dec.finished and cmp is not None:
+            with why_box.container():
+                why_card(why_from_run(rec, where="this server"), key="lv")
 
     # ------------------------------------------------------------------------------------------ statistics
     st.subheader("Live statistics")

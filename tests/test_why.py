@@ -88,7 +88,10 @@ def test_paying_case_from_the_shipped_race_result():
     assert case.low >= 1.2 and case.high >= case.low
     assert case.race["rc_draft"] == "ngram" and case.race["rc_preset"] == "code"
     assert case.date.startswith("2026-")
-    assert "another machine" in case.sentence(here=False) and case.machine in case.sentence(here=False)
+    case.here = False
+    assert "another machine" in case.sentence() and case.machine in case.sentence()
+    case.here = True
+    assert "on this machine (AMD EPYC" in case.sentence()
     assert case.link().url_path == "race"
 
 
@@ -107,3 +110,16 @@ def test_whatif_comparison_says_an_unsure_run_was_unsure():
     run.unsure = []
     with pytest.raises(InputError, match="outside \\[0, 1\\]"):
         compare_with_measured(run)
+
+
+def test_card_rows_mark_what_held_back():
+    from app.why_view import why_rows
+
+    w = why_here(alpha=0.5, gamma=1, measured=1.02, t1_ms=10.0, verify_ms=14.0, draft_ms_per_token=1.0)
+    rows = why_rows(w)
+    assert [r["key"] for r in rows] == ["acceptance", "verify", "draft"]
+    assert [r["limiting"] for r in rows] == [False, True, False]
+    assert rows[1]["value"] == "1.40× one token" and rows[2]["value"] == "c 0.100"
+    assert rows[1]["if_ideal"] == "If a pass over 2 tokens cost one token's: 1.36×"
+    unsure = why_here(alpha=0.6, gamma=1, measured=1.59, t1_ms=10.0, verify_ms=12.0, draft_ms_per_token=25.9)
+    assert all(r["if_ideal"] is None for r in why_rows(unsure))

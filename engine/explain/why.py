@@ -278,7 +278,8 @@ class PayingCase:
 
     Attributes:
         label: what it is, in words. low, high: the measured speedups (×) over its runs. machine, date: where and
-        when. file: the result's file name. race: the Race page's settings that open it (``rc_*`` keys)."""
+        when. file: the result's file name. race: the Race page's settings that open it (``rc_*`` keys).
+        here: whether the result is this machine's (its file is named for this kind of CPU)."""
 
     label: str
     low: float
@@ -287,12 +288,14 @@ class PayingCase:
     date: str
     file: str
     race: dict
+    here: bool = False
 
     def speedup_text(self) -> str:
         return f"{self.low:.2f}×" if abs(self.high - self.low) < 0.005 else f"{self.low:.2f}–{self.high:.2f}×"
 
-    def sentence(self, here: bool) -> str:
+    def sentence(self) -> str:
         """Its measured speedup, with the machine named in the sentence when it is not this one."""
+        here = self.here
         on = f"on this machine ({self.machine}, {self.date})" if here else f"on another machine, an {self.machine} " \
             f"({self.date}; this machine has not measured it)"
         return f"{self.label}: **{self.speedup_text()}** measured {on}, texts identical."
@@ -309,7 +312,7 @@ def paying_case(path: str | Path | None = None) -> PayingCase | None:
     """The best-paying measured race of prompt lookup on the code edit (``benchmarks/bench_race.py``'s result for this
     machine, else the reference machine's: ``engine.explain.measured.result_path``), or None when no result has one.
     """
-    from engine.explain.measured import result_path
+    from engine.explain.measured import machine_slug, result_path
 
     path = result_path("race") if path is None else Path(path)
     try:
@@ -327,7 +330,8 @@ def paying_case(path: str | Path | None = None) -> PayingCase | None:
     return PayingCase(label=f"Prompt lookup on a code edit (γ = {gamma})", low=min(speeds), high=max(speeds),
                       machine=str(meta.get("cpu", "another machine")), date=date, file=Path(path).name,
                       race={"rc_preset": PAYING_PRESET, "rc_draft": PAYING_DRAFT, "rc_gamma": gamma, "rc_tree": 0,
-                            "rc_temp": 0.0})
+                            "rc_temp": 0.0},
+                      here=Path(path).name == f"race_{machine_slug()}.json")
 
 
 def _date_from_md(path: Path) -> str:
