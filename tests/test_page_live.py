@@ -133,6 +133,14 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert token_charts and all(f["layout"]["xaxis"]["type"] == "category" for f in token_charts)
     # a target other than the embedded one defaults to prompt lookup at γ = 4 (the head is γ = 2)
     assert run.measured_speedup == pytest.approx(expected) and run.gamma == 4
+    # why, here: the three conditions the run measured, beside the speedup, the run's unsure flag with it
+    assert run.spread == pytest.approx(ab.spread)
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+    assert f"Measured **{expected:.2f}×** on this server" in why
+    assert ("unsure" in why) == bool(run.unsure)
+    labels = [m.label for m in at.metric]
+    assert any(lb.endswith("Acceptance") for lb in labels) and any(lb.endswith("Verify pass") for lb in labels)
+    assert any(lb.endswith("Draft step") for lb in labels)
     # the generated text is drawn, coloured by origin
     assert ":green-background[" in _markdown(at) or ":orange-background[" in _markdown(at)
 
