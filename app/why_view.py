@@ -15,6 +15,7 @@ from app.navigation import go_button, page_link
 from engine.explain.why import PAYS, PayingCase, WhyHere, paying_case
 
 MARK = {True: "✅", False: "⚠️"}
+"""A condition met (the speedup would gain under 10 % were it perfect) or not; ⬇️ marks the one that held it back most."""
 
 
 def why_rows(why: WhyHere) -> list[dict]:
@@ -29,7 +30,8 @@ def why_rows(why: WhyHere) -> list[dict]:
     out = []
     for c in why.conditions:
         lim = why.limiting == c.key and not c.ok
-        out.append({"key": c.key, "title": f"{MARK[not lim] if why.predicted is not None else '·'} {c.name}",
+        mark = "·" if why.predicted is None else "⬇️" if lim else MARK[c.ok]
+        out.append({"key": c.key, "title": f"{mark} {c.name}" + (" (held it back most)" if lim else ""),
                     "value": values[c.key], "measured": c.measured, "ideal": c.ideal,
                     "if_ideal": None if c.if_ideal is None else f"If {perfect[c.key]}: {c.if_ideal:.2f}×",
                     "limiting": lim})

@@ -24,12 +24,14 @@ from app.race_view import (SPEEDS, decoder_kwargs, honesty_line, live_link, play
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting
+from app.why_view import why_card
 from engine.decoding.measure import SpeedupAB
 from engine.decoding.models import EMBEDDED, default_draft_spec
 from engine.decoding.race import RaceStopped, load_race, run_race, survival
 from engine.decoding.scheduler import room_for
 from engine.errors import InputError, SpeedupLabError
 from engine.explain.analytic import TREE_MAX_NODES, default_gamma_here
+from engine.explain.why import why_from_race
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
 
 RECORDED = Path(__file__).resolve().parent.parent / "assets" / "race_recorded.json"
@@ -152,7 +154,11 @@ def _draw(race, recorded: bool) -> None:
         if race.spread > SpeedupAB.SPREAD_WARN:
             st.warning(f"The timed runs of one kind differed by up to {race.spread:.1f}× (the machine was busy): the "
                        "ratio is unsure. Race again with nothing else running.")
-        _after_race(race, next(_draws))
+        n = next(_draws)
+        # why the verdict's speedup is what it is, from the lanes' own passes (engine.explain.why)
+        why_card(why_from_race(race, where=f"the recorded race's machine, {race.machine} ({race.measured_at[:10]})"
+                               if recorded else "this server"), key=f"rc_{n}")
+        _after_race(race, n)
 
 
 def _draw_current(recorded_race) -> None:

@@ -139,8 +139,8 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert f"Measured **{expected:.2f}×** on this server" in why
     assert ("unsure" in why) == bool(run.unsure)
     labels = [m.label for m in at.metric]
-    assert any(lb.endswith("Acceptance") for lb in labels) and any(lb.endswith("Verify pass") for lb in labels)
-    assert any(lb.endswith("Draft step") for lb in labels)
+    assert any("Acceptance" in lb for lb in labels) and any("Verify pass" in lb for lb in labels)
+    assert any("Draft step" in lb for lb in labels)
     # the generated text is drawn, coloured by origin
     assert ":green-background[" in _markdown(at) or ":orange-background[" in _markdown(at)
 

@@ -46,6 +46,11 @@ def test_before_any_race_the_recorded_race_is_shown(tiny):
     assert "📱 Join card" not in labels  # presenter mode only
     if RECORDED.is_file():
         assert "A recorded race, measured on" in _captions(at)
+        why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+        assert "on the recorded race's machine, AMD EPYC" in why  # the machine named in the sentence
+        # its speedup is small: a case that pays is one click away, with its machine in the sentence
+        assert any(b.label.startswith("🏁 Race prompt lookup on a code edit") for b in at.button)
+        assert "A case that pays: Prompt lookup on a code edit" in _captions(at)
         assert at.session_state["rc_show"] if "rc_show" in at.session_state else True
 
 
@@ -65,6 +70,10 @@ def test_a_race_replaces_it_and_keeps_the_settings_in_the_url(tiny):
     assert at.query_params["rc_draft"] == "ngram" and at.query_params["rc_gamma"] == "3"
     assert at.query_params["rc_seed"] == "5"
     assert "rc_prompt" not in at.query_params or at.session_state["rc_preset"] == "custom"
+    # why, here: the race's speedup beside the three conditions its lanes measured
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+    assert f"Measured **{race.speedup:.2f}×** on this server" in why
+    assert sum(any(k in m.label for k in ("Acceptance", "Verify pass", "Draft step")) for m in at.metric) == 3
     # the recorded race on request, then back to a new race of this server
     if RECORDED.is_file():
         at.button(key="rc_recorded_btn").click().run()

@@ -119,6 +119,7 @@ def test_card_rows_mark_what_held_back():
     rows = why_rows(w)
     assert [r["key"] for r in rows] == ["acceptance", "verify", "draft"]
     assert [r["limiting"] for r in rows] == [False, True, False]
+    assert [r["title"] for r in rows] == ["⚠️ Acceptance", "⬇️ Verify pass (held it back most)", "✅ Draft step"]
     assert rows[1]["value"] == "1.40× one token" and rows[2]["value"] == "c 0.100"
     assert rows[1]["if_ideal"] == "If a pass over 2 tokens cost one token's: 1.36×"
     unsure = why_here(alpha=0.6, gamma=1, measured=1.59, t1_ms=10.0, verify_ms=12.0, draft_ms_per_token=25.9)
