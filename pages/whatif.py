@@ -20,6 +20,7 @@ from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import shape_figure
+from app.why_view import why_card
 from engine.decoding.compute import cpu_model
 from engine.decoding.models import EMBEDDED
 from engine.decoding.pass_cost import current_pass_cost, machine_pass_cost
@@ -45,6 +46,7 @@ from engine.explain.analytic import (
 )
 from engine.explain.drafting import BlockCost, drafting_curves, load_block_results
 from engine.explain.teaching import whatif_questions
+from engine.explain.why import why_from_run
 from engine.explain.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, verify_always_accept
 
 CUSTOM_HW = "Custom"
@@ -740,10 +742,16 @@ def _section_measured() -> None:
         st.info("No measured run in this session yet: run the live page first (🔴 Live speculative "
                 "decoding), then come back to compare its measured speedup with the model's prediction.")
     else:
+        unsure = list(getattr(run, "unsure", None) or [])
+        if unsure:  # the Live page called the run unsure: every number below is that busy run's
+            st.warning("The Live run these numbers come from was **unsure**: " + "; ".join(unsure) + ". The Live page "
+                       "said so beside its speedup; the machine was busy, so the figures below are the busy "
+                       "machine's. Run the baseline again there with nothing else running.")
+        why_card(why_from_run(run, where="this server"), key="wi", offer_case=False)
         try:
             mc = compare_with_measured(run)
         except SpeedupLabError as e:
-            st.error(str(e))
+            (st.warning if unsure else st.error)(str(e))
         else:
             st.markdown(f"Measured on the live page: α = **{mc.alpha:.3f}**, γ = **{mc.gamma}**, "
                         f"c = **{mc.c:.3f}** (draft step ÷ {mc.c_basis}).")

@@ -304,3 +304,19 @@ def test_measured_numbers_show_where_the_gap_comes_from():
     at.session_state["measured_run"] = _run_record(verify_tokens_counts={1: 2, 5: 3})
     at.run()
     assert not at.exception and any("count different rounds" in e.value for e in at.error)
+
+
+def test_an_unsure_live_run_is_called_unsure_here_too():
+    """A busy Live run (its record's ``unsure``): What-if says so first, and its out-of-range c is no red verdict."""
+    at = _tab(_app(), "My measured numbers")
+    at.session_state["measured_run"] = types.SimpleNamespace(
+        acceptance_rate=0.6, draft_cost_ratio=2.59, gamma=1, verify_ms_by_tokens={1: 10.0, 2: 12.0},
+        draft_ms_per_token=25.9, measured_speedup=1.59, spread=2.1,
+        unsure=["the timed runs of one kind differed by up to 2.1×"])
+    at.run()
+    assert not at.exception and not at.error
+    warnings = [w.value for w in at.warning]
+    assert warnings[0].startswith("The Live run these numbers come from was **unsure**: the timed runs")
+    assert any("Live run was unsure" in w and "2.59" in w for w in warnings)
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+    assert "Measured **1.59×**" in why and "unsure" in why

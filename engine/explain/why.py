@@ -223,10 +223,13 @@ def why_from_run(run: object, where: str = "this machine") -> WhyHere | None:
     or None before Run baseline (no measured speedup, or no timed one-token pass t(1))."""
     measured = getattr(run, "measured_speedup", None)
     curve = getattr(run, "verify_ms_by_tokens", None) or {}
-    if measured is None or 1 not in curve:
+    try:
+        gamma, alpha, t1 = int(getattr(run, "gamma")), float(getattr(run, "acceptance_rate")), float(curve[1])
+        measured = float(measured)
+    except (AttributeError, KeyError, TypeError, ValueError):  # before Run baseline, or a record lacking a field
         return None
-    gamma = int(getattr(run, "gamma"))
-    t1 = float(curve[1])
+    if not (math.isfinite(measured) and 0.0 <= alpha <= 1.0 and gamma >= 1):
+        return None
     try:
         verify = verify_cost_ratio(gamma + 1, measured_ms=curve) * t1
     except Exception:  # noqa: BLE001 - an unusable curve: no verify figure
@@ -234,7 +237,7 @@ def why_from_run(run: object, where: str = "this machine") -> WhyHere | None:
     n_new, n_rounds = getattr(run, "new_tokens", None), getattr(run, "n_rounds", None)
     tpr = n_new / n_rounds if n_new and n_rounds else None
     unsure = getattr(run, "unsure", None)
-    return why_here(alpha=float(getattr(run, "acceptance_rate")), gamma=gamma, measured=float(measured), t1_ms=t1,
+    return why_here(alpha=alpha, gamma=gamma, measured=measured, t1_ms=t1,
                     verify_ms=verify, draft_ms_per_token=getattr(run, "draft_ms_per_token", None),
                     tokens_per_pass=tpr, tokens_per_round=tpr, spread=getattr(run, "spread", None),
                     unsure=unsure, where=where)
