@@ -25,7 +25,7 @@ import torch
 
 from engine.decoding.compute import batch_invariant
 from engine.decoding.models import LoadedModel, check_tokenizers_compatible
-from engine.decoding.sampling import SamplingConfig, argmax_rows, sample, warp_probs
+from engine.decoding.sampling import SamplingConfig, argmax_rows, draw_token, warp_probs
 from engine.decoding.tree import MAX_BRANCHING, TokenTree, empty_tree
 from engine.errors import InputError, ModelLoadError
 
@@ -458,7 +458,7 @@ class _ModelProposer(Proposer):
             shared = min(logits.shape[-1], self.target_vocab)
             logits = logits[:shared]  # the draft only proposes ids the target also has
             q = warp_probs(logits, cfg)
-            x = argmax_rows(logits)[0] if cfg.greedy else sample(q, generator)
+            x = argmax_rows(logits)[0] if cfg.greedy else draw_token(q, cfg, generator, len(cur))
             if shared < self.target_vocab:
                 q = torch.cat([q, q.new_zeros(self.target_vocab - shared)])
             tokens.append(x)
@@ -605,7 +605,8 @@ class FeatureHeadProposer(Proposer):
                     float(torch.softmax(logits, -1).max()) < self.confidence_threshold:
                 break  # a likely rejection: propose no more this round
             q_red = warp_probs(logits, cfg)
-            j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, generator)
+            j = argmax_rows(logits)[0] if cfg.greedy else draw_token(q_red, cfg, generator, len(seq) + t,
+                                                                     self.vocab_ids)
             x = int(self.vocab_ids[j])
             q = torch.zeros(self.target_vocab)
             q[self.vocab_ids] = q_red
@@ -773,7 +774,8 @@ class FeatureHeadProposer(Proposer):
                         going[r] = False
                         continue
                     q_red = warp_probs(logits, cfg)
-                    j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, g)
+                    j = argmax_rows(logits)[0] if cfg.greedy else draw_token(q_red, cfg, g, len(jobs[i][1]) + t,
+                                                                             p.vocab_ids)
                     x = int(p.vocab_ids[j])
                     q = torch.zeros(p.target_vocab)
                     q[p.vocab_ids] = q_red

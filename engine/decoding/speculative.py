@@ -37,11 +37,13 @@ from engine.decoding.sampling import (
     SamplingConfig,
     argmax_rows,
     cumsum_rows,
+    noise_seed,
     sample,
     top_k_rows,
+    verify_chain,
     verify_greedy,
-    verify_sampling,
     verify_tree_greedy,
+    verify_tree_gumbel,
     verify_tree_sampling,
     verify_tree_typical,
     warp_probs,
@@ -240,8 +242,11 @@ class SpeculativeDecoder:
         proposer: where draft tokens come from; None for the baseline (plain decoding).
         prompt_ids: the prompt's token ids (see ``encode_prompt``).
         gamma: γ, draft tokens per round (1..64; ignored for the baseline).
-        sampling: temperature / top-k / top-p, applied identically to p and q.
-        seed: seeds the run's generator (draft sampling, uniforms, corrections): same seed, same run.
+        sampling: temperature / top-k / top-p, applied identically to p and q, and the sampling rule
+            (``SamplingConfig.rule``): under "gumbel" every token is the target's Gumbel-max pick with noise keyed
+            by (seed, position, token), so plain and speculative runs of one seed give the same tokens.
+        seed: seeds the run's generator (draft sampling, uniforms, corrections) and, under the "gumbel" rule, the
+            noise: same seed, same run.
         max_new_tokens: never exceeded, for any γ.
         stop_on_eos: stop after the target's EOS token (it is kept in the output).
         tree: 0 = chain drafts (γ tokens a round); N in 1..``MAX_TREE``: the proposer drafts a token tree of
@@ -254,7 +259,7 @@ class SpeculativeDecoder:
     Raises:
         InputError: empty prompt, γ out of range, max_new_tokens < 1, prompt + max_new_tokens
             longer than the target's context, a tree size out of range, a tree with a draft that cannot
-            branch (or with no draft), or an unknown acceptance rule.
+            branch (or with no draft), an unknown acceptance rule, or typical acceptance with the "gumbel" rule.
     """
 
     def __init__(self, target: LoadedModel, proposer: Proposer | None, prompt_ids: list[int],
@@ -277,6 +282,9 @@ class SpeculativeDecoder:
         self.proposer = proposer
         self.gamma = gamma if proposer is not None else 0
         self.sampling = sampling or SamplingConfig()
+        if self.sampling.rule == "gumbel" and accept == "typical":
+            raise InputError("Typical acceptance (lossy) and the drafter-invariant (gumbel) sampling rule exclude "
+                             "each other: pick one.")
         self.seed = seed
         self.max_new_tokens = max_new_tokens
         self.stop_on_eos = stop_on_eos
@@ -519,7 +527,8 @@ class SpeculativeDecoder:
         if cfg.greedy:
             verdict = verify_greedy(draft, argmax_rows(logits) if warped is None else warped[2])
         else:
-            verdict = verify_sampling(draft, q, p, self.generator, None if warped is None else warped[3])
+            verdict = verify_chain(draft, q, p, cfg, self.generator, len(self.seq),
+                                   None if warped is None else warped[3])
         verify_ms = (time.perf_counter() - t0) * 1000 + shared_ms
         if fuse_prefill:
             self.prefill_ms = verify_ms
@@ -569,6 +578,8 @@ class SpeculativeDecoder:
         p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
         if cfg.greedy:
             verdict = verify_tree_greedy(tree.tokens, tree.parents, argmax_rows(logits))
+        elif cfg.gumbel:
+            verdict = verify_tree_gumbel(tree.tokens, tree.parents, p, noise_seed(self.generator), context_len)
         elif self.accept == "typical":
             verdict = verify_tree_typical(tree.tokens, tree.parents, p, self.generator)
         else:
@@ -626,6 +637,8 @@ class SpeculativeDecoder:
     def _rule_name(self) -> str:
         if self.sampling.greedy:
             return "greedy"
+        if self.sampling.gumbel:
+            return "gumbel"
         return "typical (lossy)" if self.accept == "typical" else "exact"
 
     def run(self, on_round=None, should_stop=None) -> GenerationResult:
