@@ -497,6 +497,18 @@ def _machine(device: str):
     return machine_peaks(device)
 
 
+def _peaks_note(device: str) -> None:
+    """When and where the peaks were measured (the KV-cache page says the same), and a button to measure again."""
+    from app.resources import dated_machine_peaks, remeasure_machine_peaks
+
+    row = st.container(horizontal=True, vertical_alignment="center")
+    row.caption(dated_machine_peaks(device).words() + " (one measurement, the same on the KV-cache page).")
+    if row.button("Measure again", key="wi_peaks_again",
+                  help="A new copy and matmul (about 2 s); every page then shows the new figures."):
+        remeasure_machine_peaks(device)
+        st.rerun()
+
+
 def _section_batch_measured() -> None:
     from app.resources import get_model
     from engine.decoding.batch import (SWEEP_MIN_PROMPTS, SWEEP_PROMPTS, batch_sweep, check_sweep_inputs,
@@ -527,6 +539,7 @@ def _section_batch_measured() -> None:
               help=f"The ridge of the roofline for the weights as the engine reads them ({bpp:.2f} bytes a weight): "
                    "bytes a weight · FLOP/s ÷ (2 · bandwidth) (engine/decoding/batch.py: weight_bytes_per_param, "
                    "MachinePeaks.ridge_tokens).")
+    _peaks_note(resolve_device(None).type)
     c1, c2, c3 = st.columns(3)
     c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
     c2.number_input("New tokens per sequence", 1, 64, step=1, key="wi_bs_tokens")

@@ -55,6 +55,9 @@ def test_measured_sweep_runs_and_draws_model_and_measurement(patched):
     assert not at.exception
     m = {x.label: x.value for x in at.metric}
     assert m["Memory bandwidth (measured)"].endswith("GB/s") and m["Matmul throughput (measured)"].endswith("GFLOP/s")
+    # dated, and in the same words as the KV-cache page (one stored measurement: engine.explain.machine)
+    words = next(c.value for c in at.caption if "GB/s memory bandwidth and" in c.value)
+    assert f"{m['Memory bandwidth (measured)'].split()[0]} GB/s memory bandwidth" in words and " on 20" in words
     assert any("No measured sweep" in i.value for i in at.info)
     at.button(key="wi_bs_run").click().run()
     assert not at.exception and not at.error
