@@ -132,13 +132,15 @@ def test_mistake_1_uses_the_session_sweep_else_the_shipped_file(patched, tmp_pat
     cap = " ".join(c.value for c in at.caption)
     assert "the shipped benchmark result" in cap and "bench_batch.py" in cap
     assert "an earlier machine (not recorded)" in cap  # this file names no machine
-    assert any("Measured by the shipped benchmark" in md.value for md in at.markdown)
+    # another machine's figure says so in the sentence, not only in the caption
+    assert any("Measured on another machine (not recorded), by the shipped benchmark" in md.value for md in at.markdown)
     m = {x.label: x.value for x in at.metric}
     assert m["Speedup at batch 2"] == f"{sweep.cell('ngram', 2).speedup:.2f}×"
     f.write_text(json.dumps({"sweep": sweep.to_dict(), "machine": {"bandwidth_gbs": 10.0, "peak_tflops": 0.05},
                              "machine_meta": {"cpu": "Test CPU 9000", "compute": "onednn"}}))
     at.run()
     assert "measured on Test CPU 9000 with the onednn compute path" in " ".join(c.value for c in at.caption)
+    assert any("Measured on another machine (Test CPU 9000)" in md.value for md in at.markdown)
     bv.save_machine_sweep(sweep, "embedded", "test kernels")  # a sweep measured here earlier beats the shipped one
     at.run()
     cap = " ".join(c.value for c in at.caption)
