@@ -327,7 +327,9 @@ def _section_simulator() -> None:
               kwargs={"alpha": 0.8, "cost": 0.3, "steps": 0})
     at_defaults = abs(alpha - 0.8) < 1e-9 and gamma == 4
     for ex in try_it_exercises(sim.mean if at_defaults else None, sim.n if at_defaults else 0):
-        with st.expander(ex.question, expanded=True):
+        st.markdown(f"**{ex.question}**")
+        # the reader tries first: the answer is one click away, closed
+        with st.expander(f"Show the answer ({ex.question.split('.')[0]})", expanded=False):
             st.markdown(ex.answer)
 
 # ------------------------------------------------------------------ batch roofline

@@ -86,7 +86,8 @@ def test_step_buttons_and_simulator():
     assert _metrics(at)["Rounds (target passes)"] == "111"
     mean = float(_metrics(at)["Average tokens per pass"])
     assert 2.9 < mean < 3.8                                   # E = 3.36, sd of mean over 111 ≈ 0.15
-    ex1 = [e for e in at.expander if e.label.startswith("1.")][0]
+    ex1 = [e for e in at.expander if e.label == "Show the answer (1)"][0]
+    assert not ex1.proto.expanded  # the answers stay closed until the reader opens one
     assert "111 simulated rounds gave" in ex1.markdown[0].value
     at.number_input(key="wi_seed").set_value(7).run()
     assert float(_metrics(at)["Average tokens per pass"]) != mean
@@ -102,12 +103,12 @@ def test_try_it_buttons():
             at.slider(key="wi_cost").value) == (0.8, 4, 0.05)
     at.button(key="wi_btn_ex2").click().run()
     assert at.slider(key="wi_alpha").value == 0.6
-    ex2 = [e for e in at.expander if e.label.startswith("2.")][0]
+    ex2 = [e for e in at.expander if e.label == "Show the answer (2)"][0]
     assert "drops from 8" in ex2.markdown[0].value and "to 4" in ex2.markdown[0].value
     at.button(key="wi_btn_ex3").click().run()
     assert at.slider(key="wi_cost").value == 0.3
     assert at.slider(key="wi_alpha").value == 0.8  # not Exercise 2's 0.60: the exercise lowers α from here
-    ex3 = [e for e in at.expander if e.label.startswith("3.")][0]
+    ex3 = [e for e in at.expander if e.label == "Show the answer (3)"][0]
     assert "α ≈ 0.30" in ex3.markdown[0].value
 
 
