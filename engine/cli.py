@@ -49,6 +49,10 @@ def add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampling draws (default 0)")
+    p.add_argument("--sampling-rule", choices=("standard", "gumbel"), default="standard",
+                   help="sampled runs: standard (accept with min(1, p/q), else draw from the residual; default) or "
+                        "gumbel (drafter-invariant Gumbel-max sampling, noise keyed by seed, position and token: "
+                        "plain and speculative decoding give the same text for a seed)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--baseline", action="store_true",
                    help=f"also decode without speculation (same settings and seed) and report the speedup: after "
@@ -212,7 +216,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from engine.decoding.models import default_draft_spec
 
     draft_spec = args.draft or default_draft_spec(args.target)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, getattr(args, "sampling_rule", "standard"))
     prompts = _prompts(args)
     if len(prompts) > 1 and args.baseline:
         raise InputError("--baseline compares one prompt with plain decoding; to compare a batch, use "
@@ -290,6 +294,7 @@ def run_generate(args: argparse.Namespace) -> int:
         out["draft"] = draft_spec
         out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                           "sampling_rule": sampling.rule,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
                            "draft_confidence": getattr(proposer, "confidence_threshold", None),
                            "compute": compute_settings(target),

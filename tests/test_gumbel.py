@@ -334,3 +334,21 @@ def test_embedded_plain_and_speculative_texts_are_equal(embedded, kind):
         accepted += sum(r.n_accepted for r in res.rounds)
     if kind != "ngram":
         assert accepted > 0, kind
+
+
+def test_the_command_line_runs_the_rule(tiny, capsys):
+    """``generate --sampling-rule gumbel``: the speculative run's text is plain decoding's, and the JSON says the rule."""
+    import json
+
+    from engine.__main__ import main
+
+    texts = []
+    for draft in ("ngram", "none"):
+        rc = main(["generate", "--target", str(tiny["target"].spec), "--draft", draft, "--prompt", "w1 w2 w3 w1 w2",
+                   "--no-chat", "--temperature", "1.0", "--seed", "4", "--sampling-rule", "gumbel",
+                   "--max-new-tokens", "12", "--json"])
+        assert rc == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["settings"]["sampling_rule"] == "gumbel"
+        texts.append(out["token_ids"])
+    assert texts[0] == texts[1]
