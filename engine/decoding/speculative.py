@@ -232,6 +232,7 @@ class PendingPass:
     t_round: float = 0.0
     fuse_prefill: bool = False
     tokens_verified: int = 0
+    choice: object | None = None
 
 
 class SpeculativeDecoder:
@@ -374,13 +375,15 @@ class SpeculativeDecoder:
 
         # 1. draft
         t0 = time.perf_counter()
+        prop = None
         if self.proposer is not None and k_max > 0:
             prop = self.proposer.propose(self.seq, k_max, cfg, self.generator)
             draft, q, point_mass = prop.tokens[:k_max], prop.q[:k_max], prop.point_mass
         else:
             draft, q, point_mass = [], torch.zeros(0), False
         draft_ms = (time.perf_counter() - t0) * 1000
-        return self._chain_round(t_round, fuse_prefill, draft, q, point_mass, draft_ms, remaining)
+        return self._chain_round(t_round, fuse_prefill, draft, q, point_mass, draft_ms, remaining,
+                                 choice=prop.choice if prop is not None else None)
 
     # ---------------------------------------------------------------- a round in two halves (a scheduler's)
     @property
@@ -454,7 +457,8 @@ class SpeculativeDecoder:
         feed, n, reused = self.target_lm.plan(self.seq + draft, len(draft) + 1)
         return PendingPass(feed, n, reused, draft=draft, q=q, point_mass=point_mass, draft_ms=draft_ms,
                            remaining=remaining, t_round=t_round, fuse_prefill=fuse_prefill,
-                           tokens_verified=len(self.seq) + len(draft) - before)
+                           tokens_verified=len(self.seq) + len(draft) - before,
+                           choice=prop.choice if prop is not None else None)
 
     def pass_logits(self, pending: PendingPass, fed_logits: torch.Tensor | None) -> torch.Tensor:
         """The round's logits [k + 1, V] (float32 CPU): a reused row from the last pass, then the fed ones."""
@@ -482,7 +486,8 @@ class SpeculativeDecoder:
         logits = self.pass_logits(pending, fed_logits)
         return self._chain_round(pending.t_round, pending.fuse_prefill, pending.draft, pending.q,
                                  pending.point_mass, pending.draft_ms, pending.remaining,
-                                 verified=(logits, pending.tokens_verified, pass_ms), warped=warped)
+                                 verified=(logits, pending.tokens_verified, pass_ms), warped=warped,
+                                 choice=pending.choice)
 
     def _truncate(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
         """Cut the round's tokens after the first EOS and at ``remaining``; (tokens, stop reason)."""
@@ -504,7 +509,8 @@ class SpeculativeDecoder:
         return rnd
 
     def _chain_round(self, t_round: float, fuse_prefill: bool, draft: list[int], q: torch.Tensor,
-                     point_mass: bool, draft_ms: float, remaining: int, verified=None, warped=None) -> Round:
+                     point_mass: bool, draft_ms: float, remaining: int, verified=None, warped=None,
+                     choice=None) -> Round:
         """Steps 2–4 of a chain round (see the module docstring) for the drafted tokens. ``verified``:
         (logits [k + 1, V], tokens fed, pass ms) of a target pass a scheduler ran for several sequences; ``warped``:
         their p and top lists from ``warp_together`` (the same bits as warping here)."""
@@ -557,7 +563,7 @@ class SpeculativeDecoder:
             residual_top=text.top(verdict.residual) if verdict.residual is not None else None,
             emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms,
             tokens_verified=tokens_verified, prefill_tokens=len(self.prompt_ids) if fuse_prefill else 0,
-            stop_reason=stop_reason)
+            stop_reason=stop_reason, choice=choice)
         return self._finish_round(rnd, t_round)
 
     def _tree_round(self, t_round: float, fuse_prefill: bool, max_depth: int, remaining: int) -> Round:
