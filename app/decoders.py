@@ -92,16 +92,17 @@ def make_decoder(target: LoadedModel, prompt: str, kind: str, *, baseline: bool 
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  max_new_tokens: int = 64, tree: int = 0, branching: int = TREE_BRANCH_DEFAULT,
                  accept: str = "exact", early_exit_k: int = 8, draft_model: str = "", confidence_gate: float = 0.0,
-                 load: Callable[[str], LoadedModel] | None = None) -> SpeculativeDecoder:
+                 load: Callable[[str], LoadedModel] | None = None, rule: str = "standard") -> SpeculativeDecoder:
     """A fresh, seeded decoder of ``prompt`` (one user turn, chat template applied) with draft ``kind``, or plain
     decoding with ``baseline``. Medusa heads draft their shipped static tree unless ``tree`` sets a size; a tree
-    size > 0 drafts a token tree of at most that many nodes (``branching`` children a node).
+    size > 0 drafts a token tree of at most that many nodes (``branching`` children a node). ``rule``: the sampling
+    rule of a sampled run (``engine.decoding.sampling.SAMPLING_RULES``: "standard" or the drafter-invariant "gumbel").
 
     Raises:
         InputError (and the engine's SpeedupLabError subclasses) with a message for the reader: an empty prompt,
         settings out of range, a draft that cannot branch, the errors of ``make_draft``.
     """
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, rule=rule)
     ids = encode_prompt(target.tokenizer, prompt)
     # a draft's first load computes (its weights' exact compact forms): in a thread that ends, not the page's
     # (app.threads.in_passing_thread)

@@ -243,13 +243,14 @@ def round_summary(rnd: Round) -> str:
             f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms ({fed}).")
 
 
-def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:
+def round_rows(rnd: Round, greedy: bool = False, gumbel: bool = False) -> list[dict]:
     """Table rows, one per draft position: token, q(x), p(x), the acceptance test, verdict.
 
     Sampling: ``min(1, p/q)`` (the trace's ``accept_prob``) and the uniform draw u, as 4-decimal text,
     "—" where the position was not evaluated (after the first rejection). Greedy: no u (nothing is
     drawn); "argmax of p?" says whether the draft token is the target's top token ("—" after the first
-    rejection).
+    rejection). The drafter-invariant rule (``gumbel``): no u either; "target's Gumbel pick?" says whether the draft
+    token is argmax(log p + g) at its position.
     """
     def num(x: float | None) -> str:
         return "—" if x is None else f"{x:.4f}"
@@ -257,8 +258,9 @@ def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:
     rows = []
     for i, d in enumerate(rnd.drafted):
         row = {"position": i + 1, "token": visible(d.text), "id": d.token_id, "q(x)": d.q, "p(x)": d.p}
-        if greedy:
-            row["argmax of p?"] = "—" if d.accept_prob is None else ("yes" if d.accept_prob >= 1 else "no")
+        if greedy or gumbel:
+            row["argmax of p?" if greedy else "target's Gumbel pick?"] = (
+                "—" if d.accept_prob is None else ("yes" if d.accept_prob >= 1 else "no"))
         else:
             row["min(1, p/q)"] = num(d.accept_prob)
             row["u"] = num(d.u)

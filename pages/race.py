@@ -20,7 +20,7 @@ from app.join import join_address, qr_png
 from app.live_view import PROMPT_URL_MAX, default_draft_kind, default_preset, escape_markdown
 from app.navigation import page_link
 from app.race_view import (SPEEDS, decoder_kwargs, honesty_line, live_link, player_html, race_settings, room_line,
-                           round_hover)
+                           round_hover, why_identical)
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting
@@ -39,7 +39,9 @@ GAMMA_MAX = 16
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 URL_KEYS = ["rc_target", "rc_preset", "rc_draft", "rc_k", "rc_draft_model", "rc_gamma", "rc_tree", "rc_temp", "rc_seed",
-            "rc_max_new", "rc_speed"]
+            "rc_max_new", "rc_speed", "rc_rule"]
+RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
+               "gumbel": "Drafter-invariant (Gumbel-max, same text)"}
 S = st.session_state
 present = presenting()
 
@@ -66,6 +68,7 @@ url_param("rc_gamma", default_gamma_here(draft_spec(S["rc_draft"]), TARGET)[0], 
 url_param("rc_tree", 0, int, lo=0, hi=TREE_MAX_NODES)
 url_param("rc_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
 url_param("rc_seed", 0, int, lo=0, hi=999_999)
+url_param("rc_rule", "standard", str, choices=list(RULE_LABELS))
 url_param("rc_max_new", 64, int, lo=8, hi=MAX_NEW_UI)
 url_param("rc_speed", 1.0, float, choices=list(SPEEDS))
 if "rc_prompt" not in S:
@@ -108,8 +111,16 @@ with st.sidebar:
               help="0: one chain of γ draft tokens a round (Medusa heads: their shipped tree). N ≥ 1: a token tree "
                    "of at most N nodes, verified in one target pass (the draft head, prompt lookup, Medusa, block).")
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="rc_temp",
-              help="Greedy: the texts are identical token for token. Sampling: each lane draws its own random "
-                   "numbers from the seed, so the texts differ; both follow the target's distribution.")
+              help="Greedy: the texts are identical token for token. Sampling: under the standard rule each lane "
+                   "draws its own random numbers from the seed, so the texts differ; under the drafter-invariant "
+                   "rule they are identical. Both follow the target's distribution.")
+    if S["rc_temp"] > 0:
+        st.radio("Sampling rule", list(RULE_LABELS), key="rc_rule", format_func=RULE_LABELS.get,
+                 help="Standard: a draft token is kept with probability min(1, p/q), a rejection is replaced by a "
+                      "draw from the residual; each lane draws its own random numbers, so the texts part. "
+                      "Drafter-invariant (Daliri, Musco & Suresh 2024): every token is argmax(log p + g) with "
+                      "Gumbel noise fixed by the seed, the position and the token, and the draft proposes with the "
+                      "same noise, so both lanes give the same text for a seed. Both follow the target's p exactly.")
     st.number_input("Seed", 0, 999_999, key="rc_seed")
     st.slider("Max new tokens", 8, MAX_NEW_UI, key="rc_max_new")
     st.select_slider("Playback speed", list(SPEEDS), key="rc_speed",
@@ -147,6 +158,8 @@ def _draw(race, recorded: bool) -> None:
         st.iframe(player_html(race, S["rc_speed"], present=present, nonce=nonce), height="content")
     with notes.container():
         st.caption(honesty_line(race, S["rc_speed"], recorded=recorded))
+        if why := why_identical(race):
+            st.caption(why)
         if recorded and not S.get("rc_race"):
             st.caption("Press **Race** to race on this server now.")
         if line := room_line(race):
@@ -235,7 +248,8 @@ def _settings() -> dict:
     return race_settings(target=TARGET, prompt=S["rc_prompt"], preset=S["rc_preset"], draft=S["rc_draft"],
                          early_exit_k=int(S["rc_k"]), draft_model=S["rc_draft_model"].strip(),
                          gamma=int(S["rc_gamma"]), tree=int(S["rc_tree"]), temperature=float(S["rc_temp"]),
-                         seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]))
+                         seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]),
+                         rule=S["rc_rule"] if float(S["rc_temp"]) > 0 else "standard")
 
 
 def _make(settings: dict, baseline: bool, room):

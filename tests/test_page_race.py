@@ -88,6 +88,23 @@ def test_sampled_race(tiny):
     assert not race.greedy and race.settings["temperature"] == 0.8
 
 
+def test_sampled_race_under_the_drafter_invariant_rule_ends_text_identical(tiny):
+    """Sampled at T 0.8 on the drafter-invariant rule: the lanes' texts are identical, the verdict says so and a
+    caption says why; the rule is in the URL and the race's settings."""
+    from app.race_view import verdict_line
+
+    at = _app(tiny, rc_temp=0.8, rc_seed=3, rc_rule="gumbel")
+    assert at.radio(key="rc_rule").value == "gumbel"
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception and not at.error
+    race = at.session_state["rc_race"]
+    assert race.settings["rule"] == "gumbel" and not race.greedy
+    assert race.identical and race.spec.new_tokens == 12
+    assert verdict_line(race).startswith("TEXT IDENTICAL (12 tokens, sampled")
+    assert "Why identical though sampled" in _captions(at)
+    assert at.query_params["rc_rule"] == "gumbel"
+
+
 def test_bad_input_is_a_message_not_a_traceback(tiny):
     at = _app(tiny, prompt="   ")
     at.button(key="rc_race_btn").click().run()
