@@ -38,8 +38,10 @@ def why_rows(why: WhyHere) -> list[dict]:
     return out
 
 
-def why_card(why: WhyHere | None, key: str, offer_case: bool = True) -> None:
-    """Draw the card (nothing when ``why`` is None). ``key`` prefixes its widgets' keys."""
+def why_card(why: WhyHere | None, key: str, offer_case: bool = True,
+             link_label: str = "Open What-if at this run's numbers") -> None:
+    """Draw the card (nothing when ``why`` is None). ``key`` prefixes its widgets' keys; ``link_label`` names the
+    What-if link (on What-if itself: its analytic model)."""
     if why is None:
         return
     with st.container(border=True, key=f"{key}_why"):
@@ -50,7 +52,7 @@ def why_card(why: WhyHere | None, key: str, offer_case: bool = True) -> None:
             col.caption(row["measured"] + (f". {row['if_ideal']}." if row["if_ideal"] else "."))
         row = st.container(horizontal=True, vertical_alignment="center")
         with row:
-            page_link(why.whatif_link(), "Open What-if at this run's numbers", icon="📈")
+            page_link(why.whatif_link(), link_label, icon="📈")
         if offer_case and why.measured is not None and why.measured < PAYS:
             case_button(key)
 

@@ -762,7 +762,8 @@ def _section_measured() -> None:
             st.warning("The Live run these numbers come from was **unsure**: " + "; ".join(unsure) + ". The Live page "
                        "said so beside its speedup; the machine was busy, so the figures below are the busy "
                        "machine's. Run the baseline again there with nothing else running.")
-        why_card(why_from_run(run, where="this server"), key="wi", offer_case=False)
+        why_card(why_from_run(run, where="this server"), key="wi", offer_case=False,
+                 link_label="The analytic model at this run's numbers")
         try:
             mc = compare_with_measured(run)
         except SpeedupLabError as e:
