@@ -343,3 +343,25 @@ def machine_rule(target, source: str = "draft head", gamma_max: int = ADAPTIVE_G
         curve = pass_cost.shipped_pass_cost()
     c, why = head_step_cost(curve)
     return LengthRule(costs_from_curve(curve, c, gamma_max, why), source=source, rate_prior=rate_prior)
+
+
+def choice_summary(rounds) -> dict | None:
+    """What a run's length rule chose (rounds with a ``choice``): {"rounds": n, "by_length": {k: rounds},
+    "by_source": {draft: rounds that drafted with it}, "plain": rounds that drafted 0, "mean_expected": the mean
+    expected speedup S of the rounds, "line": one sentence}; None when no round has a choice (a fixed γ)."""
+    chosen = [r.choice for r in rounds if getattr(r, "choice", None) is not None]
+    if not chosen:
+        return None
+    by_len: dict[int, int] = {}
+    by_src: dict[str, int] = {}
+    for c in chosen:
+        by_len[c.k] = by_len.get(c.k, 0) + 1
+        if c.k:
+            by_src[c.source] = by_src.get(c.source, 0) + 1
+    mean = sum(c.expected_speedup for c in chosen) / len(chosen)
+    lengths = ", ".join(f"{k}: {n}" for k, n in sorted(by_len.items()))
+    srcs = "; ".join(f"{s} drafted {n}" for s, n in sorted(by_src.items(), key=lambda x: -x[1]))
+    line = (f"adaptive length: {len(chosen)} rounds by tokens drafted ({lengths}); {by_len.get(0, 0)} plain "
+            f"steps{'; ' + srcs if srcs else ''}; expected {mean:.2f}× a plain step per round on average")
+    return {"rounds": len(chosen), "by_length": dict(sorted(by_len.items())), "by_source": by_src,
+            "plain": by_len.get(0, 0), "mean_expected": mean, "line": line}

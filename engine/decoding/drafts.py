@@ -42,6 +42,11 @@ def default_length(kind: str) -> str:
     return "adaptive" if (kind or "").strip() in ADAPTIVE_BY_DEFAULT else "fixed"
 
 
+def is_adaptive(proposer) -> bool:
+    """Whether ``proposer``'s rounds choose their length (a length rule, or the combined draft)."""
+    return getattr(proposer, "length_rule", None) is not None or getattr(proposer, "lookup_rule", None) is not None
+
+
 def _head_prior(head) -> float | None:
     """The head's held-out first-token agreement from its config (``heldout_agreement.first``), or None."""
     try:
