@@ -81,7 +81,9 @@ AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch",
-            "lv_accept"]
+            "lv_accept", "lv_rule"]
+RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
+               "gumbel": "Drafter-invariant (Gumbel-max: plain's text)"}
 ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Medusa; lossy)"}
 TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
@@ -138,6 +140,7 @@ url_param("lv_speed", "fast", str, choices=list(SPEEDS))
 url_param("lv_tree", 0, int, lo=0, hi=TREE_MAX_NODES)  # token tree of at most this many nodes; 0 = a chain
 url_param("lv_branch", TREE_BRANCH_DEFAULT, int, lo=1, hi=TREE_MAX_BRANCHING)
 url_param("lv_accept", "exact", str, choices=list(ACCEPT_RULES))  # a tree's rule under sampling
+url_param("lv_rule", "standard", str, choices=list(RULE_LABELS))  # the sampling rule (the lesson's is the default)
 if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's custom prompt
     st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
                                      if st.session_state["lv_preset"] != CUSTOM
@@ -269,7 +272,15 @@ with st.sidebar:
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
     st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
     st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")
-    if st.session_state["lv_tree"] and st.session_state["lv_temp"] > 0:
+    if st.session_state["lv_temp"] > 0:
+        st.radio("Sampling rule", list(RULE_LABELS), key="lv_rule", format_func=RULE_LABELS.get,
+                 help="Standard (the rule this page teaches): keep a draft token with probability min(1, p/q), "
+                      "replace a rejection by a draw from the residual. Drafter-invariant (Daliri, Musco & Suresh "
+                      "2024): every token is argmax(log p + g), Gumbel noise g fixed by the seed, the position and "
+                      "the token; the draft proposes argmax(log q + g) with the same noise and a draft token is kept "
+                      "when it is the target's pick. Plain decoding gives the same text for the seed, whatever drafts; "
+                      "both rules follow p exactly.")
+    if st.session_state["lv_tree"] and st.session_state["lv_temp"] > 0 and st.session_state["lv_rule"] != "gumbel":
         st.radio("Tree acceptance rule", list(ACCEPT_RULES), key="lv_accept", format_func=ACCEPT_LABELS.get,
                  help="Exact: SpecInfer's multi-step speculative sampling / recursive rejection sampling, so the "
                       "output follows the target's p exactly. Typical acceptance (Medusa, Cai et al. 2024): keeps "
@@ -314,16 +325,18 @@ class LiveConfig(NamedTuple):
     tree: int              # token tree of at most this many nodes; 0 = a chain
     branching: int         # children per tree node (only with tree > 0)
     accept: str            # a tree's rule under sampling: "exact" or "typical" (lossy); "exact" otherwise
+    rule: str              # the sampling rule of a sampled run: "standard" or "gumbel"; "standard" when greedy
 
 
 CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
                  "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate",
-                 "tree": "tree size", "accept": "acceptance rule"}
+                 "tree": "tree size", "accept": "acceptance rule", "rule": "sampling rule"}
 config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
                     S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
                     float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]),
                     int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT,
-                    S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 else "exact")
+                    S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 and S["lv_rule"] != "gumbel" else "exact",
+                    S["lv_rule"] if S["lv_temp"] > 0 else "standard")
 
 
 def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
@@ -333,7 +346,7 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
                         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
                         max_new_tokens=max_new or cfg.max_new_tokens, tree=cfg.tree, branching=cfg.branching,
                         accept=cfg.accept, early_exit_k=cfg.early_exit_k, draft_model=cfg.draft_model,
-                        confidence_gate=cfg.confidence_gate, load=get_model)
+                        confidence_gate=cfg.confidence_gate, load=get_model, rule=cfg.rule)
 
 
 def _n_rounds(n: int) -> str:
@@ -494,6 +507,12 @@ def _run_area() -> None:
         st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
                    f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
                    "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
+    if not greedy and dec.sampling.gumbel:
+        st.caption("Drafter-invariant sampling (Daliri, Musco & Suresh 2024): the token at each position is "
+                   "argmax(log p + g), with Gumbel noise g fixed by the seed, the position and the token; the draft "
+                   "proposed argmax(log q + g) with the same noise, and a draft token is kept when it is the "
+                   "target's pick (the table's \"target's Gumbel pick?\" column; no u is drawn). Plain decoding with "
+                   "this seed gives the same text, and each token still follows p exactly.")
     if not greedy and dec.proposer is not None and getattr(dec, "accept", "exact") == "typical":
         st.warning("Typical acceptance is lossy: it keeps tree nodes the exact rule could reject, so this run's output "
                    "no longer follows the target's distribution p (the speedup is not free). Pick Exact to compare.")
@@ -808,7 +827,11 @@ def _run_area() -> None:
                                   "and, at an exact tie, in fp32 (the models run in fp32 here).")
             else:
                 m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
-                             help="Under sampling the two runs draw different random numbers: the outputs "
+                             help="Under the drafter-invariant rule both runs take the target's Gumbel-max pick "
+                                  "under the seed's noise: the outputs are the same. Under the standard rule the "
+                                  "two runs draw different random numbers: the outputs differ, but both follow the "
+                                  "target's distribution p." if dec.sampling.gumbel else
+                                  "Under sampling the two runs draw different random numbers: the outputs "
                                   "differ, but both follow the target's distribution p.")
         m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
                      help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
@@ -874,6 +897,7 @@ def _run_area() -> None:
             if rnd.tree is not None:
                 tc = tree_counts(rnd.tree)
                 rule = {"greedy": "greedy (argmax match)", "exact": "lossless tree sampling",
+                        "gumbel": "the drafter-invariant rule (the target's Gumbel-max pick)",
                         "typical (lossy)": "typical acceptance (lossy)"}.get(getattr(rnd.tree, "rule", ""), "")
                 st.markdown(f"**Token tree:** {tc['nodes']} nodes, depth {tc['depth']}: {tc['accepted']} accepted "
                             f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged"
@@ -889,7 +913,8 @@ def _run_area() -> None:
                            " The p/q charts below follow the accepted path and its first rejected node.")
                 show_table(tree_rows(rnd.tree, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
             elif rnd.drafted:
-                show_table(round_rows(rnd, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+                show_table(round_rows(rnd, greedy=dec.sampling.greedy, gumbel=dec.sampling.gumbel),
+                           formats={"q(x)": "%.4f", "p(x)": "%.4f"})
             if rnd.drafted:
                 labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
                 j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),

@@ -171,6 +171,24 @@ def test_url_state_and_sampling_shows_uniforms(tiny):
     assert at.query_params["lv_seed"] == "42" and at.query_params["lv_draft"] == "ngram"
 
 
+def test_sampling_rule_choice_defaults_to_the_standard_rule_and_gumbel_matches_plain(tiny):
+    """The standard rule is the default; the drafter-invariant one comes from the URL, its rounds draw no u, and Run
+    baseline's plain run gives the same text ("Outputs identical?" yes)."""
+    at = _app(tiny, lv_temp=0.9, lv_seed=4, lv_speed="instant")
+    assert at.radio(key="lv_rule").value == "standard" and at.session_state["lv_dec"].sampling.rule == "standard"
+    at = _app(tiny, lv_gamma=3, lv_temp=0.9, lv_seed=4, lv_speed="instant", lv_rule="gumbel")
+    assert at.session_state["lv_dec"].sampling.rule == "gumbel"
+    at = _click(at, "lv_run")
+    dec = at.session_state["lv_dec"]
+    assert all(d.u is None for r in dec.rounds for d in r.drafted)
+    assert "Drafter-invariant sampling" in "\n".join(c.value for c in at.caption)
+    at = _click(at, "lv_baseline")
+    ab = at.session_state["lv_base"]
+    assert ab.base_ids == dec.new_ids
+    assert _metric(at, "Outputs identical?") == "yes"
+    assert at.query_params["lv_rule"] == "gumbel"
+
+
 def test_custom_prompt_travels_in_the_link(tiny):
     """A custom prompt is in the URL (lv_prompt) and a link with one opens with it; a preset's link has no
     lv_prompt; a prompt over PROMPT_URL_MAX characters stays out of the URL, with a note."""
