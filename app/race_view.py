@@ -302,9 +302,10 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .note { margin-left: auto; color: #666; font-size: 0.8em; }
 .same.diff { color: #b42318; }
 .lane { border: 1px solid #e6e8ec; border-radius: 8px; padding: 5px 8px 4px; margin-bottom: 6px; }
-.head { display: flex; justify-content: space-between; gap: 1em; flex-wrap: nowrap; }
-.title { font-weight: 700; flex: 1 1 auto; min-width: 0; overflow: hidden; text-overflow: ellipsis;
-  white-space: nowrap; }
+/* the title whole (a long draft's name was cut to "EAGLE-style head,…" at 1280 px): where it and the stats do not
+   fit on one line, the stats go to the next */
+.head { display: flex; justify-content: space-between; column-gap: 1em; flex-wrap: wrap; }
+.title { font-weight: 700; flex: 0 1 auto; min-width: 0; overflow-wrap: anywhere; }
 .stats { font-variant-numeric: tabular-nums; color: #444; flex: 0 0 auto; white-space: nowrap; }
 /* a phone: the stats line on a row of its own, as wide as the lane, wrapped (as wide as its text, it ran past
    the lane's edge and the frame cut it) */
