@@ -271,10 +271,16 @@ def round_rows(rnd: Round, greedy: bool = False, gumbel: bool = False) -> list[d
 
 def history_rows(rounds: list[Round]) -> list[dict]:
     """One row per round: drafted, accepted, emitted, the target token's kind, draft / verify ms."""
-    return [{"round": r.index + 1, "drafted": r.n_drafted, "accepted": r.n_accepted,
+    rows = [{"round": r.index + 1, "drafted": r.n_drafted, "accepted": r.n_accepted,
              "emitted": len(r.emitted_ids), "target token": r.next_kind,
              "tokens in target pass": r.tokens_verified,
              "draft ms": r.draft_ms, "verify ms": r.verify_ms} for r in rounds]
+    if any(getattr(r, "choice", None) is not None for r in rounds):  # an adaptive length: its choice and gain
+        for row, r in zip(rows, rounds):
+            c = r.choice
+            row["drafted by"] = (c.source if c.k else "— (plain step)") if c is not None else "—"
+            row["expected ×"] = round(c.expected_speedup, 3) if c is not None else None
+    return rows
 
 
 def chart_labels(tops: list[TopToken]) -> list[str]:
@@ -468,3 +474,28 @@ def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comp
 def finished_unsure(line: str) -> bool:
     """Whether ``finished_line`` called the measured speedup unsure (the page then draws it as a warning)."""
     return "**Unsure**" in line
+
+
+def choice_line(rnd: Round) -> str | None:
+    """The round's draft-length choice and the expected gain it came from, as one markdown line (None for a fixed γ
+    or a tree): ``engine.decoding.draft_length.LengthChoice.line``, plus the drafters a combined draft compared."""
+    c = getattr(rnd, "choice", None)
+    if c is None:
+        return None
+    line = c.line()
+    if c.alternatives:
+        line += " Expected at their running acceptance: " + ", ".join(
+            f"{name} {s:.2f}×" for name, s in c.alternatives.items()) + f" → {c.source} drafted."
+    return "**Draft length:** " + escape_markdown(line)
+
+
+def choice_rows(rnd: Round) -> list[dict]:
+    """Per draft position of an adaptive round: which draft drafted it, its confidence (max q before the draw) and
+    the acceptance chance the rule estimated from it (empty for a fixed γ)."""
+    c = getattr(rnd, "choice", None)
+    if c is None:
+        return []
+    return [{"position": i + 1, "drafted by": c.source,
+             "confidence (max q)": c.confidence[i] if i < len(c.confidence) else None,
+             "â (rule's estimate)": c.acceptance[i] if i < len(c.acceptance) else None,
+             "drafted?": "yes" if i < c.k else "no: did not pay"} for i in range(max(c.k, len(c.acceptance)))]

@@ -35,6 +35,8 @@ from app.live_view import (
     opened_round_message,
     round_link_value,
     block_frames,
+    choice_line,
+    choice_rows,
     round_frames,
     round_rows,
     round_summary,
@@ -49,6 +51,8 @@ from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
+from engine.decoding.draft_length import ADAPTIVE_GAMMA_MAX
+from engine.decoding.drafts import EMBEDDED_AUTO
 from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
                                     default_draft_spec)
 from engine.decoding.invariance import check_in_background
@@ -81,7 +85,9 @@ AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch",
-            "lv_accept", "lv_rule"]
+            "lv_accept", "lv_rule", "lv_length"]
+LENGTH_LABELS = {"adaptive": "Adaptive: each round drafts what pays (0 to γ)", "fixed": "Fixed: γ every round"}
+ADAPTIVE_KINDS = ("head", "auto")  # drafts whose rounds can choose their length (engine.decoding.draft_length)
 RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
                "gumbel": "Drafter-invariant (Gumbel-max: plain's text)"}
 ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Medusa; lossy)"}
@@ -114,14 +120,20 @@ url_param("lv_preset", default_preset(default_draft_kind(_default_spec)), str,
 url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT_KINDS))
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
+url_param("lv_length", "adaptive", str, choices=list(LENGTH_LABELS))  # the head's draft length (the combined draft's
+# is always adaptive)
 # each draft kind's own default γ on this machine (the head's from the measured pass cost, Medusa's its K heads, the
 # block drafter's its block − 1): a kind's γ means another thing, and a γ fit for one undersold another
-_KIND_SPEC = {"head": EMBEDDED_HEAD, "medusa": EMBEDDED_MEDUSA, "block": EMBEDDED_BLOCK, "draft": EMBEDDED_DRAFT,
+_KIND_SPEC = {"head": EMBEDDED_HEAD, "auto": EMBEDDED_AUTO, "medusa": EMBEDDED_MEDUSA, "block": EMBEDDED_BLOCK, "draft": EMBEDDED_DRAFT,
               "ngram": "ngram"}
 
 
 def _kind_gamma(kind: str) -> tuple[int, str]:
-    """(default γ, why) of a draft kind for the current target (``engine.explain.analytic.default_gamma_here``)."""
+    """(default γ, why) of a draft kind for the current target (``engine.explain.analytic.default_gamma_here``); with
+    an adaptive length γ is the cap (``engine.decoding.draft_length.ADAPTIVE_GAMMA_MAX``)."""
+    if kind == "auto" or (kind in ADAPTIVE_KINDS and st.session_state.get("lv_length", "adaptive") == "adaptive"):
+        return ADAPTIVE_GAMMA_MAX, ("the cap of an adaptive length: each round drafts 0 to γ tokens, as many as the "
+                                    "expected gain on this machine's measured costs pays for")
     return default_gamma_here(_KIND_SPEC.get(kind, kind), st.session_state["lv_target"].strip() or EMBEDDED)
 
 
@@ -185,6 +197,13 @@ def _on_draft_change() -> None:
         st.session_state["lv_gamma"] = _kind_gamma(kind)[0]
         st.session_state["lv_gamma_set"] = False
     st.session_state["lv_prev_draft"] = kind
+
+
+def _on_length() -> None:
+    """γ becomes the draft's default for the new length policy (the adaptive cap, or the fixed γ) unless the
+    reader set γ."""
+    if not st.session_state.get("lv_gamma_set"):
+        st.session_state["lv_gamma"] = _kind_gamma(st.session_state["lv_draft"])[0]
 
 
 def _on_gamma() -> None:
@@ -262,6 +281,17 @@ with st.sidebar:
         st.slider("Branching (children per node)", 1, TREE_MAX_BRANCHING, key="lv_branch",
                   help="At most this many candidates for the next token below each node: the draft head's "
                        "top-k, or prompt lookup's distinct continuations.")
+    if st.session_state["lv_draft"] == "head" and not st.session_state["lv_tree"]:
+        st.radio("Draft length", list(LENGTH_LABELS), key="lv_length", format_func=LENGTH_LABELS.get,
+                 on_change=_on_length,
+                 help="Adaptive: before each draft token the rule weighs what it is expected to add (the head's "
+                      "confidence, calibrated by its running acceptance) against what it costs here (this machine's "
+                      "measured pass-cost curve and draft step), and drafts it only if the round's expected speedup "
+                      "grows; 0 tokens is a plain target step. Lossless: the length never changes the output law. "
+                      "Fixed: γ tokens every round, as the formulas assume (What-if explains the rule).")
+    elif st.session_state["lv_draft"] == "auto":
+        st.caption("Prompt lookup or the draft head, chosen each round by expected speedup; each round's length is "
+                   "adaptive (0 to γ).")
     if st.session_state["lv_draft"] in ("head", "block"):
         st.slider("Confidence gate (0 = off)", 0.0, CONF_MAX, step=0.05, key="lv_conf",
                   help="The head stops a round's draft at the first token whose top probability under "
@@ -326,17 +356,19 @@ class LiveConfig(NamedTuple):
     branching: int         # children per tree node (only with tree > 0)
     accept: str            # a tree's rule under sampling: "exact" or "typical" (lossy); "exact" otherwise
     rule: str              # the sampling rule of a sampled run: "standard" or "gumbel"; "standard" when greedy
+    length: str            # the head's draft length: "adaptive" or "fixed" (other drafts: their own)
 
 
 CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
                  "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate",
-                 "tree": "tree size", "accept": "acceptance rule", "rule": "sampling rule"}
+                 "tree": "tree size", "accept": "acceptance rule", "rule": "sampling rule", "length": "draft length"}
 config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
                     S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
                     float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]),
                     int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT,
                     S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 and S["lv_rule"] != "gumbel" else "exact",
-                    S["lv_rule"] if S["lv_temp"] > 0 else "standard")
+                    S["lv_rule"] if S["lv_temp"] > 0 else "standard",
+                    S["lv_length"] if S["lv_draft"] == "head" and not S["lv_tree"] else "fixed")
 
 
 def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
@@ -346,7 +378,8 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
                         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
                         max_new_tokens=max_new or cfg.max_new_tokens, tree=cfg.tree, branching=cfg.branching,
                         accept=cfg.accept, early_exit_k=cfg.early_exit_k, draft_model=cfg.draft_model,
-                        confidence_gate=cfg.confidence_gate, load=get_model, rule=cfg.rule)
+                        confidence_gate=cfg.confidence_gate, load=get_model, rule=cfg.rule,
+                        length=cfg.length if cfg.draft == "head" else None)
 
 
 def _n_rounds(n: int) -> str:
@@ -549,10 +582,14 @@ def _run_area() -> None:
         """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
         ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once. ``note``: a line under
         the round's title (why this round is the one shown)."""
-        if note:
+        chosen = choice_line(rnd)  # an adaptive length: the round's choice and its expected gain
+        if note or chosen:
             with round_title.container():
                 st.markdown(f"**{round_summary(rnd)}**")
-                st.caption(note)
+                if chosen:
+                    st.caption(chosen)
+                if note:
+                    st.caption(note)
         else:
             round_title.markdown(f"**{round_summary(rnd)}**")
         if rnd.tree is not None:
@@ -915,6 +952,11 @@ def _run_area() -> None:
             elif rnd.drafted:
                 show_table(round_rows(rnd, greedy=dec.sampling.greedy, gumbel=dec.sampling.gumbel),
                            formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+            if choice_rows(rnd):
+                st.caption(choice_line(rnd) + " Each row: the token's drafter, its confidence and the acceptance "
+                           "chance the rule estimated from it; the last row, if not drafted, is where more stopped "
+                           "paying.")
+                show_table(choice_rows(rnd), formats={"confidence (max q)": "%.3f", "â (rule's estimate)": "%.3f"})
             if rnd.drafted:
                 labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
                 j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),

@@ -22,6 +22,7 @@ from app.tour import intro, presenting
 from app.tree_view import shape_figure
 from app.why_view import why_card
 from engine.decoding.compute import cpu_model
+from engine.decoding.draft_length import rule_examples, slope_costs
 from engine.decoding.models import EMBEDDED
 from engine.decoding.pass_cost import current_pass_cost, machine_pass_cost
 from engine.errors import SpeedupLabError
@@ -262,6 +263,25 @@ def _section_model() -> None:
         f"γ + 1 = {gamma + 1} tokens costs {v.verify_ratio:.2f} decode steps, so the speedup is "
         f"E / (γc + {v.verify_ratio:.2f}) = {v.speedup_realistic:.2f}× instead of {v.speedup:.2f}×: the "
         f"simple formula assumes checking γ tokens is free, which is why it overestimates.")
+
+    with st.expander("A draft length per round: what the shipped head does by default"):
+        st.markdown(
+            "The formulas above fix γ. The engine's default draft instead chooses each round's length **from 0 up**: "
+            "before each draft token it estimates the token's acceptance chance â from the draft's confidence "
+            "(its top probability q, calibrated by the run's acceptance so far), and drafts it only if the round's "
+            "expected speedup E(k) / (k·c + t(k+1)/t(1)) grows, with E(k) = 1 + â₁ + â₁â₂ + …. A round where "
+            "even one token would not pay is a plain target step. The length depends only on the draft, so the "
+            "output still follows the target exactly. On Live each round says what it drafted and why. "
+            "(Ideas: SpecDec++, EAGLE-2's confidence, llama.cpp's --draft-p-min, vLLM's dynamic speculation; "
+            "engine/decoding/draft_length.py.)")
+        try:
+            rows = rule_examples(slope_costs(st.session_state["wi_slope"], cost))
+        except SpeedupLabError as e:
+            st.error(str(e))
+        else:
+            st.caption(f"At c = {cost:.2f} and slope s = {st.session_state['wi_slope']:.2f}: what the rule drafts "
+                       "when every token's estimate is â (up to γ = 6).")
+            show_table(rows, formats={"â": "%.2f", "expected ×": "%.2f", "one more ×": "%.2f"})
 
     fe = go.Figure()
     fe.add_scatter(x=v.alpha_grid, y=v.tokens_vs_alpha, mode="lines", name=f"γ = {gamma}")

@@ -365,3 +365,34 @@ def choice_summary(rounds) -> dict | None:
             f"steps{'; ' + srcs if srcs else ''}; expected {mean:.2f}× a plain step per round on average")
     return {"rounds": len(chosen), "by_length": dict(sorted(by_len.items())), "by_source": by_src,
             "plain": by_len.get(0, 0), "mean_expected": mean, "line": line}
+
+
+def slope_costs(slope: float, draft_cost: float, gamma_max: int = ADAPTIVE_GAMMA_MAX) -> Costs:
+    """``Costs`` of the explainer's verify-cost model t(n) = t(1)·(1 + s·(n − 1)) (What-if's slope s) and a draft
+    step c.
+
+    Raises:
+        InputError: s or c negative, γ_max outside 1..64.
+    """
+    if not (slope >= 0 and draft_cost >= 0 and isinstance(gamma_max, int) and 1 <= gamma_max <= 64):
+        raise InputError(f"The verify slope and draft cost must be ≥ 0 and γ from 1 to 64, got {slope!r}, "
+                         f"{draft_cost!r}, {gamma_max!r}.")
+    return Costs(tuple(1.0 + slope * n for n in range(gamma_max + 1)), float(draft_cost),
+                 f"t(n) = t(1)·(1 + {slope:g}·(n − 1)), c = {draft_cost:g}")
+
+
+def rule_examples(costs: Costs, estimates=(0.95, 0.8, 0.6, 0.4, 0.25, 0.1)) -> list[dict]:
+    """What the rule drafts where every token's estimated acceptance is â (a row per â): {"â": â, "tokens drafted":
+    the k it stops at (``LengthRule.offer`` token by token at a confidence of â, calibration 1), "expected ×": S(k),
+    "one more ×": the best S with one more token (None at the cap)}."""
+    rows = []
+    for a in estimates:
+        rule = LengthRule(costs)
+        rule.start(costs.gamma_max)
+        k = 0
+        while k < costs.gamma_max and rule.offer(a):
+            k += 1
+        ch = rule.finish(0, [0] * k)
+        rows.append({"â": a, "tokens drafted": k, "expected ×": round(ch.expected_speedup, 3),
+                     "one more ×": None if ch.next_speedup is None else round(ch.next_speedup, 3)})
+    return rows
