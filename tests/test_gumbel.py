@@ -352,3 +352,27 @@ def test_the_command_line_runs_the_rule(tiny, capsys):
         assert out["settings"]["sampling_rule"] == "gumbel"
         texts.append(out["token_ids"])
     assert texts[0] == texts[1]
+
+
+def test_rule_acceptance_and_the_measured_result(tmp_path):
+    import json
+
+    from engine.explain.coupling import measured_rule_acceptance, rule_acceptance
+
+    ra = rule_acceptance([0.5, 0.3, 0.2], [0.2, 0.3, 0.5], rows=3000)
+    assert ra.standard == pytest.approx(0.7) and ra.bound == pytest.approx(0.7 / 1.3)
+    assert ra.bound - 0.03 <= ra.gumbel <= ra.standard + 0.03
+    with pytest.raises(InputError):
+        rule_acceptance([0.5, 0.5], [1.0], rows=10)
+    with pytest.raises(InputError):
+        rule_acceptance([0.5, -0.5], [0.5, 0.5], rows=10)
+    assert measured_rule_acceptance(tmp_path / "missing.json") is None
+    f = tmp_path / "gumbel_x.json"
+    f.write_text(json.dumps({"meta": {"cpu": "Some CPU", "date": "2026-12-07"},
+                             "args": {"prompts": 12, "gamma": 2, "temperature": 0.8},
+                             "acceptance": {"rules": {"standard": {"alpha": 0.6}, "gumbel": {"alpha": 0.55}},
+                                            "sum_min_pq_mean": 0.62, "gumbel_agreement_mean": 0.57,
+                                            "paper_bound_mean": 0.48, "positions": 100,
+                                            "identical_to_plain": [True] * 12}}))
+    m = measured_rule_acceptance(f)
+    assert m["alpha_gumbel"] == 0.55 and m["identical"] == 12 and m["cpu"] == "Some CPU"

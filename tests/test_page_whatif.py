@@ -140,6 +140,18 @@ def test_batch_roofline_inputs():
     _no_bad_numbers(at)
 
 
+def test_distribution_check_compares_the_two_rules_acceptance():
+    """The toy's first-token p and q: Σ min(p, q) (the standard rule) against the Gumbel coupling's agreement, which
+    lies between the paper's bound and it; the embedded model's measured numbers when a result is shipped."""
+    at = _tab(_app(), "Distribution check")
+    m = _metrics(at)
+    std, gum = float(m["Standard rule: Σ min(p, q)"]), float(m["Gumbel coupling: P(picks agree)"])
+    bound = float(m["Paper's bound (1 − TV)/(1 + TV)"])
+    assert std == pytest.approx(5 / 6, abs=1e-3) and bound - 0.03 <= gum <= std + 0.03
+    assert any("drafter-invariant" in c.value for c in at.caption) or any(
+        "drafter-invariant" in md.value for md in at.markdown)
+
+
 def test_toy_distribution_check_widgets():
     at = _tab(_app(), "Distribution check")
     m = _metrics(at)
