@@ -350,7 +350,8 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
     if stats.no_draft_above is not None:
         caption += (f" Operator setting: drafting is off in passes of more than {stats.no_draft_above} "
                     f"reader{'s' if stats.no_draft_above != 1 else ''} (SPEEDUP_LAB_NO_DRAFT_ABOVE), as serving "
-                    "engines do under load; sampled texts then differ from a run alone (same distribution).")
+                    "engines do under load; sampled texts then differ from a run alone (same distribution), except "
+                    "under the drafter-invariant sampling rule.")
     if invariance is not None:
         caption += " " + invariance_line(None if invariance == CHECKING else invariance)
     drafting = getattr(stats, "drafting", None)
@@ -358,7 +359,8 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
         caption += " " + drafting.line()
         if not drafting.drafts:
             caption += (" Greedy texts are the same either way; a sampled text from a pass without drafting is another "
-                        "sample of the same distribution, not the text alone.")
+                        "sample of the same distribution, not the text alone (under the drafter-invariant sampling "
+                        "rule it is the text alone).")
     if as_of:
         caption += f" As of {as_of} (server clock); any click updates these numbers."
     return {"metrics": metrics, "caption": caption}

@@ -484,7 +484,7 @@ def test_room_lines_from_room_stats():
         "The last target pass served 16 readers. At about 16 readers per pass drafting gave 0.60× the tokens per second of "
         "plain passes (measured on this room's recent passes), so the room does not draft. Greedy texts are the same "
         "either way; a sampled text from a pass without drafting is another sample of the same distribution, not the "
-        "text alone.")
+        "text alone (under the drafter-invariant sampling rule it is the text alone).")
     assert room_lines(RoomStats(2, 2, 2.0, 50.0, 3, None, 32, 2, None, drafting=BandRates(2, None, None, True)))[
         "caption"].endswith("At about 2 readers per pass the room is still measuring whether drafting pays (drafting now).")
     dated = room_lines(s, as_of="21:52:03")

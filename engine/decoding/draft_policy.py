@@ -26,6 +26,8 @@ who else is in the room.)
 What it changes for a reader: greedy texts are the same either way (speculative decoding is exact); a sampled
 reader's text from a plain pass stays a sample of the same distribution but is no longer the same text as alone,
 since a plain pass makes fewer random draws (as with the operator's fixed limit, ``scheduler.parse_no_draft_above``).
+A reader sampling under the drafter-invariant rule (``SamplingConfig(rule="gumbel")``: noise keyed by seed, position
+and token) gets its text alone either way.
 """
 
 from __future__ import annotations
