@@ -488,7 +488,7 @@ def choice_line(rnd: Round) -> str | None:
     if c.alternatives:
         line += " Expected at their running acceptance: " + ", ".join(
             f"{name} {s:.2f}×" for name, s in c.alternatives.items()) + f" → {c.source} drafted."
-    return "**Draft length:** " + escape_markdown(line)
+    return "**Draft length:** " + line  # engine text only (no model tokens): nothing to escape
 
 
 def choice_rows(rnd: Round) -> list[dict]:
