@@ -376,3 +376,26 @@ def test_rule_acceptance_and_the_measured_result(tmp_path):
                                             "identical_to_plain": [True] * 12}}))
     m = measured_rule_acceptance(f)
     assert m["alpha_gumbel"] == 0.55 and m["identical"] == 12 and m["cpu"] == "Some CPU"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["embedded-head", "embedded-medusa", "ngram"])
+def test_embedded_token_trees_give_the_plain_tokens(embedded, kind):
+    """Token trees on the real model under the rule (the head's children ranked by log q + g, Gumbel-top-k; Medusa's
+    static tree; prompt lookup's matches): the tokens of plain decoding with the seed, and the head's top child is
+    the chain's proposal, so its trees keep a draft token often."""
+    ids = encode_prompt(embedded.tokenizer, "Write a short poem about the sea.")
+    cfg = SamplingConfig(temperature=0.8, rule="gumbel")
+    accepted = 0
+    for seed in range(2):
+        ref = generate(embedded, None, ids, sampling=cfg, seed=seed, max_new_tokens=20).token_ids
+        prop = make_proposer(kind, embedded)
+        if hasattr(prop, "set_branching") and kind != "embedded-medusa":
+            prop.set_branching(3)
+        res = generate(embedded, prop, ids, gamma=3, sampling=cfg, seed=seed, max_new_tokens=20,
+                       tree=getattr(prop, "tree_size", 0) if kind == "embedded-medusa" else 8)
+        assert res.token_ids == ref, (kind, seed)
+        assert all(r.tree is None or r.tree.rule == "gumbel" for r in res.rounds)
+        accepted += sum(r.n_accepted for r in res.rounds)
+    if kind == "embedded-head":
+        assert accepted > 0

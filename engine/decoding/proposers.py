@@ -25,7 +25,7 @@ import torch
 
 from engine.decoding.compute import batch_invariant
 from engine.decoding.models import LoadedModel, check_tokenizers_compatible
-from engine.decoding.sampling import SamplingConfig, argmax_rows, draw_token, warp_probs
+from engine.decoding.sampling import SamplingConfig, argmax_rows, draw_token, gumbel_noise, noise_seed, warp_probs
 from engine.decoding.tree import MAX_BRANCHING, TokenTree, empty_tree
 from engine.errors import InputError, ModelLoadError
 
@@ -871,7 +871,8 @@ class FeatureHeadProposer(Proposer):
         drafted nodes the ``max_nodes`` with the highest V are kept (V never grows along a path, so the kept
         set contains every kept node's parent; ties go to the earlier node), in drafting order.
 
-        The children are deterministic picks (rank, not a draw), under sampling too: each q row is one-hot,
+        The children are deterministic picks (rank, not a draw), under sampling too (under the drafter-invariant rule
+        the rank of log q + g, the run's noise: ``add_children``): each q row is one-hot,
         which the lossless rule (``sampling.verify_tree_sampling``, draw "deterministic") needs; the head's own
         probabilities are in ``draft_probs``. The head's cache entries of the drafted nodes are cropped at
         the next round (``_sync``), as after a chain. ``confidence_threshold`` does not apply to trees.
@@ -900,9 +901,22 @@ class FeatureHeadProposer(Proposer):
         vocab_list = vocab.tolist()
 
         def add_children(pars: list[int], h: torch.Tensor) -> None:
-            """Each parent's top-k children from its row of ĥ ([len(pars), H]): one LM-head product for all."""
-            lp = torch.log_softmax(self.head.logits(h).float(), -1)
-            top = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+            """Each parent's top-k children from its row of ĥ ([len(pars), H]): one LM-head product for all. Under
+            the drafter-invariant rule (``cfg.gumbel``) the k largest log q + g, g the run's noise at the children's
+            position (Gumbel-top-k: k draws from q without replacement, the first the chain's proposal)."""
+            logits = self.head.logits(h).float()
+            lp = torch.log_softmax(logits, -1)
+            kk = min(k, lp.shape[-1])
+            if cfg is not None and cfg.gumbel:
+                seed = noise_seed(generator)
+                score = torch.stack([
+                    torch.log(warp_probs(logits[r].double(), cfg))
+                    + gumbel_noise(seed, len(seq) + (depth[par] if par >= 0 else 0), self.target_vocab)[vocab]
+                    for r, par in enumerate(pars)])
+                idx_t = torch.topk(score, kk, dim=-1).indices
+                top = torch.return_types.topk((torch.gather(lp, 1, idx_t), idx_t))
+            else:
+                top = torch.topk(lp, kk, dim=-1)
             for par, vals, idx in zip(pars, top.values.tolist(), top.indices.tolist()):
                 base = logv[par] if par >= 0 else 0.0
                 for v, j in zip(vals, idx):
