@@ -42,6 +42,11 @@ begin_url_batch(nav.url_path)   # the run's URL writes become one update (one br
 try:
     pass_through_switch_entry(nav.url_path)  # Back/Forward onto the entry a page switch left behind
     tour_banner(nav.url_path)
+    with st.sidebar:  # every page: the room's join card one click away (Home and the Race page show it too)
+        if st.button("📱 Join card", key="sidebar_join", help="The app's address in large type and as a QR code."):
+            from app.join import join_card
+
+            join_card()
     finish_switch(nav.url_path)  # a tour/page button's switch that a quick second click swallowed
     nav.run()
 finally:  # also after st.rerun(); pages stop through app.state.stop_page, which writes the URL first (nothing

@@ -6,7 +6,6 @@ records every token's and pass's time; ``app.race_view`` turns the record into a
 browser (no rerun per token). Decoders are built as the Live page builds them (``app.decoders``).
 """
 
-import html
 import itertools
 import os
 from pathlib import Path
@@ -16,7 +15,7 @@ import streamlit as st
 
 from app.charts import show_chart
 from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder, target_layers
-from app.join import join_address, qr_png
+from app.join import join_card
 from app.live_view import PROMPT_URL_MAX, default_draft_kind, default_preset, escape_markdown
 from app.navigation import page_link
 from app.race_view import (SPEEDS, decoder_kwargs, honesty_line, live_link, player_html, race_settings, room_line,
@@ -334,27 +333,7 @@ if shown.get("race") is not None:
     _open_in_live(shown["race"])
 
 if join_clicked:
-    @st.dialog("Join on your own device", width="large")
-    def _join_card() -> None:
-        try:
-            url = st.context.url
-        except Exception:  # noqa: BLE001 - no browser context (a test run)
-            url = None
-        try:
-            addr = join_address(url)
-        except InputError as e:
-            st.error(str(e))
-            return
-        # escaped, as HTML text (Markdown escaping would put invisible characters into an address people type)
-        st.html(f'<div style="font-size:2.4rem;font-weight:700;line-height:1.2;overflow-wrap:anywhere">'
-                f'{html.escape(addr.url)}</div>')
-        st.image(qr_png(addr.url, scale=12), width=360)
-        if addr.local_only:
-            st.warning("This address opens only on this machine: open the app by its network address, or set "
-                       "SPEEDUP_LAB_PUBLIC_URL to the address the room can reach.")
-        st.caption("Set by the operator (SPEEDUP_LAB_PUBLIC_URL)." if addr.source == "setting"
-                   else "The address this browser opened the app at.")
-    _join_card()
+    join_card()  # app.join: the same card Home and every page's sidebar open
 
 if target is None:
     stop_page()
