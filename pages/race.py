@@ -229,9 +229,8 @@ except SpeedupLabError as e:
 
 with controls:
     row = st.container(horizontal=True)
-    race_clicked = row.button("🏁 Race", type="primary", key="rc_race_btn", disabled=target is None,
-                              help="Warm up, then time speculative and plain decoding alone, alternating "
-                                   "(A B B A A B), with nothing drawn meanwhile; then play both back.")
+    # no tooltip: it stayed over the intro while the mouse rested on the button (the progress bar says what runs)
+    race_clicked = row.button("🏁 Race", type="primary", key="rc_race_btn", disabled=target is None)
     row.button("Stop", key="rc_stop", help="Ends a race in progress after the run it is timing.")
     recorded_clicked = row.button(
         "Play the recorded race", key="rc_recorded_btn", disabled=recorded is None,
