@@ -80,8 +80,8 @@ def verdict_line(race: Race) -> str:
     tpp = (f"{race.spec.tokens_per_pass:.2f} vs {race.plain.tokens_per_pass:.2f} tokens per target pass"
            if race.spec.tokens_per_pass and race.plain.tokens_per_pass else "")
     if race.identical and not race.greedy and race_rule(race) == "gumbel":
-        head = (f"TEXT IDENTICAL ({race.spec.new_tokens} tokens, sampled: both lanes take the target's Gumbel-max "
-                f"pick under the same seed's noise) · {ratio} wall-clock")
+        head = (f"TEXT IDENTICAL ({race.spec.new_tokens} tokens, sampled with the same seed's Gumbel noise) · {ratio} "
+                "wall-clock")
     elif race.identical:
         head = f"TEXT IDENTICAL ({race.spec.new_tokens} tokens) · {ratio} wall-clock"
     elif race.greedy:
