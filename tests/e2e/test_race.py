@@ -215,7 +215,7 @@ def test_a_sampled_race_on_the_drafter_invariant_rule_ends_text_identical(page, 
     _wait_done(page)
     wait_idle(page)
     verdict = _player(page).locator("#verdict").inner_text()
-    assert verdict.startswith("TEXT IDENTICAL (24 tokens, sampled") and "same seed's noise" in verdict, verdict
+    assert verdict.startswith("TEXT IDENTICAL (24 tokens, sampled") and "same seed's Gumbel noise" in verdict, verdict
     assert _player(page).locator(".lane.plain .tok").count() == 24 == _player(page).locator(".lane.spec .tok").count()
     if not present:
         assert page.get_by_text("Why identical though sampled").count() >= 1
