@@ -124,3 +124,16 @@ def test_card_rows_mark_what_held_back():
     assert rows[1]["if_ideal"] == "If a pass over 2 tokens cost one token's: 1.36×"
     unsure = why_here(alpha=0.6, gamma=1, measured=1.59, t1_ms=10.0, verify_ms=12.0, draft_ms_per_token=25.9)
     assert all(r["if_ideal"] is None for r in why_rows(unsure))
+
+
+def test_an_adaptive_draft_length_is_read_at_the_length_the_rounds_used():
+    # the cap γ = 6, but the rounds drafted 2 most often: the model is read at 2, the verify pass at 3 tokens
+    rec = SimpleNamespace(acceptance_rate=0.5, gamma=6, measured_speedup=1.0,
+                          verify_ms_by_tokens={1: 10.0, 3: 15.0, 7: 30.0}, draft_ms_per_token=1.0, new_tokens=60,
+                          n_rounds=40, spread=1.1, unsure=[], draft_length_counts={0: 3, 2: 30, 6: 7})
+    w = why_from_run(rec)
+    # E(0.5, 2) = 1.75; r = 15/10 = 1.5; c = 0.1 → 1.75 / (0.2 + 1.5)
+    assert w.gamma == 2 and w.fed == 3 and w.verify_ratio == pytest.approx(1.5)
+    assert w.predicted == pytest.approx(1.75 / 1.7)
+    assert "under the cap γ = 6" in w.condition("acceptance").measured
+    assert w.whatif_link().query()["wi_gamma"] == "2"

@@ -154,7 +154,7 @@ HELD_BACK = {"acceptance": "the draft's guesses were often rejected",
 def why_here(*, alpha: float, gamma: int, measured: float | None, t1_ms: float | None, verify_ms: float | None,
              draft_ms_per_token: float | None, tokens_per_pass: float | None = None, fed: int | None = None,
              spread: float | None = None, tokens_per_round: float | None = None, where: str = "this machine",
-             unsure: Sequence[str] | None = None) -> WhyHere:
+             unsure: Sequence[str] | None = None, drafted: int | None = None) -> WhyHere:
     """The three conditions of a run and what they predict (see the module's docstring).
 
     Args:
@@ -165,9 +165,12 @@ def why_here(*, alpha: float, gamma: int, measured: float | None, t1_ms: float |
         tokens_per_pass: the tokens a target pass yielded (None: read E(α̂, γ)). fed: tokens of the verify pass timed
             (default γ + 1). spread, tokens_per_round: for :func:`unsure_reasons` (``unsure`` overrides them).
         where: where the run ran, for the headline.
+        drafted: the draft length the run's rounds used most (an adaptive draft length or a confidence gate drafts
+            fewer than the cap γ): the model is read at it, and so is What-if's link (default γ).
     """
     a = min(max(float(alpha), 0.0), 1.0)
-    g = max(int(gamma), 1)
+    cap = max(int(gamma), 1)
+    g = cap if not drafted or drafted < 1 else min(int(drafted), cap)
     fed = g + 1 if fed is None else int(fed)
     e = expected_tokens_per_pass(a, min(g, 64))
     tpp = e if tokens_per_pass is None else float(tokens_per_pass)
@@ -197,12 +200,13 @@ def why_here(*, alpha: float, gamma: int, measured: float | None, t1_ms: float |
 
     conds = [
         Condition("acceptance", "Acceptance",
-                  f"α̂ {a:.2f}: {tpp:.2f} tokens per target pass (at most γ + 1 = {g + 1})",
+                  f"α̂ {a:.2f}: {tpp:.2f} tokens per target pass (at most {g + 1}"
+                  + (f": the rounds drafted {g} most often, under the cap γ = {cap}" if g != cap else "") + ")",
                   "most draft tokens accepted: close to γ + 1 tokens a pass", a, gains["acceptance"], ok("acceptance")),
         Condition("verify", "Verify pass",
                   "—" if r is None else f"a pass over {fed} tokens took {r:.2f}× a one-token pass"
                   + (f" ({verify_ms:.1f} against {t1_ms:.1f} ms)" if ok_t1 and verify_ms else ""),
-                  f"a pass over γ + 1 = {g + 1} tokens costs what one token's does (1.00×)",
+                  f"a pass over {g + 1} tokens costs what one token's does (1.00×)",
                   float("nan") if r is None else r, gains["verify"], ok("verify")),
         Condition("draft", "Draft step",
                   "—" if c is None else f"a draft step took {c:.3f} of a target step"
@@ -220,7 +224,8 @@ def why_here(*, alpha: float, gamma: int, measured: float | None, t1_ms: float |
 
 def why_from_run(run: object, where: str = "this machine") -> WhyHere | None:
     """The three conditions of a Live run (the ``measured_run`` record, ``engine.decoding.measure.measured_run``),
-    or None before Run baseline (no measured speedup, or no timed one-token pass t(1))."""
+    read at the draft length its rounds used most (``draft_length_counts``; γ without them), or None before Run
+    baseline (no measured speedup, or no timed one-token pass t(1))."""
     measured = getattr(run, "measured_speedup", None)
     curve = getattr(run, "verify_ms_by_tokens", None) or {}
     try:
@@ -230,14 +235,16 @@ def why_from_run(run: object, where: str = "this machine") -> WhyHere | None:
         return None
     if not (math.isfinite(measured) and 0.0 <= alpha <= 1.0 and gamma >= 1):
         return None
-    try:
-        verify = verify_cost_ratio(gamma + 1, measured_ms=curve) * t1
-    except Exception:  # noqa: BLE001 - an unusable curve: no verify figure
-        verify = None
     n_new, n_rounds = getattr(run, "new_tokens", None), getattr(run, "n_rounds", None)
     tpr = n_new / n_rounds if n_new and n_rounds else None
     unsure = getattr(run, "unsure", None)
-    return why_here(alpha=alpha, gamma=gamma, measured=measured, t1_ms=t1,
+    lengths = {int(k): int(v) for k, v in (getattr(run, "draft_length_counts", None) or {}).items() if int(k) > 0}
+    drafted = max(lengths, key=lambda n: (lengths[n], n)) if lengths else None
+    try:
+        verify = verify_cost_ratio(min(drafted or gamma, gamma) + 1, measured_ms=curve) * t1
+    except Exception:  # noqa: BLE001 - an unusable curve: no verify figure
+        verify = None
+    return why_here(drafted=drafted, alpha=alpha, gamma=gamma, measured=measured, t1_ms=t1,
                     verify_ms=verify, draft_ms_per_token=getattr(run, "draft_ms_per_token", None),
                     tokens_per_pass=tpr, tokens_per_round=tpr, spread=getattr(run, "spread", None),
                     unsure=unsure, where=where)
@@ -245,8 +252,8 @@ def why_from_run(run: object, where: str = "this machine") -> WhyHere | None:
 
 def why_from_race(race, where: str = "this server") -> WhyHere | None:
     """The three conditions of a race (``engine.decoding.race.Race``) from its lanes: α̂ from the speculative lane's
-    judged draft tokens, t(1) the plain lane's median step, the verify pass the speculative lane's median pass over
-    γ + 1 tokens (else over the size it ran most), c its median draft time per draft token ÷ t(1). None for a race
+    judged draft tokens, t(1) the plain lane's median step, the verify pass the speculative lane's median pass after
+    the draft length its rounds used most (else over the size it ran most), c its median draft time per draft token ÷ t(1). None for a race
     whose speculative lane judged no draft token or whose plain lane timed no step."""
     spec, plain = race.spec, race.plain
     judged = [m for r in spec.rounds for m in r.draft if m.verdict in ("accepted", "rejected")]
@@ -256,10 +263,12 @@ def why_from_race(race, where: str = "this server") -> WhyHere | None:
     gamma = int(race.settings.get("gamma", 1))
     alpha = sum(m.verdict == "accepted" for m in judged) / len(judged)
     verifies = [s for s in spec.spans if s.kind == "verify" and 0 < s.tokens <= gamma + 1 and s.ms > 0]
-    fed = gamma + 1
+    # the draft length the rounds used most (an adaptive length drafts under the cap γ), and its verify pass
+    sizes = [s.tokens for s in spec.spans if s.kind == "draft" and 0 < s.tokens <= gamma]
+    drafted = max(set(sizes), key=lambda n: (sizes.count(n), n)) if sizes else gamma
+    fed = drafted + 1
     if verifies and not any(s.tokens == fed for s in verifies):
-        sizes = [s.tokens for s in verifies]
-        fed = max(set(sizes), key=sizes.count)
+        fed = max(set(x.tokens for x in verifies), key=lambda n: ([x.tokens for x in verifies].count(n), n))
     v = [s.ms for s in verifies if s.tokens == fed]
     drafts = [s.ms / s.tokens for s in spec.spans if s.kind == "draft" and s.tokens > 0]
     tpp = spec.tokens_per_pass
@@ -269,7 +278,7 @@ def why_from_race(race, where: str = "this server") -> WhyHere | None:
     return why_here(alpha=alpha, gamma=gamma, measured=race.speedup, t1_ms=statistics.median(steps),
                     verify_ms=statistics.median(v) if v else None,
                     draft_ms_per_token=statistics.median(drafts) if drafts else 0.0, tokens_per_pass=tpp, fed=fed,
-                    unsure=reasons, where=where)
+                    unsure=reasons, where=where, drafted=max(min(fed - 1, gamma), 1))
 
 
 # ---------------------------------------------------------------------------------------------- a case that pays
