@@ -101,3 +101,68 @@ def qr_png(text: str, scale: int = 10, border: int = 2) -> bytes:
     buf = io.BytesIO()
     segno.make(text, error="m", micro=False).save(buf, kind="png", scale=scale, border=border)
     return buf.getvalue()
+
+
+def lan_address(request_url: str, ip: str | None = None) -> str | None:
+    """For an address only this machine can open (``http://localhost:8501/``): the same scheme and port at this
+    machine's network address, the one its default route leaves by (``ip`` for tests; found with a UDP socket's
+    connect, which sends nothing), or None when there is none (no network, or only loopback).
+    """
+    import socket
+
+    parts = urlsplit(request_url)
+    if ip is None:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("10.254.254.254", 1))
+                ip = s.getsockname()[0]
+        except OSError:
+            return None
+    try:
+        if ipaddress.ip_address(ip).is_loopback or ipaddress.ip_address(ip).is_unspecified:
+            return None
+    except ValueError:
+        return None
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme or 'http'}://{ip}{port}/"
+
+
+def join_card() -> None:
+    """Open the join card as a dialog: the address in large type and as a QR code (Home, the Race page in presenter
+    mode and every page's sidebar offer it). Where the presenter's browser is on ``localhost``, it offers this
+    machine's detected network address instead, and says so."""
+    import html
+
+    import streamlit as st
+
+    @st.dialog("Join on your own device", width="large")
+    def _card() -> None:
+        try:
+            url = st.context.url
+        except Exception:  # noqa: BLE001 - no browser context (a test run)
+            url = None
+        try:
+            addr = join_address(url)
+        except InputError as e:
+            st.error(str(e))
+            return
+        shown = addr.url
+        detected = lan_address(addr.url) if addr.local_only and addr.source == "request" else None
+        if detected:
+            shown = detected
+        # escaped, as HTML text (Markdown escaping would put invisible characters into an address people type)
+        st.html(f'<div style="font-size:2.4rem;font-weight:700;line-height:1.2;overflow-wrap:anywhere">'
+                f'{html.escape(shown)}</div>')
+        st.image(qr_png(shown, scale=12), width=360)
+        if detected:
+            st.info(f"This browser opened the app at {addr.url}, which only this machine can open; the address above "
+                    "is this machine's network address, detected. If phones cannot reach it, set "
+                    f"{PUBLIC_URL_ENV} to the address the room can reach.")
+        elif addr.local_only:
+            st.warning("This address opens only on this machine: open the app by its network address, or set "
+                       f"{PUBLIC_URL_ENV} to the address the room can reach.")
+        st.caption("Set by the operator (SPEEDUP_LAB_PUBLIC_URL)." if addr.source == "setting"
+                   else "Detected from this machine's network." if detected
+                   else "The address this browser opened the app at.")
+
+    _card()

@@ -16,6 +16,7 @@ import string
 from engine.decoding.models import EMBEDDED_DRAFT, EMBEDDED_HEAD, default_draft_spec
 from engine.decoding.scheduler import WINDOW_S as ROOM_WINDOW_S
 from engine.decoding.trace import ORIGINS, Round, TopToken, token_origins
+from engine.explain.why import SPREAD_WARN, unsure_reasons
 
 PROMPT_URL_MAX = 2000
 """A custom prompt of up to this many characters travels in a page's link (Live's ``lv_prompt``, Race's
@@ -242,13 +243,14 @@ def round_summary(rnd: Round) -> str:
             f"emitted — {what}. Draft {rnd.draft_ms:.1f} ms, verify {rnd.verify_ms:.1f} ms ({fed}).")
 
 
-def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:
+def round_rows(rnd: Round, greedy: bool = False, gumbel: bool = False) -> list[dict]:
     """Table rows, one per draft position: token, q(x), p(x), the acceptance test, verdict.
 
     Sampling: ``min(1, p/q)`` (the trace's ``accept_prob``) and the uniform draw u, as 4-decimal text,
     "—" where the position was not evaluated (after the first rejection). Greedy: no u (nothing is
     drawn); "argmax of p?" says whether the draft token is the target's top token ("—" after the first
-    rejection).
+    rejection). The drafter-invariant rule (``gumbel``): no u either; "target's Gumbel pick?" says whether the draft
+    token is argmax(log p + g) at its position.
     """
     def num(x: float | None) -> str:
         return "—" if x is None else f"{x:.4f}"
@@ -256,8 +258,9 @@ def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:
     rows = []
     for i, d in enumerate(rnd.drafted):
         row = {"position": i + 1, "token": visible(d.text), "id": d.token_id, "q(x)": d.q, "p(x)": d.p}
-        if greedy:
-            row["argmax of p?"] = "—" if d.accept_prob is None else ("yes" if d.accept_prob >= 1 else "no")
+        if greedy or gumbel:
+            row["argmax of p?" if greedy else "target's Gumbel pick?"] = (
+                "—" if d.accept_prob is None else ("yes" if d.accept_prob >= 1 else "no"))
         else:
             row["min(1, p/q)"] = num(d.accept_prob)
             row["u"] = num(d.u)
@@ -268,10 +271,16 @@ def round_rows(rnd: Round, greedy: bool = False) -> list[dict]:
 
 def history_rows(rounds: list[Round]) -> list[dict]:
     """One row per round: drafted, accepted, emitted, the target token's kind, draft / verify ms."""
-    return [{"round": r.index + 1, "drafted": r.n_drafted, "accepted": r.n_accepted,
+    rows = [{"round": r.index + 1, "drafted": r.n_drafted, "accepted": r.n_accepted,
              "emitted": len(r.emitted_ids), "target token": r.next_kind,
              "tokens in target pass": r.tokens_verified,
              "draft ms": r.draft_ms, "verify ms": r.verify_ms} for r in rounds]
+    if any(getattr(r, "choice", None) is not None for r in rounds):  # an adaptive length: its choice and gain
+        for row, r in zip(rows, rounds):
+            c = r.choice
+            row["drafted by"] = (c.source if c.k else "— (plain step)") if c is not None else "—"
+            row["expected ×"] = round(c.expected_speedup, 3) if c is not None else None
+    return rows
 
 
 def chart_labels(tops: list[TopToken]) -> list[str]:
@@ -341,7 +350,8 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
     if stats.no_draft_above is not None:
         caption += (f" Operator setting: drafting is off in passes of more than {stats.no_draft_above} "
                     f"reader{'s' if stats.no_draft_above != 1 else ''} (SPEEDUP_LAB_NO_DRAFT_ABOVE), as serving "
-                    "engines do under load; sampled texts then differ from a run alone (same distribution).")
+                    "engines do under load; sampled texts then differ from a run alone (same distribution), except "
+                    "under the drafter-invariant sampling rule.")
     if invariance is not None:
         caption += " " + invariance_line(None if invariance == CHECKING else invariance)
     drafting = getattr(stats, "drafting", None)
@@ -349,7 +359,8 @@ def room_lines(stats, as_of: str | None = None, invariance=None) -> dict:
         caption += " " + drafting.line()
         if not drafting.drafts:
             caption += (" Greedy texts are the same either way; a sampled text from a pass without drafting is another "
-                        "sample of the same distribution, not the text alone.")
+                        "sample of the same distribution, not the text alone (under the drafter-invariant sampling "
+                        "rule it is the text alone).")
     if as_of:
         caption += f" As of {as_of} (server clock); any click updates these numbers."
     return {"metrics": metrics, "caption": caption}
@@ -453,14 +464,9 @@ def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comp
         return line + " **Run baseline** times it against plain decoding."
     same = "identical texts" if comparison.identical else "different texts (sampling draws differ)"
     line += f" Measured speedup **{comparison.speedup:.2f}×** against plain decoding, {same}."
-    why = []
-    if noisy:
-        why.append("the timed runs of one kind differed by up to "
-                   + (f"{spread:.1f}×" if spread is not None else "more than usual"))
-    tpr = stats.tokens_per_round
-    if tpr and comparison.speedup > tpr * 1.02:
-        why.append(f"it is above the {tpr:.2f} tokens a round gave, which bounds it (a round costs at least a plain "
-                   "step)")
+    why = unsure_reasons(comparison.speedup, stats.tokens_per_round, spread)  # one rule with the run's record
+    if noisy and not (spread is not None and spread > SPREAD_WARN):
+        why.insert(0, "the timed runs of one kind differed by more than usual")
     if why:
         line += (" **Unsure**: " + "; ".join(why) + ". The machine was busy: run the baseline again with nothing "
                  "else running.")
@@ -470,3 +476,28 @@ def finished_line(n_tokens: int, rounds_text: str, stop_reason: str, stats, comp
 def finished_unsure(line: str) -> bool:
     """Whether ``finished_line`` called the measured speedup unsure (the page then draws it as a warning)."""
     return "**Unsure**" in line
+
+
+def choice_line(rnd: Round) -> str | None:
+    """The round's draft-length choice and the expected gain it came from, as one markdown line (None for a fixed γ
+    or a tree): ``engine.decoding.draft_length.LengthChoice.line``, plus the drafters a combined draft compared."""
+    c = getattr(rnd, "choice", None)
+    if c is None:
+        return None
+    line = c.line()
+    if c.alternatives:
+        line += " Expected at their running acceptance: " + ", ".join(
+            f"{name} {s:.2f}×" for name, s in c.alternatives.items()) + f" → {c.source} drafted."
+    return "**Draft length:** " + line  # engine text only (no model tokens): nothing to escape
+
+
+def choice_rows(rnd: Round) -> list[dict]:
+    """Per draft position of an adaptive round: which draft drafted it, its confidence (max q before the draw) and
+    the acceptance chance the rule estimated from it (empty for a fixed γ)."""
+    c = getattr(rnd, "choice", None)
+    if c is None:
+        return []
+    return [{"position": i + 1, "drafted by": c.source,
+             "confidence (max q)": c.confidence[i] if i < len(c.confidence) else None,
+             "â (rule's estimate)": c.acceptance[i] if i < len(c.acceptance) else None,
+             "drafted?": "yes" if i < c.k else "no: did not pay"} for i in range(max(c.k, len(c.acceptance)))]

@@ -13,7 +13,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app.navigation import finish_switch, pass_through_switch_entry, unknown_page  # noqa: E402
+from app.navigation import finish_switch, pass_through_switch_entry  # noqa: E402
 from app.registry import PAGES_DIR, available_pages  # noqa: E402
 from app.state import begin_url_batch, flush_url, keep_page_state  # noqa: E402
 from app.tour import init_modes, tour_banner  # noqa: E402
@@ -30,18 +30,18 @@ pages = [
     for p in available_pages()
 ]
 nav = st.navigation(pages)
-if not st.session_state.get("_page_note_checked"):  # a session's first address only: st.context.url is where it began
-    st.session_state["_page_note_checked"] = True
-    _missing = unknown_page(st.context.url, [p.url_path for p in available_pages()],
-                            st.get_option("server.baseUrlPath"))
-    if _missing:
-        st.warning(f"Page not found: “/{_missing[:80]}” is not a page of Speedup Lab, so Home opened instead. "
-                   "The sidebar lists every page.", icon="🧭")
+# an address that names no page: Streamlit says so itself ("Page not found … Running the app's main page") and opens
+# Home; the app adds no second message
 keep_page_state()   # settings of the pages not shown in this run survive it
 begin_url_batch(nav.url_path)   # the run's URL writes become one update (one browser-history entry)
 try:
     pass_through_switch_entry(nav.url_path)  # Back/Forward onto the entry a page switch left behind
     tour_banner(nav.url_path)
+    with st.sidebar:  # every page: the room's join card one click away (Home and the Race page show it too)
+        if st.button("📱 Join card", key="sidebar_join", help="The app's address in large type and as a QR code."):
+            from app.join import join_card
+
+            join_card()
     finish_switch(nav.url_path)  # a tour/page button's switch that a quick second click swallowed
     nav.run()
 finally:  # also after st.rerun(); pages stop through app.state.stop_page, which writes the URL first (nothing

@@ -164,22 +164,3 @@ def page_link(link: PageLink, label: str, icon: str | None = None) -> None:
         st.page_link(str(PAGES_DIR / file), label=label, icon=icon, query_params={**link.query(), **_mode_params()})
     except Exception:  # noqa: BLE001 - page run alone (AppTest) without navigation
         st.markdown(f"{label} → `{link.url()}`")
-
-
-def unknown_page(url: str | None, known: Sequence[str], base_path: str = "") -> str | None:
-    """The path a browser URL asks for when it names no page of the app, else None.
-
-    Streamlit opens the default page (Home) for an address it does not know, without a word; the app says so
-    (``app/main.py``). ``url`` is the browser's address (``st.context.url``: scheme, host, path), ``known`` the
-    pages' url paths, ``base_path`` the server's ``server.baseUrlPath``. The app's root ("/", or the base path) is
-    Home, not an unknown page.
-    """
-    if not url:
-        return None
-    from urllib.parse import urlparse
-
-    path = urlparse(url).path.strip("/")
-    base = (base_path or "").strip("/")
-    if base and (path == base or path.startswith(base + "/")):
-        path = path[len(base):].strip("/")
-    return path if path and path not in set(known) else None

@@ -79,7 +79,10 @@ def verdict_line(race: Race) -> str:
     ratio = "—" if sp is None else f"{sp:.2f}×"
     tpp = (f"{race.spec.tokens_per_pass:.2f} vs {race.plain.tokens_per_pass:.2f} tokens per target pass"
            if race.spec.tokens_per_pass and race.plain.tokens_per_pass else "")
-    if race.identical:
+    if race.identical and not race.greedy and race_rule(race) == "gumbel":
+        head = (f"TEXT IDENTICAL ({race.spec.new_tokens} tokens, sampled with the same seed's Gumbel noise) · {ratio} "
+                "wall-clock")
+    elif race.identical:
         head = f"TEXT IDENTICAL ({race.spec.new_tokens} tokens) · {ratio} wall-clock"
     elif race.greedy:
         head = f"TEXT DIFFERS from token {race.first_difference + 1} (a near tie, rounded differently) · {ratio} wall-clock"
@@ -90,10 +93,29 @@ def verdict_line(race: Race) -> str:
     return head + (f" · {tpp}" if tpp else "") + unsure
 
 
+def race_rule(race: Race) -> str:
+    """The sampling rule a race ran under ("standard" for a record made before races recorded it)."""
+    return str((race.settings or {}).get("rule") or "standard")
+
+
+def why_identical(race: Race) -> str | None:
+    """Why a sampled race under the drafter-invariant rule ends with identical texts (plain text; None for a greedy
+    race or one under the standard rule)."""
+    if race.greedy or race_rule(race) != "gumbel":
+        return None
+    return ("Why identical though sampled: under the drafter-invariant rule (Daliri, Musco & Suresh 2024) the token at "
+            "each position is argmax(log p + g), with Gumbel noise g fixed by the seed, the position and the token. "
+            "The plain lane takes that pick at every step; the speculative lane's draft proposes argmax(log q + g) "
+            "with the same noise and keeps a draft token only where the target's own pick is that token, so both "
+            "lanes emit the target's pick at every position. Gumbel-max sampling follows p exactly, so it is still a "
+            "sample of the target; another seed gives another text.")
+
+
 def identical_words(race: Race) -> dict:
     """The live line's words: what the player says while the texts agree and once they differ."""
     same = "texts identical so far ({n} tokens)"
-    differ = "texts differ from token {k} (sampling)" if not race.greedy else "TEXT DIVERGED at token {k}"
+    differ = ("texts differ from token {k} (sampling)" if not race.greedy and race_rule(race) != "gumbel"
+              else "TEXT DIVERGED at token {k}")
     return {"same": same, "differ": differ}
 
 
@@ -124,13 +146,13 @@ def room_line(race: Race) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- a round in Live
-RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0}
+RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0, "rule": "standard"}
 """What a race record made before these settings were recorded raced with (the page's defaults then)."""
 
 LIVE_KEYS = {"prompt": "lv_prompt", "kind": "lv_draft", "gamma": "lv_gamma", "temperature": "lv_temp",
              "top_k": "lv_topk", "top_p": "lv_topp", "seed": "lv_seed", "max_new_tokens": "lv_max_new",
              "tree": "lv_tree", "branching": "lv_branch", "accept": "lv_accept", "early_exit_k": "lv_k",
-             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf"}
+             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf", "rule": "lv_rule"}
 """The Live page's URL key of each ``app.decoders.make_decoder`` argument (the target travels as ``lv_target``; a
 preset's prompt as ``lv_preset``, a custom one as ``lv_preset=custom`` with ``lv_prompt``)."""
 
@@ -139,14 +161,15 @@ LIVE_PATH = "live"
 
 
 def race_settings(*, target: str, prompt: str, preset: str, draft: str, early_exit_k: int, draft_model: str,
-                  gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int) -> dict:
+                  gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int,
+                  rule: str = "standard") -> dict:
     """The settings a race records and builds both lanes from (``decoder_kwargs``): every one that shapes a lane's
     run, so its rounds can be rebuilt (the Live page's view of a round: ``live_link``). ``draft_label`` rides along
-    for people reading the record."""
+    for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel")."""
     return {"target": target, "prompt": prompt, "preset": preset, "draft": draft,
             "draft_label": DRAFT_KINDS.get(draft, draft), "early_exit_k": int(early_exit_k),
             "draft_model": draft_model, "gamma": int(gamma), "tree": int(tree), "temperature": float(temperature),
-            "seed": int(seed), "max_new_tokens": int(max_new_tokens)}
+            "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule)}
 
 
 def race_target(settings: dict) -> str:
@@ -169,7 +192,7 @@ def decoder_kwargs(settings: dict) -> dict:
             "temperature": float(s["temperature"]), "top_k": 0, "top_p": 1.0, "seed": int(s["seed"]),
             "max_new_tokens": int(s["max_new_tokens"]), "tree": int(s["tree"]), "branching": TREE_BRANCH_DEFAULT,
             "accept": "exact", "early_exit_k": int(s["early_exit_k"]), "draft_model": str(s["draft_model"]),
-            "confidence_gate": 0.0}
+            "confidence_gate": 0.0, "rule": str(s["rule"])}
 
 
 def live_link(settings: dict, round_no: int) -> PageLink:
@@ -279,9 +302,10 @@ button:hover { border-color: #ff4b4b; color: #ff4b4b; }
 .note { margin-left: auto; color: #666; font-size: 0.8em; }
 .same.diff { color: #b42318; }
 .lane { border: 1px solid #e6e8ec; border-radius: 8px; padding: 5px 8px 4px; margin-bottom: 6px; }
-.head { display: flex; justify-content: space-between; gap: 1em; flex-wrap: nowrap; }
-.title { font-weight: 700; flex: 1 1 auto; min-width: 0; overflow: hidden; text-overflow: ellipsis;
-  white-space: nowrap; }
+/* the title whole (a long draft's name was cut to "EAGLE-style head,…" at 1280 px): where it and the stats do not
+   fit on one line, the stats go to the next */
+.head { display: flex; justify-content: space-between; column-gap: 1em; flex-wrap: wrap; }
+.title { font-weight: 700; flex: 0 1 auto; min-width: 0; overflow-wrap: anywhere; }
 .stats { font-variant-numeric: tabular-nums; color: #444; flex: 0 0 auto; white-space: nowrap; }
 /* a phone: the stats line on a row of its own, as wide as the lane, wrapped (as wide as its text, it ran past
    the lane's edge and the frame cut it) */

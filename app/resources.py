@@ -39,11 +39,26 @@ def get_tokenizer(spec: str = "embedded"):
     return load_tokenizer(spec)
 
 
-@st.cache_data(show_spinner="Measuring this machine's memory bandwidth and FLOP/s…", ttl=900, max_entries=2)
-def machine_peaks(device: str):
-    """This machine's memory bandwidth and matmul FLOP/s (``engine.decoding.batch.measure_machine``: a 128 MB
-    tensor copy and a 1024² fp32 matmul, best of 3), measured once per 15 minutes and shared by the pages that show
-    them (What-if's roofline and the KV-cache page's "this machine"), so they show the same numbers."""
-    from engine.decoding.batch import measure_machine
+@st.cache_resource(show_spinner="Reading this machine's memory bandwidth and FLOP/s (measured once, ~2 s)…",
+                   max_entries=2)
+def dated_machine_peaks(device: str):
+    """This machine's memory bandwidth and matmul FLOP/s with the date they were measured
+    (``engine.explain.machine.stored_peaks``: measured once per machine and stored, a 128 MB tensor copy and a
+    1024² fp32 matmul, best of 3), shared by every page that shows them (What-if's roofline, the KV-cache page's
+    "this machine"), so they show the same numbers, across restarts too."""
+    from engine.explain.machine import stored_peaks
 
-    return in_passing_thread(lambda: measure_machine(device))
+    return in_passing_thread(lambda: stored_peaks(device))
+
+
+def machine_peaks(device: str):
+    """The figures of ``dated_machine_peaks`` (an ``engine.decoding.batch.MachinePeaks``)."""
+    return dated_machine_peaks(device).peaks
+
+
+def remeasure_machine_peaks(device: str) -> None:
+    """Measure this machine's peaks again (a reader's request), store them, and let every page read the new ones."""
+    from engine.explain.machine import stored_peaks
+
+    in_passing_thread(lambda: stored_peaks(device, remeasure=True))
+    dated_machine_peaks.clear()

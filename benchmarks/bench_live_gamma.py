@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     ids = encode_prompt(target.tokenizer, preset_text(PRESET))
 
     def decoder(gamma: int, base: bool = False):
-        prop = None if base else make_proposer(EMBEDDED_HEAD, target)
+        prop = None if base else make_proposer(EMBEDDED_HEAD, target, length="fixed")
         return room.bind(SpeculativeDecoder(target, prop, ids, gamma=gamma, sampling=SamplingConfig(), seed=0,
                                             max_new_tokens=MAX_NEW))
 

@@ -325,6 +325,9 @@ def main() -> None:
     ap.add_argument("--no-draft-above", default="",
                     help="SPEEDUP_LAB_NO_DRAFT_ABOVE for the server (default auto: the room drafts where its measured "
                          "passes say it pays; off: always draft)")
+    ap.add_argument("--sampling-rule", choices=("standard", "gumbel"), default="standard",
+                    help="the sampled readers' rule: standard (default) or the drafter-invariant gumbel, which keeps "
+                         "a sampled reader's text equal to alone whether the room's passes draft or not")
     ap.add_argument("--client", choices=("chromium", "protocol"), default="chromium",
                     help="the readers: headless Chromium pages on this machine (default), or "
                          "Streamlit-protocol sessions over the websocket without a browser (benchmarks/room_client.py: "
@@ -359,7 +362,7 @@ def main() -> None:
                 alones = [_room_run(browser, url, readers_for(1, args.max_new), args.timeout, server_pid=proc.pid)]
                 rooms = []
                 for _ in range(args.reps):
-                    readers = readers_for(k, args.max_new)
+                    readers = readers_for(k, args.max_new, rule=args.sampling_rule)
                     n_before = []  # the pass log's length once every page is prefilled (the prefills are not the run)
                     room = _room_run(browser, url, readers, args.timeout,
                                      after_open=lambda: n_before.append(len(_passes(pass_log))), server_pid=proc.pid)

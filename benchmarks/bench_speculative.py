@@ -122,7 +122,7 @@ def main() -> int:
     if (EMBEDDED_HEAD_DIR / "head_config.json").is_file():
         # no transformers equivalent: an EAGLE-style head needs the target's hidden states each round
         methods["ours: draft head (EAGLE-style)"] = lambda ids: generate(
-            target, make_proposer("embedded-head", target), ids, gamma=args.head_gamma or g,
+            target, make_proposer("embedded-head", target, length="fixed"), ids, gamma=args.head_gamma or g,
             max_new_tokens=n).token_ids
     if draft is not None:
         # transformers reads these from the ASSISTANT's generation config (generate kwargs are ignored

@@ -29,7 +29,8 @@ def add_generate(sub) -> None:
                    help="a text file with one prompt a line (blank lines skipped), decoded as one batch")
     p.add_argument("--target", default="embedded", help="embedded | hub id | local folder")
     p.add_argument("--draft", default=None,
-                   help="embedded-head (trained EAGLE-style head) | embedded-medusa (Medusa heads, a tree "
+                   help="embedded-head (trained EAGLE-style head) | embedded-auto (prompt lookup where the context "
+                        "repeats, the head elsewhere, chosen per round) | embedded-medusa (Medusa heads, a tree "
                         "draft) | embedded-block (DFlash-style block drafter: one pass fills a block of γ + 1 "
                         "positions, γ = block − 1) | embedded-draft (trained small "
                         "model) | ngram | early-exit:K | none | hub id | folder (default: "
@@ -37,6 +38,11 @@ def add_generate(sub) -> None:
     p.add_argument("--gamma", type=int, default=None,
                    help=f"γ, draft tokens per round (1–64; default: {_default_gamma_help()}; ignored with "
                         "--draft none)")
+    p.add_argument("--length", choices=("adaptive", "fixed"), default=None,
+                   help="draft length: adaptive (each round drafts 0 to γ tokens, as many as the expected gain on "
+                        "this machine's measured costs pays for; γ is then the cap, default "
+                        "6) or fixed (γ every round) (default: adaptive for embedded-head and embedded-auto, fixed "
+                        "for the other drafts)")
     p.add_argument("--no-draft-above", default=None, metavar="B",
                    help="operator's load limit: a batch of more than B prompts is decoded without a draft (plain "
                         "decoding), as serving engines switch speculation off under load (default: "
@@ -49,6 +55,10 @@ def add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampling draws (default 0)")
+    p.add_argument("--sampling-rule", choices=("standard", "gumbel"), default="standard",
+                   help="sampled runs: standard (accept with min(1, p/q), else draw from the residual; default) or "
+                        "gumbel (drafter-invariant Gumbel-max sampling, noise keyed by seed, position and token: "
+                        "plain and speculative decoding give the same text for a seed)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--baseline", action="store_true",
                    help=f"also decode without speculation (same settings and seed) and report the speedup: after "
@@ -140,9 +150,11 @@ def _tree_settings(args, draft_spec: str, proposer) -> tuple[int, int]:
     return tree, gamma
 
 
-def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None, compute=None):
+def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progress=None, compute=None,
+              length: str | None = None):
     """Load the target and build the proposer for ``draft_spec`` (None proposer for "none"); ``compute`` is the
-    compute path (``engine.decoding.compute``; None: $SPEEDUP_LAB_COMPUTE, else auto)."""
+    compute path (``engine.decoding.compute``; None: $SPEEDUP_LAB_COMPUTE, else auto); ``length`` the draft-length
+    policy ("adaptive", "fixed", None: the draft's default, ``engine.decoding.drafts.default_length``)."""
     from engine.decoding.models import load_model
     from engine.decoding.drafts import make_proposer
 
@@ -155,11 +167,14 @@ def load_pair(target_spec: str, draft_spec: str, device=None, dtype=None, progre
     from engine.decoding.block_drafter import is_block_folder
     from engine.decoding.medusa import is_medusa_folder
     from engine.decoding.models import EMBEDDED_BLOCK, EMBEDDED_MEDUSA
+    from engine.decoding.drafts import EMBEDDED_AUTO
 
-    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD, EMBEDDED_MEDUSA, EMBEDDED_BLOCK)
+    if (draft_spec in ("none", "baseline", "ngram", EMBEDDED_HEAD, EMBEDDED_MEDUSA, EMBEDDED_BLOCK, EMBEDDED_AUTO)
             or draft_spec.startswith("early-exit") or is_head_folder(draft_spec) or is_medusa_folder(draft_spec)
             or is_block_folder(draft_spec)):
-        return target, make_proposer(draft_spec, target)
+        return target, make_proposer(draft_spec, target, length=length)
+    if length == "adaptive":
+        raise InputError(f"An adaptive draft length applies to a draft head or {EMBEDDED_AUTO}, not {draft_spec!r}.")
     try:
         draft = load_model(draft_spec, device=device, dtype=dtype, **kw)
     except ModelLoadError as e:
@@ -212,7 +227,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from engine.decoding.models import default_draft_spec
 
     draft_spec = args.draft or default_draft_spec(args.target)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, getattr(args, "sampling_rule", "standard"))
     prompts = _prompts(args)
     if len(prompts) > 1 and args.baseline:
         raise InputError("--baseline compares one prompt with plain decoding; to compare a batch, use "
@@ -230,7 +245,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.compute is not None:
         parse_override(args.compute)  # a bad value fails before any model loads
-    target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress, args.compute)
+    target, proposer = load_pair(args.target, draft_spec, args.device, args.dtype, progress, args.compute,
+                                 length=getattr(args, "length", None))
     if args.draft_confidence is not None:
         if not hasattr(proposer, "confidence_threshold"):
             raise InputError("--draft-confidence applies to a draft head or a block drafter only (--draft "
@@ -250,6 +266,12 @@ def run_generate(args: argparse.Namespace) -> int:
     args.tree = tree
     if args.accept == "typical" and not tree:
         raise InputError("--accept typical (lossy) judges token trees: add --tree N.")
+    from engine.decoding.drafts import is_adaptive
+
+    if args.gamma is None and is_adaptive(proposer) and not tree:
+        from engine.decoding.draft_length import ADAPTIVE_GAMMA_MAX
+
+        args.gamma = ADAPTIVE_GAMMA_MAX  # the cap: each round drafts only what pays (engine.decoding.draft_length)
     if args.gamma is None:
         args.gamma = gamma if gamma is not None else (TREE_DEFAULT_DEPTH if tree else
                                                       default_gamma_here(draft_spec, args.target)[0])
@@ -290,8 +312,10 @@ def run_generate(args: argparse.Namespace) -> int:
         out["draft"] = draft_spec
         out["settings"] = {"target": args.target, "draft": draft_spec, "gamma": args.gamma if proposer else None,
                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                           "sampling_rule": sampling.rule,
                            "seed": args.seed, "max_new_tokens": args.max_new_tokens, "chat": not args.no_chat,
                            "draft_confidence": getattr(proposer, "confidence_threshold", None),
+                           "length": "adaptive" if is_adaptive(proposer) else "fixed",
                            "compute": compute_settings(target),
                            "batch_invariance": batch_invariance_settings(target)}
         if args.tree:  # chain runs keep their settings as they were
@@ -316,7 +340,8 @@ def run_generate(args: argparse.Namespace) -> int:
     s = res.stats
     print(f"\n--- {legend}")
     print(f"target: {target.name}   draft: {proposer.name if proposer else 'none (plain decoding)'}   "
-          + (f"γ = {args.gamma}   " if proposer else "")
+          + ((f"γ ≤ {args.gamma} (adaptive length)   " if is_adaptive(proposer) else f"γ = {args.gamma}   ")
+             if proposer else "")
           + (f"confidence gate = {proposer.confidence_threshold:g}   "
              if getattr(proposer, "confidence_threshold", 0) else "") + f"T = {args.temperature}")
     if args.tree:
@@ -343,6 +368,11 @@ def run_generate(args: argparse.Namespace) -> int:
         print("acceptance by draft position: " + ", ".join(f"{a:.2f}" for a in s.acceptance_by_position))
         if s.draft_cost_ratio is not None:
             print(f"draft cost c = {s.draft_cost_ratio:.3f} of a target pass")
+    from engine.decoding.draft_length import choice_summary
+
+    chosen = choice_summary(res.rounds)
+    if chosen is not None:
+        print(chosen["line"])
     print(f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'} in {s.rounds} round{'' if s.rounds == 1 else 's'}, "
           f"{s.total_ms:.0f} ms "
           f"({s.tokens_per_s:.1f} tokens/s, prefill {s.prefill_ms:.0f} ms)"
@@ -415,7 +445,10 @@ def _row_proposers(draft_spec: str, target, first, n: int):
     if isinstance(first, DraftModelProposer):
         rest = [DraftModelProposer(first.draft, target) for _ in range(n - 1)]
     else:
-        rest = [make_proposer(draft_spec, target) for _ in range(n - 1)]
+        from engine.decoding.drafts import is_adaptive
+
+        length = "adaptive" if is_adaptive(first) else "fixed"
+        rest = [make_proposer(draft_spec, target, length=length) for _ in range(n - 1)]
     for p in rest:
         if hasattr(first, "confidence_threshold"):
             p.confidence_threshold = first.confidence_threshold

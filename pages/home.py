@@ -3,6 +3,7 @@
 import streamlit as st
 
 from app.registry import PAGES_DIR, available_pages
+from app.join import join_card
 from app.tour import start_tour_button
 
 st.title("⚡ Speedup Lab")
@@ -13,6 +14,8 @@ st.markdown(
 )
 # the tour and presenter mode first: on a projector at 1280×720 the page list below filled the screen and hid them
 start_tour_button()
+if st.button("📱 Join card: the app's address and a QR code for the room", key="home_join"):
+    join_card()
 st.divider()
 for p in available_pages():
     if p.file == "home.py":

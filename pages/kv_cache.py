@@ -6,6 +6,8 @@ UI only: every number comes from ``engine.explain.kv_size``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import html
 import math
 
@@ -85,15 +87,23 @@ def _on_preset() -> None:
         _apply(spec)
 
 
-def _measure() -> None:
+def _measure(again: bool = False) -> None:
     # a callback runs before the script, so the device list already has the result: no st.rerun(), whose
     # interrupted run could leave the sliders' state at their minimums (seen in full e2e runs)
-    from app.resources import machine_peaks
+    from app.resources import dated_machine_peaks, remeasure_machine_peaks
     from engine.decoding.models import resolve_device
 
     dev = resolve_device(None).type
-    # the CPU's numbers are the ones What-if's roofline shows (one cached measurement); a GPU measures its own
-    st.session_state["measured_hw"] = measure_this_machine(peaks=machine_peaks(dev) if dev == "cpu" else None)
+    if dev != "cpu":  # a GPU measures its own
+        st.session_state["measured_hw"] = measure_this_machine()
+        return
+    if again:
+        remeasure_machine_peaks(dev)
+    # the CPU's numbers are the ones What-if's roofline shows: one stored, dated measurement (engine.explain.machine)
+    dated = dated_machine_peaks(dev)
+    hw = measure_this_machine(peaks=dated.peaks)
+    st.session_state["measured_hw"] = dataclasses.replace(
+        hw, source=dated.words() + " (one measurement, the same on What-if's roofline)")
 
 
 def _on_hub() -> None:
@@ -346,11 +356,14 @@ if whatif:
 
 # ---------------------------------------------------------------------------------------------- this machine
 st.subheader("This machine")
-st.button("Measure this machine (≈ 1 s: a tensor copy and a matmul)", key="kv_measure", on_click=_measure)
+_row = st.container(horizontal=True)
+_row.button("This machine's figures" if measured is None else "Measure again", key="kv_measure", on_click=_measure,
+            kwargs={"again": measured is not None},
+            help="This machine's bandwidth and FLOP/s are measured once (a tensor copy and a matmul, about 2 s) and "
+                 "stored, so What-if's roofline shows the same figures; Measure again takes new ones for every page.")
 if measured is not None:
-    st.caption(f"**{measured.name}**: memory {format_bytes(measured.memory_bytes)}, bandwidth "
-               f"{measured.bandwidth / 1e9:,.1f} GB/s, matmul {measured.peak_flops / 1e12:,.3f} TFLOP/s "
-               f"({measured.source}). It is now in the table and the device list.")
+    st.caption(f"**{measured.name}**: memory {format_bytes(measured.memory_bytes)}; {measured.source}. It is now in "
+               "the table and the device list.")
 
 # ---------------------------------------------------------------------------------------------- reality
 st.subheader("Check against a real KV cache")

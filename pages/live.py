@@ -35,6 +35,8 @@ from app.live_view import (
     opened_round_message,
     round_link_value,
     block_frames,
+    choice_line,
+    choice_rows,
     round_frames,
     round_rows,
     round_summary,
@@ -43,11 +45,14 @@ from app.live_view import (
 )
 from app.decoders import DRAFT_KINDS, make_decoder
 from app.resources import get_model
+from app.why_view import why_card
 from app.state import note_replaced, stage_text, stage_url, stop_page, sync_url, url_leads, url_param
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
 from engine.decoding.measure import measure_speedup_ab, measured_run
+from engine.decoding.draft_length import ADAPTIVE_GAMMA_MAX
+from engine.decoding.drafts import EMBEDDED_AUTO
 from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
                                     default_draft_spec)
 from engine.decoding.invariance import check_in_background
@@ -55,6 +60,7 @@ from engine.decoding.scheduler import room_for
 from engine.decoding.sampling import ACCEPT_RULES
 from engine.decoding.speculative import SpeculativeDecoder
 from engine.errors import SpeedupLabError
+from engine.explain.why import why_from_run
 from engine.explain.analytic import (TREE_MAX_BRANCHING, TREE_MAX_NODES, default_gamma_here, expected_tokens_per_pass,
                                      expected_tokens_per_round)
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
@@ -79,7 +85,11 @@ AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch",
-            "lv_accept"]
+            "lv_accept", "lv_rule", "lv_length"]
+LENGTH_LABELS = {"adaptive": "Adaptive: each round drafts what pays (0 to γ)", "fixed": "Fixed: γ every round"}
+ADAPTIVE_KINDS = ("head", "auto")  # drafts whose rounds can choose their length (engine.decoding.draft_length)
+RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
+               "gumbel": "Drafter-invariant (Gumbel-max: plain's text)"}
 ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Medusa; lossy)"}
 TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
@@ -110,14 +120,20 @@ url_param("lv_preset", default_preset(default_draft_kind(_default_spec)), str,
 url_param("lv_draft", default_draft_kind(_default_spec), str, choices=list(DRAFT_KINDS))
 url_param("lv_k", 8, int, lo=1, hi=256)
 url_param("lv_draft_model", "", str)
+url_param("lv_length", "adaptive", str, choices=list(LENGTH_LABELS))  # the head's draft length (the combined draft's
+# is always adaptive)
 # each draft kind's own default γ on this machine (the head's from the measured pass cost, Medusa's its K heads, the
 # block drafter's its block − 1): a kind's γ means another thing, and a γ fit for one undersold another
-_KIND_SPEC = {"head": EMBEDDED_HEAD, "medusa": EMBEDDED_MEDUSA, "block": EMBEDDED_BLOCK, "draft": EMBEDDED_DRAFT,
+_KIND_SPEC = {"head": EMBEDDED_HEAD, "auto": EMBEDDED_AUTO, "medusa": EMBEDDED_MEDUSA, "block": EMBEDDED_BLOCK, "draft": EMBEDDED_DRAFT,
               "ngram": "ngram"}
 
 
 def _kind_gamma(kind: str) -> tuple[int, str]:
-    """(default γ, why) of a draft kind for the current target (``engine.explain.analytic.default_gamma_here``)."""
+    """(default γ, why) of a draft kind for the current target (``engine.explain.analytic.default_gamma_here``); with
+    an adaptive length γ is the cap (``engine.decoding.draft_length.ADAPTIVE_GAMMA_MAX``)."""
+    if kind == "auto" or (kind in ADAPTIVE_KINDS and st.session_state.get("lv_length", "adaptive") == "adaptive"):
+        return ADAPTIVE_GAMMA_MAX, ("the cap of an adaptive length: each round drafts 0 to γ tokens, as many as the "
+                                    "expected gain on this machine's measured costs pays for")
     return default_gamma_here(_KIND_SPEC.get(kind, kind), st.session_state["lv_target"].strip() or EMBEDDED)
 
 
@@ -136,6 +152,7 @@ url_param("lv_speed", "fast", str, choices=list(SPEEDS))
 url_param("lv_tree", 0, int, lo=0, hi=TREE_MAX_NODES)  # token tree of at most this many nodes; 0 = a chain
 url_param("lv_branch", TREE_BRANCH_DEFAULT, int, lo=1, hi=TREE_MAX_BRANCHING)
 url_param("lv_accept", "exact", str, choices=list(ACCEPT_RULES))  # a tree's rule under sampling
+url_param("lv_rule", "standard", str, choices=list(RULE_LABELS))  # the sampling rule (the lesson's is the default)
 if "lv_prompt" not in st.session_state:  # a preset's text, or a shared link's custom prompt
     st.session_state["lv_prompt"] = (preset_text(st.session_state["lv_preset"])
                                      if st.session_state["lv_preset"] != CUSTOM
@@ -182,6 +199,13 @@ def _on_draft_change() -> None:
     st.session_state["lv_prev_draft"] = kind
 
 
+def _on_length() -> None:
+    """γ becomes the draft's default for the new length policy (the adaptive cap, or the fixed γ) unless the
+    reader set γ."""
+    if not st.session_state.get("lv_gamma_set"):
+        st.session_state["lv_gamma"] = _kind_gamma(st.session_state["lv_draft"])[0]
+
+
 def _on_gamma() -> None:
     st.session_state["lv_gamma_set"] = True  # the reader's own γ: a change of draft keeps it
 
@@ -194,6 +218,7 @@ def _on_prompt_edit() -> None:
 
 with st.sidebar:
     st.header("Settings")
+    _prompt_box = st.container()  # the prompt first: what a reader changes most (filled below)
     st.text_input("Target model", key="lv_target", on_change=_on_target_change,
                   help="`embedded` (SmolLM2-135M-Instruct), a Hugging Face id in the local cache, or a folder.")
     if note := st.session_state.pop("lv_draft_note", None):
@@ -216,11 +241,12 @@ if target is not None and target.compute is not None:
                         "few tokens and uses the fastest for every pass (engine/decoding/compute/). "
                         + target.compute.reason)
 
-with st.sidebar:
+with _prompt_box:
     st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="lv_preset", on_change=_on_preset,
                  format_func=lambda k: PROMPT_PRESETS[k].label if k in PROMPT_PRESETS else "Custom (edited)")
     st.text_area("Prompt (one user turn; the chat template is applied)", key="lv_prompt", height=160,
                  max_chars=PROMPT_MAX_CHARS, on_change=_on_prompt_edit)
+with st.sidebar:
     st.session_state.setdefault("lv_prev_draft", st.session_state["lv_draft"])
     st.selectbox("Draft", list(DRAFT_KINDS), key="lv_draft", format_func=DRAFT_KINDS.get, on_change=_on_draft_change)
     if st.session_state["lv_draft"] == "early-exit":
@@ -255,6 +281,17 @@ with st.sidebar:
         st.slider("Branching (children per node)", 1, TREE_MAX_BRANCHING, key="lv_branch",
                   help="At most this many candidates for the next token below each node: the draft head's "
                        "top-k, or prompt lookup's distinct continuations.")
+    if st.session_state["lv_draft"] == "head" and not st.session_state["lv_tree"]:
+        st.radio("Draft length", list(LENGTH_LABELS), key="lv_length", format_func=LENGTH_LABELS.get,
+                 on_change=_on_length,
+                 help="Adaptive: before each draft token the rule weighs what it is expected to add (the head's "
+                      "confidence, calibrated by its running acceptance) against what it costs here (this machine's "
+                      "measured pass-cost curve and draft step), and drafts it only if the round's expected speedup "
+                      "grows; 0 tokens is a plain target step. Lossless: the length never changes the output law. "
+                      "Fixed: γ tokens every round, as the formulas assume (What-if explains the rule).")
+    elif st.session_state["lv_draft"] == "auto":
+        st.caption("Prompt lookup or the draft head, chosen each round by expected speedup; each round's length is "
+                   "adaptive (0 to γ).")
     if st.session_state["lv_draft"] in ("head", "block"):
         st.slider("Confidence gate (0 = off)", 0.0, CONF_MAX, step=0.05, key="lv_conf",
                   help="The head stops a round's draft at the first token whose top probability under "
@@ -265,7 +302,15 @@ with st.sidebar:
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="lv_temp")
     st.number_input("top-k (0 = off)", 0, 1000, key="lv_topk")
     st.slider("top-p", 0.01, 1.0, step=0.01, key="lv_topp")
-    if st.session_state["lv_tree"] and st.session_state["lv_temp"] > 0:
+    if st.session_state["lv_temp"] > 0:
+        st.radio("Sampling rule", list(RULE_LABELS), key="lv_rule", format_func=RULE_LABELS.get,
+                 help="Standard (the rule this page teaches): keep a draft token with probability min(1, p/q), "
+                      "replace a rejection by a draw from the residual. Drafter-invariant (Daliri, Musco & Suresh "
+                      "2024): every token is argmax(log p + g), Gumbel noise g fixed by the seed, the position and "
+                      "the token; the draft proposes argmax(log q + g) with the same noise and a draft token is kept "
+                      "when it is the target's pick. Plain decoding gives the same text for the seed, whatever drafts; "
+                      "both rules follow p exactly.")
+    if st.session_state["lv_tree"] and st.session_state["lv_temp"] > 0 and st.session_state["lv_rule"] != "gumbel":
         st.radio("Tree acceptance rule", list(ACCEPT_RULES), key="lv_accept", format_func=ACCEPT_LABELS.get,
                  help="Exact: SpecInfer's multi-step speculative sampling / recursive rejection sampling, so the "
                       "output follows the target's p exactly. Typical acceptance (Medusa, Cai et al. 2024): keeps "
@@ -310,16 +355,20 @@ class LiveConfig(NamedTuple):
     tree: int              # token tree of at most this many nodes; 0 = a chain
     branching: int         # children per tree node (only with tree > 0)
     accept: str            # a tree's rule under sampling: "exact" or "typical" (lossy); "exact" otherwise
+    rule: str              # the sampling rule of a sampled run: "standard" or "gumbel"; "standard" when greedy
+    length: str            # the head's draft length: "adaptive" or "fixed" (other drafts: their own)
 
 
 CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
                  "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate",
-                 "tree": "tree size", "accept": "acceptance rule"}
+                 "tree": "tree size", "accept": "acceptance rule", "rule": "sampling rule", "length": "draft length"}
 config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
                     S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
                     float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]),
                     int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT,
-                    S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 else "exact")
+                    S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 and S["lv_rule"] != "gumbel" else "exact",
+                    S["lv_rule"] if S["lv_temp"] > 0 else "standard",
+                    S["lv_length"] if S["lv_draft"] == "head" and not S["lv_tree"] else "fixed")
 
 
 def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:
@@ -329,7 +378,8 @@ def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None
                         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
                         max_new_tokens=max_new or cfg.max_new_tokens, tree=cfg.tree, branching=cfg.branching,
                         accept=cfg.accept, early_exit_k=cfg.early_exit_k, draft_model=cfg.draft_model,
-                        confidence_gate=cfg.confidence_gate, load=get_model)
+                        confidence_gate=cfg.confidence_gate, load=get_model, rule=cfg.rule,
+                        length=cfg.length if cfg.draft == "head" else None)
 
 
 def _n_rounds(n: int) -> str:
@@ -411,11 +461,9 @@ def _run_area() -> None:
                             shortcut="N")
     run_all = run_slot.button("Run to the end", key="lv_run", disabled=not ready or dec.finished, shortcut="G")
     stopped = bool(S.get("lv_stop"))  # the Stop button above the run area (a click there reruns the whole page)
-    run_base = buttons.button("Run baseline", key="lv_baseline", disabled=not ready,
-                              help="Plain decoding of the same prompt with the same settings and seed (no draft). "
-                                   "Finishes the speculative run first, then times "
-                                   f"{AB_REPS} speculative and {AB_REPS} plain runs, alternating, with nothing "
-                                   "drawn meanwhile: the speedup and tokens/s come from those runs.")
+    # no tooltip either: it stayed over the page's intro while the mouse rested on the button; what it times is in
+    # the Measured speedup's help
+    run_base = buttons.button("Run baseline", key="lv_baseline", disabled=not ready)
 
     if S.get("lv_error"):
         S.pop("lv_open_pending", None)  # a link's round waits for no later fix of the settings
@@ -437,9 +485,9 @@ def _run_area() -> None:
             stop_page()
 
     progress = st.empty()
-    # the room: readers decoding, rows per pass, the room's tokens/s (engine.decoding.scheduler); on a projector under the
-    # text, so the round's verdict and its text are on a 720-pixel first screen
-    room_box = st.empty() if not presenting() else None
+    # the room: readers decoding, rows per pass, the room's tokens/s (engine.decoding.scheduler); under the text, so the
+    # round's verdict, the result and the text are on the first screen (1280×800, a 720-pixel projector, a phone)
+    room_box = None
 
 
     def _draw_room() -> None:
@@ -458,6 +506,7 @@ def _run_area() -> None:
         round_md = st.empty()
         tree_box = st.empty()  # a tree round's figure (chains draw nothing here)
     status = st.empty()  # under the round, so the round box stays on a projector's first screen
+    why_box = st.empty()  # after Run baseline: why the speedup is what it is, here (app.why_view)
     text_box = st.container()
     with text_box:
         st.subheader("Generated text")
@@ -491,6 +540,12 @@ def _run_area() -> None:
         st.caption(f"Confidence gate {S['lv_conf']:g}: the head stops a round's draft at the first token it gives "
                    f"a top probability below {S['lv_conf']:g}, so rounds can propose fewer than γ tokens; α̂ then "
                    "counts only the tokens it was confident enough to propose. Set the gate to 0 for a fixed γ.")
+    if not greedy and dec.sampling.gumbel:
+        st.caption("Drafter-invariant sampling (Daliri, Musco & Suresh 2024): the token at each position is "
+                   "argmax(log p + g), with Gumbel noise g fixed by the seed, the position and the token; the draft "
+                   "proposed argmax(log q + g) with the same noise, and a draft token is kept when it is the "
+                   "target's pick (the table's \"target's Gumbel pick?\" column; no u is drawn). Plain decoding with "
+                   "this seed gives the same text, and each token still follows p exactly.")
     if not greedy and dec.proposer is not None and getattr(dec, "accept", "exact") == "typical":
         st.warning("Typical acceptance is lossy: it keeps tree nodes the exact rule could reject, so this run's output "
                    "no longer follows the target's distribution p (the speedup is not free). Pick Exact to compare.")
@@ -527,10 +582,14 @@ def _run_area() -> None:
         """Draw a round: its draft tokens one by one (``frame_s`` apart; the whole animation within
         ``budget_s`` if given), then the verdict. ``frame_s = 0`` draws the verdict at once. ``note``: a line under
         the round's title (why this round is the one shown)."""
-        if note:
+        chosen = choice_line(rnd)  # an adaptive length: the round's choice and its expected gain
+        if note or chosen:
             with round_title.container():
                 st.markdown(f"**{round_summary(rnd)}**")
-                st.caption(note)
+                if chosen:
+                    st.caption(chosen)
+                if note:
+                    st.caption(note)
         else:
             round_title.markdown(f"**{round_summary(rnd)}**")
         if rnd.tree is not None:
@@ -708,9 +767,13 @@ def _run_area() -> None:
     # timings (c, verify costs) from the A/B's undrawn speculative run once there is one; counts from this run
     timing = ab.spec_stats if ab is not None else stats
     rec = measured_run(timing, dec.gamma, cmp.speedup if cmp else None, ab.base_stats if ab is not None else None,
-                       rounds=ab.spec_rounds if ab is not None else dec.rounds) if dec.proposer is not None else None
+                       rounds=ab.spec_rounds if ab is not None else dec.rounds,
+                       spread=ab.spread if ab is not None else None) if dec.proposer is not None else None
     if rec is not None:
         S["measured_run"] = rec
+        if dec.finished and cmp is not None:
+            with why_box.container():
+                why_card(why_from_run(rec, where="this server"), key="lv")
 
     # ------------------------------------------------------------------------------------------ statistics
     st.subheader("Live statistics")
@@ -801,7 +864,11 @@ def _run_area() -> None:
                                   "and, at an exact tie, in fp32 (the models run in fp32 here).")
             else:
                 m2[2].metric("Outputs identical?", "yes" if cmp.identical else "no",
-                             help="Under sampling the two runs draw different random numbers: the outputs "
+                             help="Under the drafter-invariant rule both runs take the target's Gumbel-max pick "
+                                  "under the seed's noise: the outputs are the same. Under the standard rule the "
+                                  "two runs draw different random numbers: the outputs differ, but both follow the "
+                                  "target's distribution p." if dec.sampling.gumbel else
+                                  "Under sampling the two runs draw different random numbers: the outputs "
                                   "differ, but both follow the target's distribution p.")
         m2[3].metric("Prefill / total (s)", f"{timing.prefill_ms / 1000:.2f} / {timing.total_ms / 1000:.2f}",
                      help="Prompt prefill and whole-run time of the speculative run, in seconds: this run, or "
@@ -867,6 +934,7 @@ def _run_area() -> None:
             if rnd.tree is not None:
                 tc = tree_counts(rnd.tree)
                 rule = {"greedy": "greedy (argmax match)", "exact": "lossless tree sampling",
+                        "gumbel": "the drafter-invariant rule (the target's Gumbel-max pick)",
                         "typical (lossy)": "typical acceptance (lossy)"}.get(getattr(rnd.tree, "rule", ""), "")
                 st.markdown(f"**Token tree:** {tc['nodes']} nodes, depth {tc['depth']}: {tc['accepted']} accepted "
                             f"(the path), {tc['rejected']} rejected, {tc['unvisited']} never judged"
@@ -882,7 +950,13 @@ def _run_area() -> None:
                            " The p/q charts below follow the accepted path and its first rejected node.")
                 show_table(tree_rows(rnd.tree, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
             elif rnd.drafted:
-                show_table(round_rows(rnd, greedy=dec.sampling.greedy), formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+                show_table(round_rows(rnd, greedy=dec.sampling.greedy, gumbel=dec.sampling.gumbel),
+                           formats={"q(x)": "%.4f", "p(x)": "%.4f"})
+            if choice_rows(rnd):
+                st.caption(choice_line(rnd) + " Each row: the token's drafter, its confidence and the acceptance "
+                           "chance the rule estimated from it; the last row, if not drafted, is where more stopped "
+                           "paying.")
+                show_table(choice_rows(rnd), formats={"confidence (max q)": "%.3f", "â (rule's estimate)": "%.3f"})
             if rnd.drafted:
                 labels = [f"{i + 1}: {visible(d.text)}" for i, d in enumerate(rnd.drafted)]
                 j = st.selectbox("Draft position for the charts", range(len(labels)), index=focus_position(rnd),

@@ -62,39 +62,42 @@ def _shipped_sweep(path: str, mtime_ns: int):
 
 def _measured_batch():
     """Mistake #1 measured: this session's sweep (What-if) if one was run, else the last one measured on this
-    machine (``batch_view.machine_sweep``), else the benchmark's shipped file (labelled with its machine)."""
+    machine (``batch_view.machine_sweep``), else the benchmark's shipped file (labelled with its machine).
+    Returns (the mistake's numbers or None, the other machine's CPU when they come from the shipped file)."""
     from engine.explain import batch_view
     from engine.explain.teaching import measured_batch_mistake
 
     sweep = st.session_state.get("batch_sweep")
     if sweep is not None:
-        return measured_batch_mistake(sweep, "this session's sweep (What-if → When it does not help)")
+        return measured_batch_mistake(sweep, "this session's sweep (What-if → When it does not help)"), None
     earlier = batch_view.machine_sweep("embedded")  # the last complete sweep measured on this machine, if any
     if earlier is not None:
         meta = earlier[1]
         return measured_batch_mistake(earlier[0], f"this machine's last sweep ({meta['date']}, {meta['cpu']}, "
-                                                  f"{meta['compute']} kernels; What-if → When it does not help)")
+                                                  f"{meta['compute']} kernels; What-if → When it does not help)"), None
     f = batch_view.SHIPPED_SWEEP
     if not f.is_file():
-        return None
+        return None, None
     shipped = _shipped_sweep(str(f), f.stat().st_mtime_ns)
     if shipped is None:
-        return None
+        return None, None
     machine = shipped[1]
     where = (f", measured on {machine['cpu']} with the {machine.get('compute', 'default')} compute path"
              if machine.get("cpu") else ", measured on an earlier machine (not recorded)")
     return measured_batch_mistake(shipped[0], f"the shipped benchmark result {f.parent.parent.name}/{f.parent.name}/"
-                                              f"{f.name} (benchmarks/bench_batch.py{where})")
+                                              f"{f.name} (benchmarks/bench_batch.py{where})"), \
+        machine.get("cpu") or "not recorded"
 
 
 try:
-    mb = _measured_batch()
+    mb, other = _measured_batch()
 except SpeedupLabError as e:
     st.error(str(e))
 else:
     if mb is not None:
         here = "session" in mb.source or "this machine" in mb.source
-        where = "on this machine" if here else "by the shipped benchmark"
+        # a figure from another machine says so in the sentence, not only in the small print under it
+        where = "on this machine" if here else f"on another machine ({other}), by the shipped benchmark"
         st.markdown(f"**Measured {where}** (the embedded SmolLM2-135M, {mb.label} against plain decoding of "
                     "the same batch, total tokens/s):")
         c1, c2, c3 = st.columns(3)

@@ -6,7 +6,6 @@ records every token's and pass's time; ``app.race_view`` turns the record into a
 browser (no rerun per token). Decoders are built as the Live page builds them (``app.decoders``).
 """
 
-import html
 import itertools
 import os
 from pathlib import Path
@@ -16,20 +15,22 @@ import streamlit as st
 
 from app.charts import show_chart
 from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder, target_layers
-from app.join import join_address, qr_png
+from app.join import join_card
 from app.live_view import PROMPT_URL_MAX, default_draft_kind, default_preset, escape_markdown
 from app.navigation import page_link
 from app.race_view import (SPEEDS, decoder_kwargs, honesty_line, live_link, player_html, race_settings, room_line,
-                           round_hover)
+                           round_hover, why_identical)
 from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting
+from app.why_view import why_card
 from engine.decoding.measure import SpeedupAB
 from engine.decoding.models import EMBEDDED, default_draft_spec
 from engine.decoding.race import RaceStopped, load_race, run_race, survival
 from engine.decoding.scheduler import room_for
 from engine.errors import InputError, SpeedupLabError
 from engine.explain.analytic import TREE_MAX_NODES, default_gamma_here
+from engine.explain.why import why_from_race
 from engine.explain.presets import CUSTOM, PROMPT_PRESETS, preset_text
 
 RECORDED = Path(__file__).resolve().parent.parent / "assets" / "race_recorded.json"
@@ -37,7 +38,9 @@ GAMMA_MAX = 16
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 URL_KEYS = ["rc_target", "rc_preset", "rc_draft", "rc_k", "rc_draft_model", "rc_gamma", "rc_tree", "rc_temp", "rc_seed",
-            "rc_max_new", "rc_speed"]
+            "rc_max_new", "rc_speed", "rc_rule"]
+RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
+               "gumbel": "Drafter-invariant (Gumbel-max, same text)"}
 S = st.session_state
 present = presenting()
 
@@ -64,6 +67,7 @@ url_param("rc_gamma", default_gamma_here(draft_spec(S["rc_draft"]), TARGET)[0], 
 url_param("rc_tree", 0, int, lo=0, hi=TREE_MAX_NODES)
 url_param("rc_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
 url_param("rc_seed", 0, int, lo=0, hi=999_999)
+url_param("rc_rule", "standard", str, choices=list(RULE_LABELS))
 url_param("rc_max_new", 64, int, lo=8, hi=MAX_NEW_UI)
 url_param("rc_speed", 1.0, float, choices=list(SPEEDS))
 if "rc_prompt" not in S:
@@ -106,8 +110,16 @@ with st.sidebar:
               help="0: one chain of γ draft tokens a round (Medusa heads: their shipped tree). N ≥ 1: a token tree "
                    "of at most N nodes, verified in one target pass (the draft head, prompt lookup, Medusa, block).")
     st.slider("Temperature (0 = greedy)", 0.0, 2.0, step=0.05, key="rc_temp",
-              help="Greedy: the texts are identical token for token. Sampling: each lane draws its own random "
-                   "numbers from the seed, so the texts differ; both follow the target's distribution.")
+              help="Greedy: the texts are identical token for token. Sampling: under the standard rule each lane "
+                   "draws its own random numbers from the seed, so the texts differ; under the drafter-invariant "
+                   "rule they are identical. Both follow the target's distribution.")
+    if S["rc_temp"] > 0:
+        st.radio("Sampling rule", list(RULE_LABELS), key="rc_rule", format_func=RULE_LABELS.get,
+                 help="Standard: a draft token is kept with probability min(1, p/q), a rejection is replaced by a "
+                      "draw from the residual; each lane draws its own random numbers, so the texts part. "
+                      "Drafter-invariant (Daliri, Musco & Suresh 2024): every token is argmax(log p + g) with "
+                      "Gumbel noise fixed by the seed, the position and the token, and the draft proposes with the "
+                      "same noise, so both lanes give the same text for a seed. Both follow the target's p exactly.")
     st.number_input("Seed", 0, 999_999, key="rc_seed")
     st.slider("Max new tokens", 8, MAX_NEW_UI, key="rc_max_new")
     st.select_slider("Playback speed", list(SPEEDS), key="rc_speed",
@@ -145,6 +157,8 @@ def _draw(race, recorded: bool) -> None:
         st.iframe(player_html(race, S["rc_speed"], present=present, nonce=nonce), height="content")
     with notes.container():
         st.caption(honesty_line(race, S["rc_speed"], recorded=recorded))
+        if why := why_identical(race):
+            st.caption(why)
         if recorded and not S.get("rc_race"):
             st.caption("Press **Race** to race on this server now.")
         if line := room_line(race):
@@ -152,7 +166,11 @@ def _draw(race, recorded: bool) -> None:
         if race.spread > SpeedupAB.SPREAD_WARN:
             st.warning(f"The timed runs of one kind differed by up to {race.spread:.1f}× (the machine was busy): the "
                        "ratio is unsure. Race again with nothing else running.")
-        _after_race(race, next(_draws))
+        n = next(_draws)
+        # why the verdict's speedup is what it is, from the lanes' own passes (engine.explain.why)
+        why_card(why_from_race(race, where=f"the recorded race's machine, {race.machine} ({race.measured_at[:10]})"
+                               if recorded else "this server"), key=f"rc_{n}")
+        _after_race(race, n)
 
 
 def _draw_current(recorded_race) -> None:
@@ -211,9 +229,8 @@ except SpeedupLabError as e:
 
 with controls:
     row = st.container(horizontal=True)
-    race_clicked = row.button("🏁 Race", type="primary", key="rc_race_btn", disabled=target is None,
-                              help="Warm up, then time speculative and plain decoding alone, alternating "
-                                   "(A B B A A B), with nothing drawn meanwhile; then play both back.")
+    # no tooltip: it stayed over the intro while the mouse rested on the button (the progress bar says what runs)
+    race_clicked = row.button("🏁 Race", type="primary", key="rc_race_btn", disabled=target is None)
     row.button("Stop", key="rc_stop", help="Ends a race in progress after the run it is timing.")
     recorded_clicked = row.button(
         "Play the recorded race", key="rc_recorded_btn", disabled=recorded is None,
@@ -229,7 +246,8 @@ def _settings() -> dict:
     return race_settings(target=TARGET, prompt=S["rc_prompt"], preset=S["rc_preset"], draft=S["rc_draft"],
                          early_exit_k=int(S["rc_k"]), draft_model=S["rc_draft_model"].strip(),
                          gamma=int(S["rc_gamma"]), tree=int(S["rc_tree"]), temperature=float(S["rc_temp"]),
-                         seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]))
+                         seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]),
+                         rule=S["rc_rule"] if float(S["rc_temp"]) > 0 else "standard")
 
 
 def _make(settings: dict, baseline: bool, room):
@@ -314,27 +332,7 @@ if shown.get("race") is not None:
     _open_in_live(shown["race"])
 
 if join_clicked:
-    @st.dialog("Join on your own device", width="large")
-    def _join_card() -> None:
-        try:
-            url = st.context.url
-        except Exception:  # noqa: BLE001 - no browser context (a test run)
-            url = None
-        try:
-            addr = join_address(url)
-        except InputError as e:
-            st.error(str(e))
-            return
-        # escaped, as HTML text (Markdown escaping would put invisible characters into an address people type)
-        st.html(f'<div style="font-size:2.4rem;font-weight:700;line-height:1.2;overflow-wrap:anywhere">'
-                f'{html.escape(addr.url)}</div>')
-        st.image(qr_png(addr.url, scale=12), width=360)
-        if addr.local_only:
-            st.warning("This address opens only on this machine: open the app by its network address, or set "
-                       "SPEEDUP_LAB_PUBLIC_URL to the address the room can reach.")
-        st.caption("Set by the operator (SPEEDUP_LAB_PUBLIC_URL)." if addr.source == "setting"
-                   else "The address this browser opened the app at.")
-    _join_card()
+    join_card()  # app.join: the same card Home and every page's sidebar open
 
 if target is None:
     stop_page()

@@ -20,7 +20,9 @@ from app.state import note_replaced, stop_page, sync_url, url_param, url_text
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import shape_figure
+from app.why_view import why_card
 from engine.decoding.compute import cpu_model
+from engine.decoding.draft_length import rule_examples, slope_costs
 from engine.decoding.models import EMBEDDED
 from engine.decoding.pass_cost import current_pass_cost, machine_pass_cost
 from engine.errors import SpeedupLabError
@@ -43,8 +45,10 @@ from engine.explain.analytic import (
     tree_size_curve,
     try_it_exercises,
 )
+from engine.explain.coupling import measured_rule_acceptance, rule_acceptance
 from engine.explain.drafting import BlockCost, drafting_curves, load_block_results
 from engine.explain.teaching import whatif_questions
+from engine.explain.why import why_from_run
 from engine.explain.toy import PEAK_RANGE, TOY_MAX_GAMMA, TOY_MAX_ROUNDS, VOCAB, run_toy_rounds, verify_always_accept
 
 CUSTOM_HW = "Custom"
@@ -261,6 +265,25 @@ def _section_model() -> None:
         f"E / (γc + {v.verify_ratio:.2f}) = {v.speedup_realistic:.2f}× instead of {v.speedup:.2f}×: the "
         f"simple formula assumes checking γ tokens is free, which is why it overestimates.")
 
+    with st.expander("A draft length per round: what the shipped head does by default"):
+        st.markdown(
+            "The formulas above fix γ. The engine's default draft instead chooses each round's length **from 0 up**: "
+            "before each draft token it estimates the token's acceptance chance â from the draft's confidence "
+            "(its top probability q, calibrated by the run's acceptance so far), and drafts it only if the round's "
+            "expected speedup E(k) / (k·c + t(k+1)/t(1)) grows, with E(k) = 1 + â₁ + â₁â₂ + …. A round where "
+            "even one token would not pay is a plain target step. The length depends only on the draft, so the "
+            "output still follows the target exactly. On Live each round says what it drafted and why. "
+            "(Ideas: SpecDec++, EAGLE-2's confidence, llama.cpp's --draft-p-min, vLLM's dynamic speculation; "
+            "engine/decoding/draft_length.py.)")
+        try:
+            rows = rule_examples(slope_costs(st.session_state["wi_slope"], cost))
+        except SpeedupLabError as e:
+            st.error(str(e))
+        else:
+            st.caption(f"At c = {cost:.2f} and slope s = {st.session_state['wi_slope']:.2f}: what the rule drafts "
+                       "when every token's estimate is â (up to γ = 6).")
+            show_table(rows, formats={"â": "%.2f", "expected ×": "%.2f", "one more ×": "%.2f"})
+
     fe = go.Figure()
     fe.add_scatter(x=v.alpha_grid, y=v.tokens_vs_alpha, mode="lines", name=f"γ = {gamma}")
     fe.add_scatter(x=[alpha], y=[v.tokens_per_pass], mode="markers", marker={"size": 12}, name="you")
@@ -325,7 +348,9 @@ def _section_simulator() -> None:
               kwargs={"alpha": 0.8, "cost": 0.3, "steps": 0})
     at_defaults = abs(alpha - 0.8) < 1e-9 and gamma == 4
     for ex in try_it_exercises(sim.mean if at_defaults else None, sim.n if at_defaults else 0):
-        with st.expander(ex.question, expanded=True):
+        st.markdown(f"**{ex.question}**")
+        # the reader tries first: the answer is one click away, closed
+        with st.expander(f"Show the answer ({ex.question.split('.')[0]})", expanded=False):
             st.markdown(ex.answer)
 
 # ------------------------------------------------------------------ batch roofline
@@ -495,6 +520,18 @@ def _machine(device: str):
     return machine_peaks(device)
 
 
+def _peaks_note(device: str) -> None:
+    """When and where the peaks were measured (the KV-cache page says the same), and a button to measure again."""
+    from app.resources import dated_machine_peaks, remeasure_machine_peaks
+
+    row = st.container(horizontal=True, vertical_alignment="center")
+    row.caption(dated_machine_peaks(device).words() + " (one measurement, the same on the KV-cache page).")
+    if row.button("Measure again", key="wi_peaks_again",
+                  help="A new copy and matmul (about 2 s); every page then shows the new figures."):
+        remeasure_machine_peaks(device)
+        st.rerun()
+
+
 def _section_batch_measured() -> None:
     from app.resources import get_model
     from engine.decoding.batch import (SWEEP_MIN_PROMPTS, SWEEP_PROMPTS, batch_sweep, check_sweep_inputs,
@@ -525,6 +562,7 @@ def _section_batch_measured() -> None:
               help=f"The ridge of the roofline for the weights as the engine reads them ({bpp:.2f} bytes a weight): "
                    "bytes a weight · FLOP/s ÷ (2 · bandwidth) (engine/decoding/batch.py: weight_bytes_per_param, "
                    "MachinePeaks.ridge_tokens).")
+    _peaks_note(resolve_device(None).type)
     c1, c2, c3 = st.columns(3)
     c1.text_input("Batch sizes B", key="wi_bs_batches", help="Comma-separated, e.g. 1, 2, 4, 8 (the prompt set has 32).")
     c2.number_input("New tokens per sequence", 1, 64, step=1, key="wi_bs_tokens")
@@ -732,6 +770,40 @@ def _section_toy() -> None:
         if st.session_state["wi_toy_rule"] == RULES[1]:
             st.warning("The naive rule keeps every draft token, so the output follows the draft's q, not "
                        "the target's p: the χ² test rejects it.")
+        _section_rules(tr)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _rule_acceptance(p: tuple, q: tuple):
+    return rule_acceptance(list(p), list(q))
+
+
+def _section_rules(tr) -> None:
+    """The standard rule's acceptance against the drafter-invariant (Gumbel-max) rule's, on the toy's p and q and
+    as measured on the embedded model (``engine.explain.coupling``)."""
+    st.markdown("**Another lossless rule: drafter-invariant sampling.** Each token is argmax(log p + g), with Gumbel "
+                "noise g fixed by the seed, the position and the token; the draft proposes argmax(log q + g) with the "
+                "same noise and a draft token is kept when the two agree (Daliri, Musco & Suresh 2024). Plain and "
+                "speculative decoding then give the same text for a seed, at some cost in acceptance:")
+    ra = _rule_acceptance(tuple(tr.p), tuple(tr.q))
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Standard rule: Σ min(p, q)", f"{ra.standard:.3f}", help="The most any rule keeps (1 − TV).")
+    se = (ra.gumbel * (1 - ra.gumbel) / ra.rows) ** 0.5
+    c2.metric("Gumbel coupling: P(picks agree)", f"{ra.gumbel:.3f}",
+              delta=f"± {2 * se:.3f} (estimate)", delta_color="off", delta_arrow="off",
+              help=f"Estimated over {ra.rows:,} noise rows: ± two standard errors. It is at most Σ min(p, q); an "
+                   "estimate can land a little above it.")
+    c3.metric("Paper's bound (1 − TV)/(1 + TV)", f"{ra.bound:.3f}")
+    m = measured_rule_acceptance()
+    if m is None:
+        st.caption("No measurement of the two rules on the embedded model here (benchmarks/bench_gumbel.py).")
+    else:
+        st.caption(f"On the embedded model (SmolLM2-135M and its draft head, γ {m['gamma']}, T {m['temperature']:g}, "
+                   f"{m['prompts']} held-out prompts; measured on {m['cpu']}, {m['date']}, {m['file']}): α̂ "
+                   f"{m['alpha_standard']:.3f} under the standard rule, {m['alpha_gumbel']:.3f} under the "
+                   f"drafter-invariant one; on {m['positions']} real p and q rows of a run, Σ min(p, q) "
+                   f"{m['sum_min']:.3f} against the coupling's {m['agreement']:.3f} (bound {m['bound']:.3f}); "
+                   f"speculative text equal to plain decoding's on {m['identical']} of {m['prompts']} prompts.")
 
 # ------------------------------------------------------------------ measured numbers from the live page
 def _section_measured() -> None:
@@ -740,10 +812,17 @@ def _section_measured() -> None:
         st.info("No measured run in this session yet: run the live page first (🔴 Live speculative "
                 "decoding), then come back to compare its measured speedup with the model's prediction.")
     else:
+        unsure = list(getattr(run, "unsure", None) or [])
+        if unsure:  # the Live page called the run unsure: every number below is that busy run's
+            st.warning("The Live run these numbers come from was **unsure**: " + "; ".join(unsure) + ". The Live page "
+                       "said so beside its speedup; the machine was busy, so the figures below are the busy "
+                       "machine's. Run the baseline again there with nothing else running.")
+        why_card(why_from_run(run, where="this server"), key="wi", offer_case=False,
+                 link_label="The analytic model at this run's numbers")
         try:
             mc = compare_with_measured(run)
         except SpeedupLabError as e:
-            st.error(str(e))
+            (st.warning if unsure else st.error)(str(e))
         else:
             st.markdown(f"Measured on the live page: α = **{mc.alpha:.3f}**, γ = **{mc.gamma}**, "
                         f"c = **{mc.c:.3f}** (draft step ÷ {mc.c_basis}).")

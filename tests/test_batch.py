@@ -233,13 +233,13 @@ def test_sampling_keeps_each_rows_distribution():
     import engine.decoding.batch as batch_mod
     from engine.decoding.sampling import Verdict
 
-    orig = batch_mod.verify_sampling
-    batch_mod.verify_sampling = lambda d, q, p_, g: Verdict(len(d), int(torch.multinomial(p_[-1], 1, generator=g)),
-                                                            "bonus", [1.0] * len(d))
+    orig = batch_mod.verify_chain
+    batch_mod.verify_chain = lambda d, q, p_, cfg, g, pos: Verdict(len(d), int(torch.multinomial(p_[-1], 1, generator=g)),
+                                                                   "bonus", [1.0] * len(d))
     try:
         p_bad, _ = pvalue(counts())
     finally:
-        batch_mod.verify_sampling = orig
+        batch_mod.verify_chain = orig
     assert p_bad < 1e-6
 
 

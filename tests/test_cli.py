@@ -176,8 +176,8 @@ def test_baseline_speedup_is_per_token_when_lengths_differ(tiny_dir, capsys):
     assert inv["label"] and inv["readers"] > 0 and inv["holds"] == (inv["by_construction"] and not inv["mismatched"])
     assert inv["holds"] == (compute["path"] == "stream")  # the tiny Llama takes the lean layers: invariant on "stream"
     assert out["settings"] == {"target": tiny_dir, "draft": "ngram", "gamma": 3, "temperature": 1.5, "top_k": 0,
-                               "top_p": 1.0, "seed": seed, "max_new_tokens": 12, "chat": False,
-                               "draft_confidence": None}
+                               "top_p": 1.0, "sampling_rule": "standard", "seed": seed, "max_new_tokens": 12,
+                               "chat": False, "draft_confidence": None, "length": "fixed"}
 
 
 def test_baseline_difference_is_explained_by_mode(tiny_dir, capsys, monkeypatch):

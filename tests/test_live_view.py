@@ -484,7 +484,7 @@ def test_room_lines_from_room_stats():
         "The last target pass served 16 readers. At about 16 readers per pass drafting gave 0.60× the tokens per second of "
         "plain passes (measured on this room's recent passes), so the room does not draft. Greedy texts are the same "
         "either way; a sampled text from a pass without drafting is another sample of the same distribution, not the "
-        "text alone.")
+        "text alone (under the drafter-invariant sampling rule it is the text alone).")
     assert room_lines(RoomStats(2, 2, 2.0, 50.0, 3, None, 32, 2, None, drafting=BandRates(2, None, None, True)))[
         "caption"].endswith("At about 2 readers per pass the room is still measuring whether drafting pays (drafting now).")
     dated = room_lines(s, as_of="21:52:03")
@@ -584,3 +584,29 @@ def test_a_finished_run_opens_its_last_round_that_drafted():
     assert round_to_show(rounds[:2], finished=True) == (rounds[1], None)  # the last drafted: itself
     only_plain = [plain(0), plain(1)]
     assert round_to_show(only_plain, finished=True) == (only_plain[1], None)  # plain decoding: nothing else to show
+
+
+def test_choice_line_rows_and_history_of_an_adaptive_round():
+    from dataclasses import replace
+
+    from app.live_view import choice_line, choice_rows
+    from engine.decoding.draft_length import LengthChoice
+
+    fixed = _round()
+    assert choice_line(fixed) is None and choice_rows(fixed) == []
+    assert "drafted by" not in history_rows([fixed])[0]
+    c = LengthChoice(source="draft head", k=3, gamma_max=6, confidence=[0.9, 0.7, 0.6, 0.2],
+                     acceptance=[0.85, 0.66, 0.57, 0.19], expected_tokens=2.7, cost=1.6, expected_speedup=1.69,
+                     next_speedup=1.55, stopped="gain", alternatives={"draft head": 1.4, "prompt lookup": 1.2})
+    rnd = replace(fixed, choice=c)
+    line = choice_line(rnd)
+    assert line.startswith("**Draft length:**") and "drafted 3" in line and "1.69×" in line
+    assert "one more (â = 0.19) would give 1.55×" in line and "prompt lookup 1.20×" in line
+    rows = choice_rows(rnd)
+    assert [r["drafted?"] for r in rows] == ["yes", "yes", "yes", "no: did not pay"]
+    assert rows[0]["drafted by"] == "draft head" and rows[3]["â (rule's estimate)"] == 0.19
+    plain = replace(fixed, choice=replace(c, k=0, stopped="plain", acceptance=[0.1], confidence=[0.1],
+                                          next_speedup=0.9, alternatives={}))
+    h = history_rows([fixed, rnd, plain])
+    assert [r["drafted by"] for r in h] == ["—", "draft head", "— (plain step)"]
+    assert h[1]["expected ×"] == 1.69 and "plain step" in choice_line(plain)

@@ -27,16 +27,3 @@ def test_every_page_after_every_other_in_one_session():
             assert at.selectbox(key="preset").value == "SmolLM2-135M-Instruct (embedded)"
         if page.endswith("flash_attention.py"):
             assert at.selectbox(key="fa_gpu").value == "NVIDIA A100 (SXM4 40GB)"
-
-
-def test_unknown_page_names_an_address_that_is_no_page():
-    from app.navigation import unknown_page
-
-    known = ["live", "whatif"]
-    assert unknown_page("http://127.0.0.1:8501/does-not-exist", known) == "does-not-exist"
-    assert unknown_page("http://127.0.0.1:8501/live", known) is None
-    assert unknown_page("http://127.0.0.1:8501/", known) is None and unknown_page("http://h:1", known) is None
-    assert unknown_page(None, known) is None
-    assert unknown_page("http://h/lab/live", known, base_path="lab") is None
-    assert unknown_page("http://h/lab/", known, base_path="/lab/") is None
-    assert unknown_page("http://h/lab/nope", known, base_path="lab") == "nope"

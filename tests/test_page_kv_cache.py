@@ -179,6 +179,12 @@ def test_measure_button_adds_this_machine():
     assert not at.exception
     names = at.selectbox(key="gpu").options
     assert any(n.startswith("This machine") for n in names)
+    # one stored, dated measurement: the words What-if's roofline shows too (engine.explain.machine)
+    from engine.explain.machine import stored_peaks
+
+    words = stored_peaks("cpu").words()
+    assert any(words in c.value for c in at.caption)
+    assert at.button(key="kv_measure").label == "Measure again"
 
 
 @pytest.mark.slow

@@ -133,6 +133,14 @@ def test_run_to_end_baseline_and_measured_run(tiny):
     assert token_charts and all(f["layout"]["xaxis"]["type"] == "category" for f in token_charts)
     # a target other than the embedded one defaults to prompt lookup at γ = 4 (the head is γ = 2)
     assert run.measured_speedup == pytest.approx(expected) and run.gamma == 4
+    # why, here: the three conditions the run measured, beside the speedup, the run's unsure flag with it
+    assert run.spread == pytest.approx(ab.spread)
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+    assert f"Measured **{expected:.2f}×** on this server" in why
+    assert ("unsure" in why) == bool(run.unsure)
+    labels = [m.label for m in at.metric]
+    assert any("Acceptance" in lb for lb in labels) and any("Verify pass" in lb for lb in labels)
+    assert any("Draft step" in lb for lb in labels)
     # the generated text is drawn, coloured by origin
     assert ":green-background[" in _markdown(at) or ":orange-background[" in _markdown(at)
 
@@ -161,6 +169,24 @@ def test_url_state_and_sampling_shows_uniforms(tiny):
     judged = [d for r in rounds for d in r.drafted if d.verdict != "discarded"]
     assert judged and all(d.u is not None for d in judged)  # sampling: a uniform draw per judged token
     assert at.query_params["lv_seed"] == "42" and at.query_params["lv_draft"] == "ngram"
+
+
+def test_sampling_rule_choice_defaults_to_the_standard_rule_and_gumbel_matches_plain(tiny):
+    """The standard rule is the default; the drafter-invariant one comes from the URL, its rounds draw no u, and Run
+    baseline's plain run gives the same text ("Outputs identical?" yes)."""
+    at = _app(tiny, lv_temp=0.9, lv_seed=4, lv_speed="instant")
+    assert at.radio(key="lv_rule").value == "standard" and at.session_state["lv_dec"].sampling.rule == "standard"
+    at = _app(tiny, lv_gamma=3, lv_temp=0.9, lv_seed=4, lv_speed="instant", lv_rule="gumbel")
+    assert at.session_state["lv_dec"].sampling.rule == "gumbel"
+    at = _click(at, "lv_run")
+    dec = at.session_state["lv_dec"]
+    assert all(d.u is None for r in dec.rounds for d in r.drafted)
+    assert "Drafter-invariant sampling" in "\n".join(c.value for c in at.caption)
+    at = _click(at, "lv_baseline")
+    ab = at.session_state["lv_base"]
+    assert ab.base_ids == dec.new_ids
+    assert _metric(at, "Outputs identical?") == "yes"
+    assert at.query_params["lv_rule"] == "gumbel"
 
 
 def test_custom_prompt_travels_in_the_link(tiny):

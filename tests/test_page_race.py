@@ -46,6 +46,11 @@ def test_before_any_race_the_recorded_race_is_shown(tiny):
     assert "📱 Join card" not in labels  # presenter mode only
     if RECORDED.is_file():
         assert "A recorded race, measured on" in _captions(at)
+        why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+        assert "on the recorded race's machine, AMD EPYC" in why  # the machine named in the sentence
+        # its speedup is small: a case that pays is one click away, with its machine in the sentence
+        assert any(b.label.startswith("🏁 Race prompt lookup on a code edit") for b in at.button)
+        assert "A case that pays: Prompt lookup on a code edit" in _captions(at)
         assert at.session_state["rc_show"] if "rc_show" in at.session_state else True
 
 
@@ -65,6 +70,10 @@ def test_a_race_replaces_it_and_keeps_the_settings_in_the_url(tiny):
     assert at.query_params["rc_draft"] == "ngram" and at.query_params["rc_gamma"] == "3"
     assert at.query_params["rc_seed"] == "5"
     assert "rc_prompt" not in at.query_params or at.session_state["rc_preset"] == "custom"
+    # why, here: the race's speedup beside the three conditions its lanes measured
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+    assert f"Measured **{race.speedup:.2f}×** on this server" in why
+    assert sum(any(k in m.label for k in ("Acceptance", "Verify pass", "Draft step")) for m in at.metric) == 3
     # the recorded race on request, then back to a new race of this server
     if RECORDED.is_file():
         at.button(key="rc_recorded_btn").click().run()
@@ -77,6 +86,23 @@ def test_sampled_race(tiny):
     assert not at.exception and not at.error
     race = at.session_state["rc_race"]
     assert not race.greedy and race.settings["temperature"] == 0.8
+
+
+def test_sampled_race_under_the_drafter_invariant_rule_ends_text_identical(tiny):
+    """Sampled at T 0.8 on the drafter-invariant rule: the lanes' texts are identical, the verdict says so and a
+    caption says why; the rule is in the URL and the race's settings."""
+    from app.race_view import verdict_line
+
+    at = _app(tiny, rc_temp=0.8, rc_seed=3, rc_rule="gumbel")
+    assert at.radio(key="rc_rule").value == "gumbel"
+    at.button(key="rc_race_btn").click().run()
+    assert not at.exception and not at.error
+    race = at.session_state["rc_race"]
+    assert race.settings["rule"] == "gumbel" and not race.greedy
+    assert race.identical and race.spec.new_tokens == 12
+    assert verdict_line(race).startswith("TEXT IDENTICAL (12 tokens, sampled")
+    assert "Why identical though sampled" in _captions(at)
+    assert at.query_params["rc_rule"] == "gumbel"
 
 
 def test_bad_input_is_a_message_not_a_traceback(tiny):

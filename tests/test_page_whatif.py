@@ -86,7 +86,8 @@ def test_step_buttons_and_simulator():
     assert _metrics(at)["Rounds (target passes)"] == "111"
     mean = float(_metrics(at)["Average tokens per pass"])
     assert 2.9 < mean < 3.8                                   # E = 3.36, sd of mean over 111 ≈ 0.15
-    ex1 = [e for e in at.expander if e.label.startswith("1.")][0]
+    ex1 = [e for e in at.expander if e.label == "Show the answer (1)"][0]
+    assert not ex1.proto.expanded  # the answers stay closed until the reader opens one
     assert "111 simulated rounds gave" in ex1.markdown[0].value
     at.number_input(key="wi_seed").set_value(7).run()
     assert float(_metrics(at)["Average tokens per pass"]) != mean
@@ -102,12 +103,12 @@ def test_try_it_buttons():
             at.slider(key="wi_cost").value) == (0.8, 4, 0.05)
     at.button(key="wi_btn_ex2").click().run()
     assert at.slider(key="wi_alpha").value == 0.6
-    ex2 = [e for e in at.expander if e.label.startswith("2.")][0]
+    ex2 = [e for e in at.expander if e.label == "Show the answer (2)"][0]
     assert "drops from 8" in ex2.markdown[0].value and "to 4" in ex2.markdown[0].value
     at.button(key="wi_btn_ex3").click().run()
     assert at.slider(key="wi_cost").value == 0.3
     assert at.slider(key="wi_alpha").value == 0.8  # not Exercise 2's 0.60: the exercise lowers α from here
-    ex3 = [e for e in at.expander if e.label.startswith("3.")][0]
+    ex3 = [e for e in at.expander if e.label == "Show the answer (3)"][0]
     assert "α ≈ 0.30" in ex3.markdown[0].value
 
 
@@ -137,6 +138,18 @@ def test_batch_roofline_inputs():
     at.select_slider(key="wi_max_batch").set_value(8).run()
     assert _metrics(at)["Slower than plain decoding from batch"] == "> 8"
     _no_bad_numbers(at)
+
+
+def test_distribution_check_compares_the_two_rules_acceptance():
+    """The toy's first-token p and q: Σ min(p, q) (the standard rule) against the Gumbel coupling's agreement, which
+    lies between the paper's bound and it; the embedded model's measured numbers when a result is shipped."""
+    at = _tab(_app(), "Distribution check")
+    m = _metrics(at)
+    std, gum = float(m["Standard rule: Σ min(p, q)"]), float(m["Gumbel coupling: P(picks agree)"])
+    bound = float(m["Paper's bound (1 − TV)/(1 + TV)"])
+    assert std == pytest.approx(5 / 6, abs=1e-3) and bound - 0.03 <= gum <= std + 0.03
+    assert any("drafter-invariant" in c.value for c in at.caption) or any(
+        "drafter-invariant" in md.value for md in at.markdown)
 
 
 def test_toy_distribution_check_widgets():
@@ -304,3 +317,19 @@ def test_measured_numbers_show_where_the_gap_comes_from():
     at.session_state["measured_run"] = _run_record(verify_tokens_counts={1: 2, 5: 3})
     at.run()
     assert not at.exception and any("count different rounds" in e.value for e in at.error)
+
+
+def test_an_unsure_live_run_is_called_unsure_here_too():
+    """A busy Live run (its record's ``unsure``): What-if says so first, and its out-of-range c is no red verdict."""
+    at = _tab(_app(), "My measured numbers")
+    at.session_state["measured_run"] = types.SimpleNamespace(
+        acceptance_rate=0.6, draft_cost_ratio=2.59, gamma=1, verify_ms_by_tokens={1: 10.0, 2: 12.0},
+        draft_ms_per_token=25.9, measured_speedup=1.59, spread=2.1,
+        unsure=["the timed runs of one kind differed by up to 2.1×"])
+    at.run()
+    assert not at.exception and not at.error
+    warnings = [w.value for w in at.warning]
+    assert warnings[0].startswith("The Live run these numbers come from was **unsure**: the timed runs")
+    assert any("Live run was unsure" in w and "2.59" in w for w in warnings)
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why, here**"))
+    assert "Measured **1.59×**" in why and "unsure" in why

@@ -55,6 +55,9 @@ def test_measured_sweep_runs_and_draws_model_and_measurement(patched):
     assert not at.exception
     m = {x.label: x.value for x in at.metric}
     assert m["Memory bandwidth (measured)"].endswith("GB/s") and m["Matmul throughput (measured)"].endswith("GFLOP/s")
+    # dated, and in the same words as the KV-cache page (one stored measurement: engine.explain.machine)
+    words = next(c.value for c in at.caption if "GB/s memory bandwidth and" in c.value)
+    assert f"{m['Memory bandwidth (measured)'].split()[0]} GB/s memory bandwidth" in words and " on 20" in words
     assert any("No measured sweep" in i.value for i in at.info)
     at.button(key="wi_bs_run").click().run()
     assert not at.exception and not at.error
@@ -129,13 +132,15 @@ def test_mistake_1_uses_the_session_sweep_else_the_shipped_file(patched, tmp_pat
     cap = " ".join(c.value for c in at.caption)
     assert "the shipped benchmark result" in cap and "bench_batch.py" in cap
     assert "an earlier machine (not recorded)" in cap  # this file names no machine
-    assert any("Measured by the shipped benchmark" in md.value for md in at.markdown)
+    # another machine's figure says so in the sentence, not only in the caption
+    assert any("Measured on another machine (not recorded), by the shipped benchmark" in md.value for md in at.markdown)
     m = {x.label: x.value for x in at.metric}
     assert m["Speedup at batch 2"] == f"{sweep.cell('ngram', 2).speedup:.2f}×"
     f.write_text(json.dumps({"sweep": sweep.to_dict(), "machine": {"bandwidth_gbs": 10.0, "peak_tflops": 0.05},
                              "machine_meta": {"cpu": "Test CPU 9000", "compute": "onednn"}}))
     at.run()
     assert "measured on Test CPU 9000 with the onednn compute path" in " ".join(c.value for c in at.caption)
+    assert any("Measured on another machine (Test CPU 9000)" in md.value for md in at.markdown)
     bv.save_machine_sweep(sweep, "embedded", "test kernels")  # a sweep measured here earlier beats the shipped one
     at.run()
     cap = " ".join(c.value for c in at.caption)

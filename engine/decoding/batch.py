@@ -16,11 +16,12 @@ How a ragged batch is kept (in spirit, what serving engines do with per-row leng
   no padding and equal rows (always the case at B = 1: a single row's rejected tail is cropped, as the
   single-sequence engine does) no mask is passed at all, so B = 1 runs exactly the operations of
   ``engine.decoding.speculative.SpeculativeDecoder`` (prefilled first) and gives bit-identical logits.
-- The acceptance rules are the single-sequence engine's (``sampling.verify_greedy`` / ``verify_sampling``),
-  applied per row with each row's own random generator (seed + row index), so each row keeps its
-  distribution. Drafts are the existing proposers, one instance per row: prompt lookup (no model), the
-  EAGLE-style draft head (its own small pass **per row** — not batched yet — reading the row's target
-  features from the batched pass), a draft model or early exit (their own passes per row, also not batched).
+- The acceptance rules are the single-sequence engine's (``sampling.verify_greedy`` / ``verify_chain``: the
+  standard rule or the drafter-invariant "gumbel" one), applied per row with each row's own random generator (seed
+  + row index; under "gumbel" that seed keys the row's noise), so each row keeps its distribution. Drafts are the
+  existing proposers, one instance per row: prompt lookup (no model), the EAGLE-style draft head (its own small
+  pass **per row** — not batched yet — reading the row's target features from the batched pass), a draft model or
+  early exit (their own passes per row, also not batched).
   Only the target's pass is batched: that is the pass the sweep is about.
 
 Each row gets ``Round`` records and ``RunStats`` like a single-sequence run: ``verify_ms`` of a round is the
@@ -45,7 +46,7 @@ from engine.decoding.attention import fed_visibility, model_mask, stack_left_pad
 from engine.decoding.compute import batch_invariant
 from engine.decoding.models import LoadedModel
 from engine.decoding.proposers import FeatureHeadProposer, Proposal, Proposer
-from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, argmax_rows, verify_greedy, verify_sampling, warp_probs
+from engine.decoding.sampling import MAX_GAMMA, SamplingConfig, argmax_rows, verify_chain, verify_greedy, warp_probs
 from engine.decoding.speculative import MAX_NEW_TOKENS, GenerationResult, _TokenText, chain_positions, encode_prompt
 from engine.decoding.trace import Round, run_stats
 from engine.errors import InputError
@@ -580,7 +581,7 @@ class BatchDecoder:
             if cfg.greedy:
                 verdict = verify_greedy(d, argmax_rows(p_logits))
             else:
-                verdict = verify_sampling(d, qs[s], p, r.generator)
+                verdict = verify_chain(d, qs[s], p, cfg, r.generator, len(r.seq))
             remaining = self.max_new_tokens - len(r.new_ids)
             emitted = d[:verdict.n_accepted] + [verdict.next_token]
             stop_reason = None

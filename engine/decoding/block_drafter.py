@@ -56,7 +56,7 @@ from engine.decoding.attention import model_mask
 from engine.decoding.compute import apply_path, linear, path_of, prepare_weight
 from engine.decoding.draft_head import head_layer_config
 from engine.decoding.proposers import Proposal, Proposer
-from engine.decoding.sampling import argmax_rows, sample, warp_probs
+from engine.decoding.sampling import argmax_rows, draw_token, warp_probs
 from engine.decoding.tree import TokenTree, best_paths, empty_tree, tree_from_candidates
 from engine.errors import InputError, ModelLoadError
 
@@ -426,7 +426,8 @@ class BlockProposer(Proposer):
             if self.confidence_threshold > 0 and top < self.confidence_threshold:
                 break  # the confidence cut: this slot and those after it are not proposed
             q_red = warp_probs(logits[j], cfg)
-            i = argmax_rows(logits[j])[0] if cfg.greedy else sample(q_red, generator)
+            i = argmax_rows(logits[j])[0] if cfg.greedy else draw_token(q_red, cfg, generator, len(seq) + j,
+                                                                        self.vocab_ids)
             q = torch.zeros(self.target_vocab, dtype=q_red.dtype)
             q[self.vocab_ids] = q_red
             tokens.append(int(self.vocab_ids[i]))

@@ -16,9 +16,18 @@ losing clearly),
 so a change in acceptance (other prompts, other readers) moves the choice. Passes in a band below ``MEASURED_FROM``
 (fewer than 6 readers) always draft, as each reader would alone.
 
+Within a pass that drafts, each reader's draft is as long as its own length rule says (``engine.decoding.draft_length``,
+the shipped head's default): the rule reads the lone pass-cost curve and the reader's own draft, so a reader drafts in
+the room exactly what it drafts alone (``FeatureHeadProposer.propose_many`` runs each row's rule on the bits ``propose``
+gives it) and its text stays its text alone; this policy only decides whether the pass drafts at all. (A rule priced
+on the shared pass's marginal cost would draft less at many readers, but a reader's sampled text would then depend on
+who else is in the room.)
+
 What it changes for a reader: greedy texts are the same either way (speculative decoding is exact); a sampled
 reader's text from a plain pass stays a sample of the same distribution but is no longer the same text as alone,
 since a plain pass makes fewer random draws (as with the operator's fixed limit, ``scheduler.parse_no_draft_above``).
+A reader sampling under the drafter-invariant rule (``SamplingConfig(rule="gumbel")``: noise keyed by seed, position
+and token) gets its text alone either way.
 """
 
 from __future__ import annotations

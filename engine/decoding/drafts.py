@@ -7,6 +7,7 @@ block drafter) never import each other. Specs:
 - "none" / "baseline": plain decoding (no proposer);
 - "ngram": prompt lookup; "early-exit:K": the target's first K layers;
 - "embedded-head" or a folder with ``head_config.json``: the EAGLE-style head (``draft_head``);
+- "embedded-auto": prompt lookup where the context repeats, the shipped head elsewhere, per round (``combined``);
 - "embedded-medusa" or a folder with ``medusa_config.json``: Medusa heads (``medusa``);
 - "embedded-block" or a folder with ``block_config.json``: the block drafter (``block_drafter``);
 - anything else: a draft model (pass the loaded ``draft``).
@@ -26,7 +27,33 @@ from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_BLOCK_DIR
 from engine.decoding import pass_cost
 from engine.decoding.proposers import (DraftModelProposer, EarlyExitProposer, FeatureHeadProposer,
                                        PromptLookupProposer, Proposer, output_vocab_size)
+from engine.decoding.draft_length import check_policy, machine_rule
 from engine.errors import InputError, ModelLoadError
+
+EMBEDDED_AUTO = "embedded-auto"
+"""The combined draft's spec: prompt lookup or the shipped head, per round (``engine.decoding.combined``)."""
+ADAPTIVE_BY_DEFAULT = (EMBEDDED_HEAD, EMBEDDED_AUTO)
+"""The draft specs whose rounds choose their length (``engine.decoding.draft_length``) unless told "fixed"."""
+
+
+def default_length(kind: str) -> str:
+    """The draft-length policy a spec gets by default: "adaptive" for the shipped head and the combined draft
+    (``ADAPTIVE_BY_DEFAULT``), "fixed" (γ every round) for every other draft."""
+    return "adaptive" if (kind or "").strip() in ADAPTIVE_BY_DEFAULT else "fixed"
+
+
+def is_adaptive(proposer) -> bool:
+    """Whether ``proposer``'s rounds choose their length (a length rule, or the combined draft)."""
+    return getattr(proposer, "length_rule", None) is not None or getattr(proposer, "lookup_rule", None) is not None
+
+
+def _head_prior(head) -> float | None:
+    """The head's held-out first-token agreement from its config (``heldout_agreement.first``), or None."""
+    try:
+        v = float((getattr(head, "config", None) or {}).get("heldout_agreement", {}).get("first"))
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return v if 0 < v <= 1 else None
 
 _HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]" = weakref.WeakKeyDictionary()
 
@@ -93,20 +120,39 @@ def _machine_medusa_tree(heads, target: LoadedModel):
     return choose_tree(acc, curve.ratios(MEDUSA_MAX_TREE + 1), MEDUSA_MAX_TREE)["medusa_choices"]
 
 
-def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None) -> Proposer | None:
+def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = None,
+                  length: str | None = None) -> Proposer | None:
     """Build a proposer from a draft spec: "none", "ngram", "early-exit:K", "embedded-head" or a folder
-    with a saved draft head (``engine.decoding.draft_head``), "embedded-medusa" or a folder with saved
+    with a saved draft head (``engine.decoding.draft_head``), "embedded-auto" (prompt lookup or the shipped head
+    per round, ``engine.decoding.combined``), "embedded-medusa" or a folder with saved
     Medusa heads (``engine.decoding.medusa``), "embedded-block" or a folder with a saved block drafter
     (``engine.decoding.block_drafter``), or a draft model (pass ``draft``).
 
+    ``length``: "adaptive" (each round drafts 0..γ tokens, as many as the expected gain pays for:
+    ``engine.decoding.draft_length``; a draft head or the combined draft), "fixed" (γ every round), or None for
+    the spec's default (``default_length``: adaptive for "embedded-head" and "embedded-auto").
+
     Raises:
-        InputError: for a malformed spec; TokenizerMismatchError for an incompatible draft model;
+        InputError: for a malformed spec, an unknown length policy, "adaptive" for a draft other than a head or
+        the combined one, "fixed" for the combined draft; TokenizerMismatchError for an incompatible draft model;
         ModelLoadError for a draft head that cannot be loaded for this target.
     """
 
     kind = (kind or "").strip()
+    policy = check_policy(length) if length is not None else default_length(kind)
     if kind in ("none", "baseline"):
         return None
+    if kind == EMBEDDED_AUTO:
+        if policy != "adaptive":
+            raise InputError("The combined draft (prompt lookup or the head, per round) chooses by expected gain: "
+                             "its length is adaptive. For a fixed γ pick the head or prompt lookup.")
+        from engine.decoding.combined import CombinedProposer
+
+        head = make_proposer(EMBEDDED_HEAD, target, length="adaptive")
+        return CombinedProposer(head, PromptLookupProposer(output_vocab_size(target), stop_ids=target.eos_token_ids))
+    if policy == "adaptive" and not (kind == EMBEDDED_HEAD or is_head_folder(kind)):
+        raise InputError(f"An adaptive draft length applies to a draft head ({EMBEDDED_HEAD} or a head folder) or "
+                         f"{EMBEDDED_AUTO}, not {kind!r}; use a fixed γ.")
     if kind == EMBEDDED_MEDUSA or is_medusa_folder(kind):
         return _medusa_proposer(kind, target)
     if kind == EMBEDDED_BLOCK or is_block_folder(kind):
@@ -120,7 +166,11 @@ def make_proposer(kind: str, target: LoadedModel, draft: LoadedModel | None = No
             raise ModelLoadError(f"The shipped draft head is missing from {folder}.")
         head = _cached_head(str(folder), target.model)
         label = "trained draft head (EAGLE-style)" if kind == EMBEDDED_HEAD else f"draft head: {kind}"
-        return FeatureHeadProposer(head, target, name=label)
+        proposer = FeatureHeadProposer(head, target, name=label)
+        if policy == "adaptive":
+            proposer.length_rule = machine_rule(target, rate_prior=_head_prior(head))
+            proposer.name = label + ", adaptive length"
+        return proposer
     if kind == "ngram":
         # adaptive length: measured faster than a fixed γ on chat and code edits
         # (benchmarks/results/speculative_amd-epyc.md, "adaptive length" rows)

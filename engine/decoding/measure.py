@@ -154,7 +154,8 @@ def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) ->
 
 
 def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
-                 base_stats: RunStats | None = None, rounds: list[Round] | None = None) -> SimpleNamespace | None:
+                 base_stats: RunStats | None = None, rounds: list[Round] | None = None,
+                 spread: float | None = None) -> SimpleNamespace | None:
     """The record the what-if page reads from ``st.session_state["measured_run"]``, or None while the
     run has no measured α or c yet (nothing judged, or no draft time).
 
@@ -162,7 +163,12 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
     time, as the curve's 1-token point: what-if needs it for the verify-cost prediction and to express
     c per decode step (``engine.explain.analytic.compare_with_measured``). ``rounds`` (the rounds of the run
     ``stats`` describes: ``SpeedupAB.spec_rounds`` after Run baseline) add what the prediction from the run
-    needs (``engine.explain.analytic.predict_from_run``): see :func:`run_profile`."""
+    needs (``engine.explain.analytic.predict_from_run``): see :func:`run_profile`. ``spread`` (the A/B's
+    ``SpeedupAB.spread``) and the run's tokens per round decide whether the measured speedup is unsure
+    (``engine.explain.why.unsure_reasons``): the record's ``unsure`` lists why (empty: it is not), so every page
+    that reads the run says so beside its numbers."""
+    from engine.explain.why import unsure_reasons
+
     if stats.acceptance_rate is None or stats.draft_cost_ratio is None:
         return None
     sp = measured_speedup if measured_speedup is not None and math.isfinite(measured_speedup) else None
@@ -173,7 +179,8 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
                           draft_cost_ratio=float(stats.draft_cost_ratio),
                           draft_ms_per_token=stats.draft_ms_per_token,
                           verify_ms_by_tokens=dict(sorted(curve.items())),
-                          measured_speedup=sp, gamma=int(gamma))
+                          measured_speedup=sp, gamma=int(gamma), spread=spread,
+                          unsure=unsure_reasons(sp, stats.tokens_per_round, spread))
     if rounds:
         vars(rec).update(run_profile(rounds, stats, base_stats))
     return rec

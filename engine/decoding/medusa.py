@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from engine.decoding.compute import apply_path, linear, path_of, prepare_weight
 from engine.decoding.proposers import Proposal, Proposer
-from engine.decoding.sampling import argmax_rows, sample, warp_probs
+from engine.decoding.sampling import argmax_rows, draw_token, warp_probs
 from engine.decoding.tree import (TokenTree, best_paths, choose_tree, expected_accepted,  # noqa: F401 - re-exported
                                   path_acceptance, tree_from_candidates, validate_choices)
 from engine.errors import InputError, ModelLoadError
@@ -359,12 +359,13 @@ class MedusaProposer(Proposer):
             # float64 as the verifier's p (speculative._chain_round warps the same logits in float64 under
             # sampling), so p = q on this row and min(1, p/q) = 1
             q0 = warp_probs(root.double(), cfg)
-            tokens.append(argmax_rows(root)[0] if cfg.greedy else sample(q0, generator))
+            tokens.append(argmax_rows(root)[0] if cfg.greedy else draw_token(q0, cfg, generator, len(seq)))
             rows.append(q0)
         n = min(k - len(tokens), self.heads.n_heads)
         for j in range(n):
             q_red = warp_probs(logits[j], cfg)
-            i = argmax_rows(logits[j])[0] if cfg.greedy else sample(q_red, generator)
+            i = argmax_rows(logits[j])[0] if cfg.greedy else draw_token(q_red, cfg, generator, len(seq) + len(tokens),
+                                                                        self.vocab_ids)
             tokens.append(int(self.vocab_ids[i]))
             rows.append(self._full_q(q_red[None])[0].to(rows[0].dtype if rows else q_red.dtype))
         return Proposal(tokens, torch.stack(rows))

@@ -365,8 +365,9 @@ def machine_pass_cost(target: LoadedModel, measure: bool = True,
         try:
             from engine.decoding.drafts import make_proposer
 
-            got.extra["head_rounds"] = measure_draft_rounds(target, make_proposer(EMBEDDED_HEAD, target),
-                                                            progress=progress)
+            # a fixed γ: each timed round drafts exactly γ tokens (the adaptive rule reads these times)
+            head = make_proposer(EMBEDDED_HEAD, target, length="fixed")
+            got.extra["head_rounds"] = measure_draft_rounds(target, head, progress=progress)
         except (SpeedupLabError, OSError) as e:  # the shipped head missing or unreadable: the card's c serves
             got.extra["head_rounds_problem"] = str(e)
     try:

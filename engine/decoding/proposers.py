@@ -25,7 +25,7 @@ import torch
 
 from engine.decoding.compute import batch_invariant
 from engine.decoding.models import LoadedModel, check_tokenizers_compatible
-from engine.decoding.sampling import SamplingConfig, argmax_rows, sample, warp_probs
+from engine.decoding.sampling import SamplingConfig, argmax_rows, draw_token, gumbel_noise, noise_seed, warp_probs
 from engine.decoding.tree import MAX_BRANCHING, TokenTree, empty_tree
 from engine.errors import InputError, ModelLoadError
 
@@ -58,6 +58,9 @@ class Proposal:
     tokens: list[int]
     q: torch.Tensor
     point_mass: bool = False
+    choice: object | None = None
+    """How the draft length was chosen (``engine.decoding.draft_length.LengthChoice``), where a length rule
+    chose it; None for a fixed γ."""
 
 
 BLOCK_SPARE = 32  # entries of room a new ``CachedLM`` block is made with (``_append_block``): several passes' worth
@@ -459,7 +462,7 @@ class _ModelProposer(Proposer):
             shared = min(logits.shape[-1], self.target_vocab)
             logits = logits[:shared]  # the draft only proposes ids the target also has
             q = warp_probs(logits, cfg)
-            x = argmax_rows(logits)[0] if cfg.greedy else sample(q, generator)
+            x = argmax_rows(logits)[0] if cfg.greedy else draw_token(q, cfg, generator, len(cur))
             if shared < self.target_vocab:
                 q = torch.cat([q, q.new_zeros(self.target_vocab - shared)])
             tokens.append(x)
@@ -552,6 +555,12 @@ class FeatureHeadProposer(Proposer):
 
     needs_target_hidden = True
 
+    length_rule = None
+    """An ``engine.decoding.draft_length.LengthRule`` (None: a fixed γ, the class default): each round drafts 0..k
+    tokens, as many as the expected gain on this machine's costs pays for, judged from the head's confidence (max
+    q before each draw) and its running acceptance; the round's ``Proposal.choice`` says how. Lossless as the
+    confidence gate: the rule reads only the head's own state and earlier rounds."""
+
     def __init__(self, head, target: LoadedModel, name: str = "draft head", confidence_threshold: float = 0.0):
         self.confidence_threshold = confidence_threshold
         self.head = head
@@ -583,6 +592,14 @@ class FeatureHeadProposer(Proposer):
         self.cache = DynamicCache()
         self.n_true = 0  # pairs in the head's cache built from the target's true features
         self.last_true: torch.Tensor | None = None
+        if self.length_rule is not None:
+            self.length_rule.reset()
+
+    def rollback(self, seq: list[int]) -> None:
+        """The head's own KV rollback happens at the next ``propose`` (``_sync``); here the length rule, if any,
+        learns how many of the round's tokens ``seq`` kept."""
+        if self.length_rule is not None:
+            self.length_rule.observe(seq)
 
     @torch.inference_mode()
     def propose(self, seq: list[int], k: int, cfg: SamplingConfig,
@@ -593,20 +610,29 @@ class FeatureHeadProposer(Proposer):
             return self._propose(seq, k, cfg, generator)
 
     def _propose(self, seq: list[int], k: int, cfg: SamplingConfig, generator: torch.Generator) -> Proposal:
+        rule = self.length_rule
         synced = self._sync(seq) if k > 0 else None
         if synced is None:
-            return Proposal([], torch.zeros(0, self.target_vocab))
+            return Proposal([], torch.zeros(0, self.target_vocab),
+                            choice=None if rule is None or k <= 0 else self._no_draft(seq))
         last, n_pairs = synced
         dev = last.device
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        gated = False
+        if rule is not None:
+            rule.start(k)
         for t in range(k):
             logits = self.head.logits(last[0, 0]).float().cpu()
             if self.confidence_threshold > 0 and \
                     float(torch.softmax(logits, -1).max()) < self.confidence_threshold:
+                gated = True
                 break  # a likely rejection: propose no more this round
             q_red = warp_probs(logits, cfg)
-            j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, generator)
+            if rule is not None and not rule.offer(float(q_red.max())):
+                break  # one more token would not pay (engine.decoding.draft_length)
+            j = argmax_rows(logits)[0] if cfg.greedy else draw_token(q_red, cfg, generator, len(seq) + t,
+                                                                     self.vocab_ids)
             x = int(self.vocab_ids[j])
             q = torch.zeros(self.target_vocab)
             q[self.vocab_ids] = q_red
@@ -615,7 +641,13 @@ class FeatureHeadProposer(Proposer):
             if t < k - 1:
                 last = self.head(torch.tensor([[x]], device=dev), last,
                                  position_ids=torch.tensor([[n_pairs + t]], device=dev), cache=self.cache)
-        return Proposal(tokens, torch.stack(rows) if rows else torch.zeros(0, self.target_vocab))
+        return Proposal(tokens, torch.stack(rows) if rows else torch.zeros(0, self.target_vocab),
+                        choice=None if rule is None else rule.finish(len(seq), tokens, "draft" if gated else None))
+
+    def _no_draft(self, seq: list[int]):
+        """The length rule's record of a round the head could not draft (no target features yet)."""
+        self.length_rule.start(0)
+        return self.length_rule.finish(len(seq), [], "draft")
 
     def _rollback(self, seq: list[int]) -> int | None:
         """The head's KV rollback: crop what it drafted last round (keep only pairs built from true features).
@@ -698,7 +730,8 @@ class FeatureHeadProposer(Proposer):
         for i, (p, seq, k, cfg, g) in enumerate(jobs):
             n_pairs = p._rollback(seq) if k > 0 else None
             if n_pairs is None:
-                out[i] = Proposal([], torch.zeros(0, p.target_vocab))
+                out[i] = Proposal([], torch.zeros(0, p.target_vocab),
+                                  choice=None if p.length_rule is None or k <= 0 else p._no_draft(seq))
             else:
                 rows.append((i, n_pairs))
         if len(rows) == 1:
@@ -760,6 +793,10 @@ class FeatureHeadProposer(Proposer):
             tokens: list[list[int]] = [[] for _ in range(b)]
             qrows: list[list[torch.Tensor]] = [[] for _ in range(b)]
             going = [True] * b
+            gated = [False] * b
+            for r, (i, _) in enumerate(rows):  # each row's length rule, as ``propose`` alone runs it
+                if props[r].length_rule is not None:
+                    props[r].length_rule.start(jobs[i][2])
             for t in range(max(jobs[i][2] for i, _ in rows)):
                 logits_all = head.logits(last).float().cpu()
                 nxt = []
@@ -772,9 +809,14 @@ class FeatureHeadProposer(Proposer):
                     if (p.confidence_threshold > 0
                             and float(torch.softmax(logits, -1).max()) < p.confidence_threshold):
                         going[r] = False
+                        gated[r] = True
                         continue
                     q_red = warp_probs(logits, cfg)
-                    j = argmax_rows(logits)[0] if cfg.greedy else sample(q_red, g)
+                    if p.length_rule is not None and not p.length_rule.offer(float(q_red.max())):
+                        going[r] = False
+                        continue
+                    j = argmax_rows(logits)[0] if cfg.greedy else draw_token(q_red, cfg, g, len(jobs[i][1]) + t,
+                                                                             p.vocab_ids)
                     x = int(p.vocab_ids[j])
                     q = torch.zeros(p.target_vocab)
                     q[p.vocab_ids] = q_red
@@ -804,7 +846,10 @@ class FeatureHeadProposer(Proposer):
                 p.n_true = rows[r][1]
                 p.last_true = new_true[r].clone()
             i = rows[r][0]
-            out[i] = Proposal(tokens[r], torch.stack(qrows[r]) if qrows[r] else torch.zeros(0, p.target_vocab))
+            choice = (None if p.length_rule is None else
+                      p.length_rule.finish(len(jobs[i][1]), tokens[r], "draft" if gated[r] else None))
+            out[i] = Proposal(tokens[r], torch.stack(qrows[r]) if qrows[r] else torch.zeros(0, p.target_vocab),
+                              choice=choice)
         return out
 
     branching = 4
@@ -827,7 +872,8 @@ class FeatureHeadProposer(Proposer):
         drafted nodes the ``max_nodes`` with the highest V are kept (V never grows along a path, so the kept
         set contains every kept node's parent; ties go to the earlier node), in drafting order.
 
-        The children are deterministic picks (rank, not a draw), under sampling too: each q row is one-hot,
+        The children are deterministic picks (rank, not a draw), under sampling too (under the drafter-invariant rule
+        the rank of log q + g, the run's noise: ``add_children``): each q row is one-hot,
         which the lossless rule (``sampling.verify_tree_sampling``, draw "deterministic") needs; the head's own
         probabilities are in ``draft_probs``. The head's cache entries of the drafted nodes are cropped at
         the next round (``_sync``), as after a chain. ``confidence_threshold`` does not apply to trees.
@@ -856,9 +902,22 @@ class FeatureHeadProposer(Proposer):
         vocab_list = vocab.tolist()
 
         def add_children(pars: list[int], h: torch.Tensor) -> None:
-            """Each parent's top-k children from its row of ĥ ([len(pars), H]): one LM-head product for all."""
-            lp = torch.log_softmax(self.head.logits(h).float(), -1)
-            top = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+            """Each parent's top-k children from its row of ĥ ([len(pars), H]): one LM-head product for all. Under
+            the drafter-invariant rule (``cfg.gumbel``) the k largest log q + g, g the run's noise at the children's
+            position (Gumbel-top-k: k draws from q without replacement, the first the chain's proposal)."""
+            logits = self.head.logits(h).float()
+            lp = torch.log_softmax(logits, -1)
+            kk = min(k, lp.shape[-1])
+            if cfg is not None and cfg.gumbel:
+                seed = noise_seed(generator)
+                score = torch.stack([
+                    torch.log(warp_probs(logits[r].double(), cfg))
+                    + gumbel_noise(seed, len(seq) + (depth[par] if par >= 0 else 0), self.target_vocab)[vocab]
+                    for r, par in enumerate(pars)])
+                idx_t = torch.topk(score, kk, dim=-1).indices
+                top = torch.return_types.topk((torch.gather(lp, 1, idx_t), idx_t))
+            else:
+                top = torch.topk(lp, kk, dim=-1)
             for par, vals, idx in zip(pars, top.values.tolist(), top.indices.tolist()):
                 base = logv[par] if par >= 0 else 0.0
                 for v, j in zip(vals, idx):

@@ -12,12 +12,18 @@ Sources:
 - Token trees: SpecInfer's multi-step speculative sampling (Miao et al. 2024, §4.3, Algorithm 2) and
   recursive rejection sampling for children drawn without replacement (Jeon et al. 2024), both lossless;
   Medusa's typical acceptance (Cai et al. 2024, §2.3.1), LOSSY, for comparison.
+- Drafter-invariant sampling (the "gumbel" rule): Daliri, Musco & Suresh, "Coupling without Communication and
+  Drafter-Invariant Speculative Decoding" (arXiv 2408.07978, 2024), §3 (Gumbel-max coupling): the token at position
+  t is argmax_x(log p_t(x) + g_t(x)), with g_t(x) standard Gumbel noise fixed by (seed, t, x); the draft proposes
+  argmax_x(log q_t(x) + g_t(x)) with the same noise, and a draft token is kept iff the target's perturbed argmax
+  is it. Gumbel-max: P(argmax = x) = p(x) (Gumbel 1954; e.g. Maddison et al. 2014, §2).
 - Temperature, then top-k, then top-p (nucleus, Holtzman et al. 2020), in the order transformers'
   logits processors apply them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from dataclasses import dataclass, field
@@ -28,6 +34,12 @@ from engine.errors import InputError
 
 MAX_GAMMA = 64
 
+SAMPLING_RULES = ("standard", "gumbel")
+"""How a sampled run draws its tokens: "standard" (inverse-CDF draws from the run's generator; speculative rounds
+judge with min(1, p/q) and a residual draw, ``verify_sampling``) or "gumbel" (drafter-invariant Gumbel-max sampling
+with noise keyed by (seed, position, token), ``verify_gumbel``: for one seed, plain and speculative decoding give the
+same tokens whatever drafts)."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -37,11 +49,13 @@ class SamplingConfig:
         temperature: ≥ 0; 0 is greedy.
         top_k: keep the k most likely tokens; 0 turns it off.
         top_p: keep the smallest set of most likely tokens whose mass reaches top_p; in (0, 1].
+        rule: the sampling rule, one of ``SAMPLING_RULES`` ("standard" or "gumbel"); greedy runs ignore it.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    rule: str = "standard"
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0) or self.temperature > 100:  # also catches NaN
@@ -50,10 +64,17 @@ class SamplingConfig:
             raise InputError(f"top-k must be a whole number ≥ 0 (0 = off), got {self.top_k}.")
         if not (0 < self.top_p <= 1):
             raise InputError(f"top-p must be in (0, 1], got {self.top_p}.")
+        if self.rule not in SAMPLING_RULES:
+            raise InputError(f"Unknown sampling rule {self.rule!r}; expected one of {', '.join(SAMPLING_RULES)}.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def gumbel(self) -> bool:
+        """Sampled under the drafter-invariant rule (False for greedy runs, whatever ``rule`` says)."""
+        return self.rule == "gumbel" and not self.greedy
 
 
 def argmax_rows(x: torch.Tensor) -> list[int]:
@@ -174,6 +195,134 @@ def uniform(generator: torch.Generator) -> float:
     return float(torch.rand((), generator=generator, dtype=torch.float64))
 
 
+# ---------------------------------------------------------------- drafter-invariant (Gumbel-max) sampling
+
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+NOISE_CACHE = 64
+"""Positions whose noise rows ``gumbel_noise`` keeps (a vocabulary of 49 152: 393 KB a row, 25 MB in all)."""
+
+
+def _mix64(z):
+    """splitmix64's output function (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
+    OOPSLA 2014; the constants of Java's SplittableRandom): a bijection of 64-bit words that scrambles every bit.
+    Works on a Python int (masked to 64 bits) or a NumPy uint64 array (wrapping arithmetic)."""
+    import numpy as np
+
+    if isinstance(z, int):
+        z &= _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return z ^ (z >> 31)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def noise_key(seed: int, position: int) -> int:
+    """The 64-bit key of one position's noise: splitmix64 of the seed, then of that plus the position (a
+    counter-based generator: the key is a pure function of (seed, position), never of earlier draws)."""
+    return _mix64(_mix64(int(seed) + _GOLDEN) + (int(position) + 1) * _GOLDEN)
+
+
+@functools.lru_cache(maxsize=NOISE_CACHE)
+def _noise_row(seed: int, position: int, vocab: int):
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        ids = np.arange(1, vocab + 1, dtype=np.uint64)
+        z = _mix64(ids * np.uint64(_GOLDEN) + np.uint64(noise_key(seed, position)))
+    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53  # in (0, 1), never 0 or 1
+    return torch.from_numpy(-np.log(-np.log(u)))
+
+
+def uniform_at(seed: int, position: int, token: int) -> float:
+    """The uniform u ∈ (0, 1) behind g(seed, position, token) = −log(−log u) (``gumbel_noise``): splitmix64
+    of the position's key plus (token + 1) golden-ratio steps, its top 53 bits, offset by half a step."""
+    z = _mix64(noise_key(seed, position) + (int(token) + 1) * _GOLDEN)
+    return ((z >> 11) + 0.5) * 2.0 ** -53
+
+
+def gumbel_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise g(seed, position, x) = −log(−log u(seed, position, x)) for x = 0..vocab−1.
+
+    Counter-based: each entry is a hash (``uniform_at``, splitmix64) of (seed, absolute position, token id), so a
+    position's noise is the same in a plain run, in a draft and in a verify pass, whatever was drawn before. The
+    last ``NOISE_CACHE`` rows are memoized (a row of 49 152 entries costs about 1 ms).
+
+    Args:
+        seed: the run's seed (any int; used modulo 2⁶⁴).
+        position: the absolute position of the token in the sequence (prompt included), ≥ 0.
+        vocab: V, the number of token ids.
+
+    Returns:
+        [V] float64, the memoized row itself: read it, never write to it.
+
+    Raises:
+        ValueError: a negative position or a vocabulary < 1.
+    """
+    if position < 0 or vocab < 1:
+        raise ValueError(f"Noise needs a position ≥ 0 and a vocabulary ≥ 1, got {position} and {vocab}.")
+    return _noise_row(int(seed) & _M64, int(position), int(vocab))
+
+
+def noise_seed(generator: torch.Generator) -> int:
+    """The seed that keys a run's noise under the "gumbel" rule: the seed its generator was started with
+    (``torch.Generator.initial_seed``), so the noise does not depend on how many numbers the generator drew."""
+    return int(generator.initial_seed())
+
+
+def gumbel_argmax(probs: torch.Tensor, seed: int, position: int, ids: torch.Tensor | None = None) -> int:
+    """Gumbel-max sampling: the index i maximizing log probs[i] + g(seed, position, id_i) (ties: the first index).
+
+    P(index i) = probs[i] ÷ Σ probs over the noise (Gumbel-max trick; Daliri, Musco & Suresh, arXiv 2408.07978, §3).
+    Entries of zero mass are never chosen.
+
+    Args:
+        probs: [n] probabilities (need not be normalized, ≥ 0).
+        seed, position: the noise's key (``gumbel_noise``).
+        ids: [n] long, the token id of each entry when ``probs`` covers a subset of the vocabulary (a draft head's
+            reduced vocabulary); None: entry i is token i.
+
+    Raises:
+        ValueError: no positive mass, or a negative, NaN or infinite entry.
+    """
+    import numpy as np
+
+    p = probs.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy()
+    if ids is None:
+        g = gumbel_noise(seed, position, p.size).numpy()
+    else:
+        ids = ids.reshape(-1).to("cpu", torch.long)
+        g = gumbel_noise(seed, position, int(ids.max()) + 1).numpy()[ids.numpy()]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.log(p) + g  # log 0 = −inf: never chosen; a negative or NaN entry gives NaN, argmax's pick
+    i = int(score.argmax())
+    if not math.isfinite(float(score[i])):  # every entry 0 (−inf), or a NaN, negative or infinite one
+        if float(np.nansum(p)) <= 0 and not np.isnan(p).any():
+            raise ValueError("Cannot sample from a distribution with zero total mass.")
+        raise ValueError("Cannot sample from a distribution with negative, NaN or infinite entries.")
+    return i
+
+
+def draw_token(q: torch.Tensor, cfg: "SamplingConfig", generator: torch.Generator, position: int,
+               ids: torch.Tensor | None = None) -> int:
+    """A draft's sampled pick from q under the run's rule: ``sample`` (one uniform from ``generator``) under
+    "standard", ``gumbel_argmax`` with the run's noise at ``position`` under "gumbel" (the coupling's proposal).
+
+    Args:
+        q: [n] the draft's warped distribution; ids: [n] the token ids of its entries (None: entry i is token i).
+        cfg: the run's sampling settings (not greedy); generator: the run's generator.
+        position: the absolute position the drafted token takes in the sequence.
+
+    Returns:
+        an index into q.
+    """
+    if cfg.gumbel:
+        return gumbel_argmax(q, noise_seed(generator), position, ids)
+    return sample(q, generator)
+
+
 @dataclass
 class Verdict:
     """Outcome of verifying one round's draft tokens.
@@ -264,6 +413,72 @@ def verify_sampling(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor,
         residual = residual_distribution(p[i], q[i])
         return Verdict(i, sample(residual, generator), "correction", accept_probs, uniforms, residual)
     return Verdict(k, sample(p[k], generator, bonus_cdf), "bonus", accept_probs, uniforms)
+
+
+def verify_gumbel(draft_tokens: list[int], p: torch.Tensor, seed: int, position: int) -> Verdict:
+    """Drafter-invariant rule (Daliri, Musco & Suresh, arXiv 2408.07978, Algorithm 2 with Gumbel-max sampling).
+
+    The target's token at position t is y_t = argmax_x(log p_t(x) + g(seed, t, x)) (``gumbel_argmax``); draft token
+    x_i is kept iff x_i = y_{position+i}; the first mismatch is replaced by y there (a correction), and after k
+    matches the bonus token is y at position + k. Every emitted token is the target's own perturbed argmax, so the
+    tokens are those plain decoding under this rule gives for the seed, whatever the draft proposed; each follows
+    p exactly (Gumbel-max). A draft that proposes argmax(log q + g) with the same noise is kept with probability
+    ≥ (1 − TV(p, q)) ÷ (1 + TV(p, q)) (ibid., Theorem 3).
+
+    Args:
+        draft_tokens: k draft ids.
+        p: [k + 1, V] the target's warped distributions (row i judges draft token i; the last gives the bonus).
+        seed: the noise's seed (``noise_seed``); position: the absolute position of draft token 0 (the
+            sequence's length before the round).
+
+    Returns:
+        a ``Verdict`` with accept_probs 1/0 (the verdict is a function of the noise), no uniforms, no residual.
+    """
+    k = len(draft_tokens)
+    if p.shape[0] != k + 1:
+        raise ValueError(f"Shape mismatch: {k} draft tokens, p {tuple(p.shape)}.")
+    accept_probs: list[float] = []
+    for i, x in enumerate(draft_tokens):
+        y = gumbel_argmax(p[i], seed, position + i)
+        if y == x:
+            accept_probs.append(1.0)
+            continue
+        accept_probs.append(0.0)
+        return Verdict(i, y, "correction", accept_probs)
+    return Verdict(k, gumbel_argmax(p[k], seed, position + k), "bonus", accept_probs)
+
+
+def verify_chain(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, cfg: SamplingConfig,
+                 generator: torch.Generator, position: int, bonus_cdf: torch.Tensor | None = None) -> Verdict:
+    """A sampled chain round under the run's rule: ``verify_gumbel`` (keyed by the generator's seed) under
+    "gumbel", else ``verify_sampling``. Arguments as theirs; ``position``: the absolute position of draft token 0."""
+    if cfg.gumbel:
+        return verify_gumbel(draft_tokens, p, noise_seed(generator), position)
+    return verify_sampling(draft_tokens, q, p, generator, bonus_cdf)
+
+
+def gumbel_agreement(p: torch.Tensor, q: torch.Tensor, samples: int = 2000, seed: int = 0) -> float:
+    """The Gumbel coupling's agreement probability P(argmax(log p + g) = argmax(log q + g)), estimated over
+    ``samples`` noise rows (positions 0..samples−1 of ``seed``): the acceptance of one draft token under the
+    "gumbel" rule, against Σ min(p, q) under the standard rule (ibid., Theorem 3: ≥ (1 − TV) ÷ (1 + TV)).
+
+    Args:
+        p, q: [V] target and draft distributions.
+
+    Returns:
+        the fraction of noise rows whose two perturbed argmaxes agree, in [0, 1].
+    """
+    p = p.detach().to("cpu", torch.float64).reshape(-1)
+    q = q.detach().to("cpu", torch.float64).reshape(-1)
+    if p.shape != q.shape or samples < 1:
+        raise ValueError(f"p and q must have the same length and samples ≥ 1: {tuple(p.shape)}, {tuple(q.shape)}.")
+    support = torch.nonzero((p > 0) | (q > 0)).reshape(-1)
+    lp, lq = torch.log(p[support]), torch.log(q[support])
+    agree = 0
+    for t in range(samples):
+        g = gumbel_noise(seed, t, p.numel())[support]
+        agree += int(torch.argmax(lp + g)) == int(torch.argmax(lq + g))
+    return agree / samples
 
 
 # ---------------------------------------------------------------- token trees
@@ -402,6 +617,42 @@ def verify_tree_sampling(tokens: list[int], parents: list[int], q: torch.Tensor,
             if kids.get(node):
                 return TreeVerdict(path, sample(row, generator), "correction", accept, us, row)
             return TreeVerdict(path, sample(row, generator), "bonus", accept, us)
+        path.append(nxt)
+        node = nxt
+
+
+def verify_tree_gumbel(tokens: list[int], parents: list[int], p: torch.Tensor, seed: int,
+                       position: int) -> TreeVerdict:
+    """The drafter-invariant rule on a tree (``verify_gumbel`` from the roots down): at each accepted node (the
+    context first) at depth d the target's token is y = argmax(log p + g(seed, position + d, ·)); the first child
+    whose token is y is accepted and the walk goes on from it; with none, y is the correction (the node had
+    children) or the bonus token (a leaf). The path and the next token are those plain decoding under this rule
+    gives for the seed, whatever the tree holds.
+
+    Args:
+        tokens, parents: the tree's N nodes (``TokenTree``).
+        p: [N + 1, V] the target's warped distributions: [0] after the context, [1 + i] after node i.
+        seed: the noise's seed (``noise_seed``); position: the absolute position of the roots' tokens.
+    """
+    n = len(tokens)
+    if p.shape[0] != n + 1:
+        raise ValueError(f"Shape mismatch: {n} nodes, p {tuple(p.shape)}.")
+    kids = _children(parents)
+    accept: list[float | None] = [None] * n
+    path: list[int] = []
+    node = -1
+    while True:
+        want = gumbel_argmax(p[node + 1], seed, position + len(path))
+        nxt = None
+        for c in kids.get(node, []):
+            if tokens[c] == want:
+                accept[c] = 1.0
+                nxt = c
+                break
+            accept[c] = 0.0
+        if nxt is None:
+            kind = "correction" if kids.get(node) else "bonus"
+            return TreeVerdict(path, want, kind, accept, [None] * n)
         path.append(nxt)
         node = nxt
 

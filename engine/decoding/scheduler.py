@@ -60,7 +60,9 @@ drafted against plain passes' tokens per reader per second), as serving engines 
 ``Room(no_draft_above=B)``) drafts nothing in a pass of more than B rows instead (vLLM's
 ``speculative_disable_by_batch_size``); ``off`` always drafts; ``auto`` (the default) measures. Greedy outputs stay the
 same either way; a sampled output from a pass that did not draft follows the same distribution but is no longer the
-same text as alone (fewer draws are made), so ``off`` is what keeps every text equal to alone.
+same text as alone (fewer draws are made), so ``off`` is what keeps every text equal to alone under the standard
+sampling rule; under the drafter-invariant rule (``SamplingConfig(rule="gumbel")``) a sampled text is the text alone
+either way.
 """
 
 from __future__ import annotations

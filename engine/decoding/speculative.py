@@ -37,11 +37,13 @@ from engine.decoding.sampling import (
     SamplingConfig,
     argmax_rows,
     cumsum_rows,
+    noise_seed,
     sample,
     top_k_rows,
+    verify_chain,
     verify_greedy,
-    verify_sampling,
     verify_tree_greedy,
+    verify_tree_gumbel,
     verify_tree_sampling,
     verify_tree_typical,
     warp_probs,
@@ -230,6 +232,7 @@ class PendingPass:
     t_round: float = 0.0
     fuse_prefill: bool = False
     tokens_verified: int = 0
+    choice: object | None = None
 
 
 class SpeculativeDecoder:
@@ -240,8 +243,11 @@ class SpeculativeDecoder:
         proposer: where draft tokens come from; None for the baseline (plain decoding).
         prompt_ids: the prompt's token ids (see ``encode_prompt``).
         gamma: γ, draft tokens per round (1..64; ignored for the baseline).
-        sampling: temperature / top-k / top-p, applied identically to p and q.
-        seed: seeds the run's generator (draft sampling, uniforms, corrections): same seed, same run.
+        sampling: temperature / top-k / top-p, applied identically to p and q, and the sampling rule
+            (``SamplingConfig.rule``): under "gumbel" every token is the target's Gumbel-max pick with noise keyed
+            by (seed, position, token), so plain and speculative runs of one seed give the same tokens.
+        seed: seeds the run's generator (draft sampling, uniforms, corrections) and, under the "gumbel" rule, the
+            noise: same seed, same run.
         max_new_tokens: never exceeded, for any γ.
         stop_on_eos: stop after the target's EOS token (it is kept in the output).
         tree: 0 = chain drafts (γ tokens a round); N in 1..``MAX_TREE``: the proposer drafts a token tree of
@@ -254,7 +260,7 @@ class SpeculativeDecoder:
     Raises:
         InputError: empty prompt, γ out of range, max_new_tokens < 1, prompt + max_new_tokens
             longer than the target's context, a tree size out of range, a tree with a draft that cannot
-            branch (or with no draft), or an unknown acceptance rule.
+            branch (or with no draft), an unknown acceptance rule, or typical acceptance with the "gumbel" rule.
     """
 
     def __init__(self, target: LoadedModel, proposer: Proposer | None, prompt_ids: list[int],
@@ -277,6 +283,9 @@ class SpeculativeDecoder:
         self.proposer = proposer
         self.gamma = gamma if proposer is not None else 0
         self.sampling = sampling or SamplingConfig()
+        if self.sampling.rule == "gumbel" and accept == "typical":
+            raise InputError("Typical acceptance (lossy) and the drafter-invariant (gumbel) sampling rule exclude "
+                             "each other: pick one.")
         self.seed = seed
         self.max_new_tokens = max_new_tokens
         self.stop_on_eos = stop_on_eos
@@ -366,13 +375,15 @@ class SpeculativeDecoder:
 
         # 1. draft
         t0 = time.perf_counter()
+        prop = None
         if self.proposer is not None and k_max > 0:
             prop = self.proposer.propose(self.seq, k_max, cfg, self.generator)
             draft, q, point_mass = prop.tokens[:k_max], prop.q[:k_max], prop.point_mass
         else:
             draft, q, point_mass = [], torch.zeros(0), False
         draft_ms = (time.perf_counter() - t0) * 1000
-        return self._chain_round(t_round, fuse_prefill, draft, q, point_mass, draft_ms, remaining)
+        return self._chain_round(t_round, fuse_prefill, draft, q, point_mass, draft_ms, remaining,
+                                 choice=prop.choice if prop is not None else None)
 
     # ---------------------------------------------------------------- a round in two halves (a scheduler's)
     @property
@@ -446,7 +457,8 @@ class SpeculativeDecoder:
         feed, n, reused = self.target_lm.plan(self.seq + draft, len(draft) + 1)
         return PendingPass(feed, n, reused, draft=draft, q=q, point_mass=point_mass, draft_ms=draft_ms,
                            remaining=remaining, t_round=t_round, fuse_prefill=fuse_prefill,
-                           tokens_verified=len(self.seq) + len(draft) - before)
+                           tokens_verified=len(self.seq) + len(draft) - before,
+                           choice=prop.choice if prop is not None else None)
 
     def pass_logits(self, pending: PendingPass, fed_logits: torch.Tensor | None) -> torch.Tensor:
         """The round's logits [k + 1, V] (float32 CPU): a reused row from the last pass, then the fed ones."""
@@ -474,7 +486,8 @@ class SpeculativeDecoder:
         logits = self.pass_logits(pending, fed_logits)
         return self._chain_round(pending.t_round, pending.fuse_prefill, pending.draft, pending.q,
                                  pending.point_mass, pending.draft_ms, pending.remaining,
-                                 verified=(logits, pending.tokens_verified, pass_ms), warped=warped)
+                                 verified=(logits, pending.tokens_verified, pass_ms), warped=warped,
+                                 choice=pending.choice)
 
     def _truncate(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
         """Cut the round's tokens after the first EOS and at ``remaining``; (tokens, stop reason)."""
@@ -496,7 +509,8 @@ class SpeculativeDecoder:
         return rnd
 
     def _chain_round(self, t_round: float, fuse_prefill: bool, draft: list[int], q: torch.Tensor,
-                     point_mass: bool, draft_ms: float, remaining: int, verified=None, warped=None) -> Round:
+                     point_mass: bool, draft_ms: float, remaining: int, verified=None, warped=None,
+                     choice=None) -> Round:
         """Steps 2–4 of a chain round (see the module docstring) for the drafted tokens. ``verified``:
         (logits [k + 1, V], tokens fed, pass ms) of a target pass a scheduler ran for several sequences; ``warped``:
         their p and top lists from ``warp_together`` (the same bits as warping here)."""
@@ -519,7 +533,8 @@ class SpeculativeDecoder:
         if cfg.greedy:
             verdict = verify_greedy(draft, argmax_rows(logits) if warped is None else warped[2])
         else:
-            verdict = verify_sampling(draft, q, p, self.generator, None if warped is None else warped[3])
+            verdict = verify_chain(draft, q, p, cfg, self.generator, len(self.seq),
+                                   None if warped is None else warped[3])
         verify_ms = (time.perf_counter() - t0) * 1000 + shared_ms
         if fuse_prefill:
             self.prefill_ms = verify_ms
@@ -548,7 +563,7 @@ class SpeculativeDecoder:
             residual_top=text.top(verdict.residual) if verdict.residual is not None else None,
             emitted_ids=emitted, draft_ms=draft_ms, verify_ms=verify_ms,
             tokens_verified=tokens_verified, prefill_tokens=len(self.prompt_ids) if fuse_prefill else 0,
-            stop_reason=stop_reason)
+            stop_reason=stop_reason, choice=choice)
         return self._finish_round(rnd, t_round)
 
     def _tree_round(self, t_round: float, fuse_prefill: bool, max_depth: int, remaining: int) -> Round:
@@ -569,6 +584,8 @@ class SpeculativeDecoder:
         p = warp_probs(logits.double() if not cfg.greedy else logits, cfg)
         if cfg.greedy:
             verdict = verify_tree_greedy(tree.tokens, tree.parents, argmax_rows(logits))
+        elif cfg.gumbel:
+            verdict = verify_tree_gumbel(tree.tokens, tree.parents, p, noise_seed(self.generator), context_len)
         elif self.accept == "typical":
             verdict = verify_tree_typical(tree.tokens, tree.parents, p, self.generator)
         else:
@@ -626,6 +643,8 @@ class SpeculativeDecoder:
     def _rule_name(self) -> str:
         if self.sampling.greedy:
             return "greedy"
+        if self.sampling.gumbel:
+            return "gumbel"
         return "typical (lossy)" if self.accept == "typical" else "exact"
 
     def run(self, on_round=None, should_stop=None) -> GenerationResult:

@@ -135,6 +135,8 @@ class Round:
         tree: for a tree draft, every node as the verify pass judged it (``TreeTrace``); ``drafted`` then
             lists the nodes of the accepted path and the first rejected node on it, so the chain statistics
             read the path. None for a chain draft.
+        choice: how the round's draft length (and, for a combined draft, its drafter) was chosen
+            (``engine.decoding.draft_length.LengthChoice``); None for a fixed γ.
     """
 
     index: int
@@ -153,6 +155,7 @@ class Round:
     prefill_tokens: int = 0
     stop_reason: str | None = None
     tree: "TreeTrace | None" = None
+    choice: "object | None" = None
 
     @property
     def n_drafted(self) -> int:

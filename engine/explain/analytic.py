@@ -877,7 +877,8 @@ def compare_with_measured(run: object) -> MeasuredComparison:
 
     Raises:
         InputError: missing or out-of-range fields (c > 1 raises: a draft slower than the target
-            cannot pay, and the model does not apply).
+            cannot pay, and the model does not apply; for a run the Live page called unsure, its ``unsure``
+            reasons, the message says the run was unsure instead of judging the draft).
     """
     try:
         alpha = float(getattr(run, "acceptance_rate"))
@@ -912,6 +913,11 @@ def compare_with_measured(run: object) -> MeasuredComparison:
             else:
                 ratio = r
     if not (0.0 <= c <= 1.0):
+        unsure = list(getattr(run, "unsure", None) or [])
+        if unsure:  # the Live page called this run unsure: say so, not a verdict on the draft
+            raise InputError(f"The Live run was unsure ({'; '.join(unsure)}): the machine was busy, and its draft "
+                             f"step measured {c:.3g}× a target step, which the analytic model cannot use (it needs "
+                             "c in [0, 1]). Run the baseline again on the Live page with nothing else running.")
         raise InputError(f"The measured draft cost ratio is {c:.3g}, outside [0, 1]: a draft step as slow "
                          "as the target cannot pay off, so the model does not apply.")
     if ratio is not None:

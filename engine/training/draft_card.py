@@ -313,7 +313,8 @@ def draft_card(target, draft: str, prompts: list[str] | None = None, max_new_tok
         from engine.decoding.models import load_model
 
         draft_model = load_model(spec, device=target.device, compute=getattr(target.compute, "path", None))
-    make = lambda: make_proposer(spec, target, draft_model)  # noqa: E731 - a fresh proposer per run
+    # a card measures the draft at a fixed γ (its acceptance by position needs every round to draft γ)
+    make = lambda: make_proposer(spec, target, draft_model, length="fixed")  # noqa: E731 - a fresh proposer per run
     first = make()
     gamma, tree = _settings(kind, first, gamma)
 

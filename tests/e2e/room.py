@@ -33,11 +33,13 @@ class Reader:
     error: str | None = None
     extra: str = ""
     """More of the page's link parameters ("&lv_tree=32…"), appended to ``query``."""
+    rule: str = "standard"
+    """The sampling rule ("standard" or the drafter-invariant "gumbel"; the page's ``lv_rule``)."""
 
     @property
     def query(self) -> str:
         return (f"lv_temp={self.temperature:g}&lv_seed={self.seed}&lv_max_new={self.max_new}&lv_speed=instant"
-                + self.extra)
+                + (f"&lv_rule={self.rule}" if self.rule != "standard" else "") + self.extra)
 
     @property
     def wall_s(self) -> float | None:
@@ -52,9 +54,9 @@ def normalized(text: str) -> str:
     return "".join(text.split())
 
 
-def readers_for(k: int, max_new: int = 32, temperatures=(0.0, 0.8)) -> list[Reader]:
-    """K readers, temperatures alternating, reader i seeded i."""
-    return [Reader(i, temperatures[i % len(temperatures)], i, max_new) for i in range(k)]
+def readers_for(k: int, max_new: int = 32, temperatures=(0.0, 0.8), rule: str = "standard") -> list[Reader]:
+    """K readers, temperatures alternating, reader i seeded i, sampled readers on ``rule``."""
+    return [Reader(i, temperatures[i % len(temperatures)], i, max_new, rule=rule) for i in range(k)]
 
 
 def open_readers(browser, base_url: str, readers: list[Reader], timeout_ms: int = 300_000) -> None:
@@ -123,7 +125,8 @@ def alone_texts(readers: list[Reader]) -> list[str]:
     out = []
     for r in readers:
         dec = SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma_here(EMBEDDED_HEAD)[0],
-                                 sampling=SamplingConfig(temperature=r.temperature, top_k=0, top_p=1.0), seed=r.seed,
+                                 sampling=SamplingConfig(temperature=r.temperature, top_k=0, top_p=1.0,
+                                                         rule=r.rule), seed=r.seed,
                                  max_new_tokens=r.max_new)
         dec.prefill()
         dec.run()

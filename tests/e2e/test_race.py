@@ -199,3 +199,30 @@ def test_the_lanes_stats_fit_a_phone(browser, app_url):
         screenshot(page, "race_phone_lanes")
     finally:
         ctx.close()
+
+
+SAMPLED = "rc_draft=ngram&rc_preset=code&rc_gamma=3&rc_temp=0.8&rc_max_new=24&rc_seed=1&rc_rule=gumbel"
+
+
+@pytest.mark.parametrize("present", [False, True])
+def test_a_sampled_race_on_the_drafter_invariant_rule_ends_text_identical(page, app_url, present):
+    """Sampled at T 0.8 on the drafter-invariant rule: the verdict says TEXT IDENTICAL and why (the same seed's noise),
+    the page's caption explains it, and the sampling-rule choice shows the rule; at 1280×720, normal and presenter."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(app_url + "/race?" + ("present=1&" if present else "") + SAMPLED)
+    wait_idle(page, timeout_ms=180_000)
+    _race(page)
+    _wait_done(page)
+    wait_idle(page)
+    verdict = _player(page).locator("#verdict").inner_text()
+    assert verdict.startswith("TEXT IDENTICAL (24 tokens, sampled") and "same seed's Gumbel noise" in verdict, verdict
+    assert _player(page).locator(".lane.plain .tok").count() == 24 == _player(page).locator(".lane.spec .tok").count()
+    if not present:
+        assert page.get_by_text("Why identical though sampled").count() >= 1
+        assert page.get_by_text("Drafter-invariant (Gumbel-max, same text)").count() >= 1
+    assert not page.locator('[data-testid="stException"]').count()
+    wait_url(page, "rc_rule=gumbel", "rc_temp=0.8")
+    page.mouse.move(1270, 715)
+    page.wait_for_timeout(500)
+    name = "race_gumbel_presenter_1280x720" if present else "race_gumbel_1280x720"
+    page.screenshot(path=str(screenshot(page, name)), full_page=False)
