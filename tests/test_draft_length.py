@@ -91,6 +91,21 @@ def test_a_flat_curve_makes_two_tokens_pay_where_one_does_not():
     assert not rule.offer(0.45)
 
 
+def test_a_gain_within_the_curves_noise_is_not_drafted():
+    """With a 5 % tolerance a first token must lift the round above 1.05×: at â = 0.3, S(1) = 1.3/1.2 = 1.083× is
+    drafted; at â = 0.25, S(1) = 1.25/1.2 = 1.042× (the best from there) is not."""
+    costs = Costs((1.0, 1.1, 1.3, 1.3, 1.6), 0.1, tolerance=0.05)
+    rule = LengthRule(costs)
+    rule.start(1)
+    assert rule.offer(0.3)
+    rule.start(1)
+    assert not rule.offer(0.25)
+    assert rule.plan_flat(0.25, 1) == (0, 1.0) and rule.plan_flat(0.3, 1)[0] == 1
+    assert LengthRule(COSTS).plan_flat(0.25, 1)[0] == 1  # no tolerance: any gain
+    with pytest.raises(ValueError):
+        Costs((1.0,), 0.1, tolerance=1.0)
+
+
 def test_calibration_follows_the_running_acceptance():
     rule = LengthRule(COSTS, weight=2.0, forget=0.9)
     assert rule.ratio == 1.0 and rule.estimate(0.5) == 0.5 and rule.estimate(1.0) == A_MAX
@@ -124,6 +139,7 @@ def test_costs_read_the_curve_and_the_head_rounds():
                      extra={"head_rounds": {"plain_ms": 10.0, "round_ms": {"1": 12.0, "2": 15.0, "3": 16.0}}})
     costs = costs_from_curve(curve, 0.1, gamma_max=3)
     assert costs.ratios == pytest.approx((1.0, 1.1, 1.3, 1.3))
+    assert costs.tolerance == pytest.approx(0.03)  # a curve without its reps' spread: the least tolerance
     # (1.2 − 1.1)/1 = 0.1, (1.5 − 1.3)/2 = 0.1, (1.6 − 1.3)/3 = 0.1: median 0.1
     c, why = head_step_cost(curve)
     assert c == pytest.approx(0.1) and "timed" in why

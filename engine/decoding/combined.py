@@ -56,7 +56,7 @@ class CombinedProposer(Proposer):
         costs = head.length_rule.costs
         from engine.decoding.draft_length import Costs
 
-        self.lookup_rule = LengthRule(Costs(costs.ratios, 0.0, costs.source + "; prompt lookup: c = 0"),
+        self.lookup_rule = LengthRule(Costs(costs.ratios, 0.0, costs.source + "; prompt lookup: c = 0", costs.tolerance),
                                       source=LOOKUP, prior=LOOKUP_PRIOR)
         self.last_source: str | None = None
 

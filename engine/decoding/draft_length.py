@@ -18,8 +18,9 @@ i + 1 is computed; its confidence (max q, taken *before* the token is drawn) giv
 where ρ calibrates the draft's confidence against its running acceptance in this sequence (ρ = (accepted + w·ρ₀) ÷
 (Σ confidence of judged tokens + w), exponentially forgetting older rounds). Token i + 1 is drafted iff some length
 k' in i + 1..γ beats stopping at i, i.e. max_{k'} S(k') > S(i), with the tokens after i + 1 projected at â_{i+1}
-(the curve may be flat over a few tokens, so one more token can pay only together with the next). Otherwise the
-round stops at i; i = 0 is a plain target step.
+(the curve may be flat over a few tokens, so one more token can pay only together with the next), by more than
+the curve's own noise (``Costs.tolerance``: a draft that expects 1.01× is within what the costs can move). Otherwise
+the round stops at i; i = 0 is a plain target step.
 
 The ideas are the field's (code is ours): SpecDec++ (Huang et al. 2024) stops drafting when an acceptance estimate
 says the expected loss exceeds the gain; EAGLE-2 (Li et al. 2024, §4) uses the draft's confidence as that estimate;
@@ -86,15 +87,19 @@ class Costs:
         ratios: (t(1)/t(1), t(2)/t(1), …, t(γ_max + 1)/t(1)) from the pass-cost curve (1.0 first).
         draft_cost: c, one draft step ÷ one target step (≥ 0).
         source: one line saying where the numbers come from.
+        tolerance: the relative gain a longer draft must add to be drafted (the measured curve's own noise,
+            ``engine.explain.analytic.gamma_tolerance``: 3–5 %); a draft within it of stopping is not worth the
+            risk that the costs moved (0: any gain).
     """
 
     ratios: tuple[float, ...]
     draft_cost: float
     source: str = ""
+    tolerance: float = 0.0
 
     def __post_init__(self):
-        if not self.ratios or abs(self.ratios[0] - 1.0) > 1e-9 or self.draft_cost < 0:
-            raise ValueError("costs need t(1)/t(1) = 1 first and a draft cost c ≥ 0")
+        if not self.ratios or abs(self.ratios[0] - 1.0) > 1e-9 or self.draft_cost < 0 or not 0 <= self.tolerance < 1:
+            raise ValueError("costs need t(1)/t(1) = 1 first, a draft cost c ≥ 0 and a tolerance in [0, 1)")
 
     @property
     def gamma_max(self) -> int:
@@ -137,9 +142,12 @@ def costs_from_curve(curve, draft_cost: float, gamma_max: int = ADAPTIVE_GAMMA_M
         raise InputError(f"The adaptive draft length needs a cap γ from 1 to 64, got {gamma_max!r}.")
     if not draft_cost >= 0:
         raise InputError(f"A draft step's cost c must be ≥ 0, got {draft_cost!r}.")
+    from engine.explain.analytic import gamma_tolerance
+
     ratios = tuple([1.0] + [float(curve.ratio(n)) for n in range(2, gamma_max + 2)])
+    tol = gamma_tolerance(curve)
     return Costs(ratios, float(draft_cost), f"{getattr(curve, 'source', '') or 'pass-cost curve'}; c = "
-                 f"{draft_cost:.3f}{' (' + draft_source + ')' if draft_source else ''}")
+                 f"{draft_cost:.3f}{' (' + draft_source + ')' if draft_source else ''}; tolerance {tol:.0%}", tol)
 
 
 def head_step_cost(curve) -> tuple[float, str]:
@@ -277,7 +285,7 @@ class LengthRule:
             return False
         a_next = self.estimate(confidence)
         k_best, s_best = self.costs.best_length(r["a"] + [a_next], i + 1, r["k_max"], a_next)
-        take = s_best > self.costs.speedup(r["a"]) + 1e-12
+        take = s_best > self.costs.speedup(r["a"]) * (1 + self.costs.tolerance) + 1e-12
         r["conf"].append(float(confidence))
         r["a"].append(a_next)
         if not take:
@@ -304,8 +312,14 @@ class LengthRule:
 
     def plan_flat(self, a: float, k_max: int) -> tuple[int, float]:
         """The best length for a draft whose every token has acceptance chance ``a`` (prompt lookup's): (k, S(k))
-        over k in 0..min(k_max, γ_max), the shortest on a tie."""
-        return self.costs.best_length([], 0, min(k_max, self.costs.gamma_max), a)
+        over k in 0..min(k_max, γ_max), as ``offer`` would stop token by token at that estimate (the tolerance
+        included)."""
+        k_max, c = min(k_max, self.costs.gamma_max), self.costs
+        k = 0
+        while k < k_max and c.best_length([a] * (k + 1), k + 1, k_max, a)[1] > \
+                c.speedup([a] * k) * (1 + c.tolerance) + 1e-12:
+            k += 1
+        return k, c.speedup([a] * k)
 
     def observe(self, seq: list[int]) -> None:
         """The round ended with ``seq``: count the drafted tokens it kept (accepted) and the first it did not

@@ -167,3 +167,49 @@ def test_live_block_drafter_round(page, app_url):
     wait_url(page, "lv_draft=block", "lv_gamma=7")
     assert not page.locator('[data-testid="stException"]').count()
     assert screenshot(page, "live-block").stat().st_size > 20_000
+
+
+def test_live_adaptive_length_says_each_rounds_choice(page, app_url):
+    """The default head drafts an adaptive length: each round says what it drafted and the expected gain; the
+    combined draft says which draft drafted; a fixed γ shows no choice. Screenshots at 1280×720, normal and
+    presenter mode."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(app_url + "/live?lv_draft=head&lv_preset=chat&lv_temp=0&lv_max_new=32&lv_seed=0")
+    wait_idle(page, timeout_ms=180_000)
+    page.get_by_text("No round yet.").wait_for()
+    for n in (1, 2):
+        page.get_by_role("button", name=re.compile(r"^Step one round")).click()
+        page.get_by_text(f"Round {n}:").first.wait_for(timeout=60_000)
+        wait_idle(page)
+    body = page.inner_text("body")
+    assert "Draft length:" in body and "draft head: drafted" in body and "×" in body
+    assert "Adaptive: each round drafts what pays" in body  # the sidebar's radio, on by default
+    assert not page.locator('[data-testid="stException"]').count()
+    assert screenshot(page, "live_adaptive").stat().st_size > 20_000
+    page.goto(app_url + "/live?lv_draft=head&lv_preset=chat&lv_temp=0&lv_max_new=32&lv_seed=0&present=1")
+    wait_idle(page, timeout_ms=60_000)
+    page.get_by_role("button", name=re.compile(r"^Step one round")).click()
+    page.get_by_text("Round 1:").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    assert "Draft length:" in page.inner_text("body")
+    assert screenshot(page, "live_adaptive_present").stat().st_size > 20_000
+    # the combined draft on the code edit: prompt lookup drafts where the answer copies the prompt
+    page.goto(app_url + "/live?lv_draft=auto&lv_preset=code&lv_temp=0&lv_max_new=40&lv_seed=0")
+    wait_idle(page, timeout_ms=60_000)
+    seen = []
+    for n in range(1, 9):
+        page.get_by_role("button", name=re.compile(r"^Step one round")).click()
+        page.get_by_text(f"Round {n}:").first.wait_for(timeout=60_000)
+        wait_idle(page)
+        seen.append(page.inner_text("body"))
+        if "prompt lookup: drafted" in seen[-1]:
+            break
+    assert any("prompt lookup: drafted" in b for b in seen), "prompt lookup never drafted on the code edit"
+    assert not page.locator('[data-testid="stException"]').count()
+    # a fixed γ: no choice to show
+    page.goto(app_url + "/live?lv_draft=head&lv_length=fixed&lv_preset=chat&lv_temp=0&lv_max_new=32&lv_seed=0")
+    wait_idle(page, timeout_ms=60_000)
+    page.get_by_role("button", name=re.compile(r"^Step one round")).click()
+    page.get_by_text("Round 1:").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    assert "Draft length:" not in page.inner_text("body")
