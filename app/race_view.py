@@ -84,6 +84,10 @@ def verdict_line(race: Race) -> str:
                 "wall-clock")
     elif race.identical:
         head = f"TEXT IDENTICAL ({race.spec.new_tokens} tokens) · {ratio} wall-clock"
+    elif lane_arithmetic(race)[0] != lane_arithmetic(race)[1]:
+        plain, spec = lane_arithmetic(race)
+        head = (f"TEXT DIFFERS from token {race.first_difference + 1} (the lanes' arithmetic differs: plain {plain}, "
+                f"speculative {spec}; not speculation) · {ratio} wall-clock")
     elif race.greedy:
         head = f"TEXT DIFFERS from token {race.first_difference + 1} (a near tie, rounded differently) · {ratio} wall-clock"
     else:
@@ -91,6 +95,12 @@ def verdict_line(race: Race) -> str:
     unsure = (f" · UNSURE: the machine was busy (runs of one kind differed up to {race.spread:.1f}×)"
               if race.spread > SpeedupAB.SPREAD_WARN else "")
     return head + (f" · {tpp}" if tpp else "") + unsure
+
+
+def lane_arithmetic(race: Race) -> tuple[str, str]:
+    """(the plain lane's, the speculative lane's) arithmetic ("fp32" for a record made before races recorded it)."""
+    s = {**RACE_DEFAULTS, **(race.settings or {})}
+    return str(s["plain_arithmetic"]), str(s["arithmetic"])
 
 
 def race_rule(race: Race) -> str:
@@ -146,7 +156,8 @@ def room_line(race: Race) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- a round in Live
-RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0, "rule": "standard"}
+RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0, "rule": "standard",
+                 "arithmetic": "fp32", "plain_arithmetic": "fp32"}
 """What a race record made before these settings were recorded raced with (the page's defaults then)."""
 
 LIVE_KEYS = {"prompt": "lv_prompt", "kind": "lv_draft", "gamma": "lv_gamma", "temperature": "lv_temp",
@@ -162,14 +173,17 @@ LIVE_PATH = "live"
 
 def race_settings(*, target: str, prompt: str, preset: str, draft: str, early_exit_k: int, draft_model: str,
                   gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int,
-                  rule: str = "standard") -> dict:
+                  rule: str = "standard", arithmetic: str = "int8", plain_arithmetic: str | None = None) -> dict:
     """The settings a race records and builds both lanes from (``decoder_kwargs``): every one that shapes a lane's
     run, so its rounds can be rebuilt (the Live page's view of a round: ``live_link``). ``draft_label`` rides along
-    for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel")."""
+    for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel"). ``arithmetic``: the
+    speculative lane's target arithmetic ("int8" or "fp32", ``engine.decoding.compute.arithmetic``), ``plain_arithmetic``
+    the plain lane's (default the same)."""
     return {"target": target, "prompt": prompt, "preset": preset, "draft": draft,
             "draft_label": DRAFT_KINDS.get(draft, draft), "early_exit_k": int(early_exit_k),
             "draft_model": draft_model, "gamma": int(gamma), "tree": int(tree), "temperature": float(temperature),
-            "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule)}
+            "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule), "arithmetic": str(arithmetic),
+            "plain_arithmetic": str(plain_arithmetic or arithmetic)}
 
 
 def race_target(settings: dict) -> str:
@@ -208,7 +222,8 @@ def live_link(settings: dict, round_no: int) -> PageLink:
         raise InputError(f"Rounds count from 1, got {round_no}.")
     kw = decoder_kwargs(settings)
     prompt = kw.pop("prompt")
-    params = {"lv_target": race_target(settings)}
+    params = {"lv_target": race_target(settings),
+              "lv_arith": str({**RACE_DEFAULTS, **settings}["arithmetic"])}  # the speculative lane's
     preset = settings.get("preset")
     if preset in PROMPT_PRESETS and preset_text(preset) == prompt:
         params["lv_preset"] = preset

@@ -14,15 +14,24 @@ from engine.decoding.models import LoadedModel, load_model, load_tokenizer
 from engine.decoding.pass_cost import refresh_stale_pass_cost
 
 
+def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None,
+              arithmetic: str | None = None) -> LoadedModel:
+    """Load ``spec`` once per process and arithmetic (see ``engine.decoding.models.load_model``; ``arithmetic`` None:
+    the process's, ``engine.decoding.compute.arithmetic``, so a page that names it and one that does not share one
+    load); raises ModelLoadError, InputError."""
+    from engine.decoding.compute import arithmetic as process_arithmetic
+
+    return _get_model(spec, device, dtype, arithmetic or process_arithmetic())
+
+
 @st.cache_resource(show_spinner=False, max_entries=6)
-def get_model(spec: str = "embedded", device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load ``spec`` once per process (see ``engine.decoding.models.load_model``); raises ModelLoadError."""
+def _get_model(spec: str, device: str | None, dtype: str | None, arithmetic: str) -> LoadedModel:
     bar = st.progress(0.0, text="Loading the embedded model…" if spec == "embedded" else f"Loading {spec}…")
     # one bar for both stages: loading 0–70 %, then this machine's pass-cost curve 70–100 % (two bars would
     # jump from 100 % back to 17 % when the curve is measured after the load)
     show = (lambda lo, hi: lambda msg, frac: bar.progress(lo + (hi - lo) * min(max(frac, 0.0), 1.0), text=msg))
     def load() -> LoadedModel:
-        target = load_model(spec, device=device, dtype=dtype, progress=show(0.0, 0.7))
+        target = load_model(spec, device=device, dtype=dtype, progress=show(0.0, 0.7), arithmetic=arithmetic)
         # this machine's curve, if stored under another row limit
         refresh_stale_pass_cost(target, progress=show(0.7, 1.0))
         return target

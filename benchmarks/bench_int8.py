@@ -166,34 +166,44 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=len(HELD_OUT))
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=str(RESULTS / f"int8_{machine_slug()}"))
+    ap.add_argument("--parts", default="peaks,passes,prefill,plain,lookup,agreement",
+                    help="what to measure (the rest is kept from the result file at --out, when there is one)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     torch.manual_seed(0)
     models = {a: load_model("embedded", arithmetic=a) for a in ("int8", "fp32")}
     meta = machine_meta(models["int8"])
     meta["fp32_weights"] = models["fp32"].compute.formats_label()
     compute.stream_kernel()
     peak = compute.extension._STREAM["int8"]["peak"]
-    res = {"meta": meta, "impl": compute.extension._STREAM["int8"]["impl"](),
-           "peaks_gmac_s": {k: round(peak(k, 1.0) / 1e9, 1) for k in ("int8", "fp32")}}
-    print("peaks", res["peaks_gmac_s"], flush=True)
-    res["passes"] = pass_times(models, args.reps)
-    print("passes", json.dumps(res["passes"]), flush=True)
-    res["prefill_ms"] = prefill_times(models, max(3, args.reps // 2))
-    print("prefill", res["prefill_ms"], flush=True)
-    res["plain_decode_tok_s"] = plain_rates(models, max(3, args.reps // 3))
-    print("plain", res["plain_decode_tok_s"], flush=True)
-    res["prompt_lookup"] = lookup_speedups(models, max(3, args.reps // 3))
-    print("lookup", res["prompt_lookup"], flush=True)
-    tok = models["fp32"].tokenizer
-    agreement = compare_arithmetic(models["int8"], models["fp32"],
-                                   [encode_prompt(tok, p) for p in HELD_OUT[:args.prompts]],
-                                   max_new_tokens=args.max_new_tokens)
-    res["agreement"] = agreement.to_dict()
-    print("agreement", agreement.summary(), flush=True)
+    out = Path(args.out)
+    res = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    res.update({"meta": meta, "impl": compute.extension._STREAM["int8"]["impl"]()})
+    if "peaks" in parts:
+        res["peaks_gmac_s"] = {k: round(peak(k, 1.0) / 1e9, 1) for k in ("int8", "fp32")}
+        print("peaks", res["peaks_gmac_s"], flush=True)
+    if "passes" in parts:
+        res["passes"] = pass_times(models, args.reps)
+        print("passes", json.dumps(res["passes"]), flush=True)
+    if "prefill" in parts:
+        res["prefill_ms"] = prefill_times(models, max(3, args.reps // 2))
+        print("prefill", res["prefill_ms"], flush=True)
+    if "plain" in parts:
+        res["plain_decode_tok_s"] = plain_rates(models, max(3, args.reps // 3))
+        print("plain", res["plain_decode_tok_s"], flush=True)
+    if "lookup" in parts:
+        res["prompt_lookup"] = lookup_speedups(models, max(3, args.reps // 3))
+        print("lookup", res["prompt_lookup"], flush=True)
+    if "agreement" in parts:
+        tok = models["fp32"].tokenizer
+        agreement = compare_arithmetic(models["int8"], models["fp32"],
+                                       [encode_prompt(tok, p) for p in HELD_OUT[:args.prompts]],
+                                       max_new_tokens=args.max_new_tokens)
+        res["agreement"] = agreement.to_dict()
+        print("agreement", agreement.summary(), flush=True)
     res["meta"]["load_avg_1min_end"] = round(__import__("os").getloadavg()[0], 2)
     res["command"] = "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_int8.py " + " ".join(sys.argv[1:])
     res["date"] = time.strftime("%Y-%m-%d %H:%M")
-    out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     out.with_suffix(".md").write_text(markdown(res))
     print(out.with_suffix(".md").read_text())

@@ -50,7 +50,10 @@ from app.state import note_replaced, stage_text, stage_url, stop_page, sync_url,
 from app.teaching import check_yourself, safe_questions
 from app.tour import intro, presenting
 from app.tree_view import mask_figure, tree_figure, tree_round_markdown, tree_rows
+from engine.decoding.compute import ARITHMETICS
+from engine.decoding.compute import arithmetic as process_arithmetic
 from engine.decoding.measure import measure_speedup_ab, measured_run
+from engine.explain.measured import arithmetic_note
 from engine.decoding.draft_length import ADAPTIVE_GAMMA_MAX
 from engine.decoding.drafts import EMBEDDED_AUTO
 from engine.decoding.models import (EMBEDDED, EMBEDDED_BLOCK, EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_MEDUSA,
@@ -85,11 +88,12 @@ AB_REPS = 3  # Run baseline times this many speculative and plain runs each, A B
 # an odd count, so each median is one real run, and one slow run (a busy machine) cannot decide it
 URL_KEYS = ["lv_preset", "lv_gamma", "lv_temp", "lv_topk", "lv_topp", "lv_draft", "lv_k", "lv_seed",
             "lv_max_new", "lv_target", "lv_draft_model", "lv_speed", "lv_conf", "lv_tree", "lv_branch",
-            "lv_accept", "lv_rule", "lv_length"]
+            "lv_accept", "lv_rule", "lv_length", "lv_arith"]
 LENGTH_LABELS = {"adaptive": "Adaptive: each round drafts what pays (0 to γ)", "fixed": "Fixed: γ every round"}
 ADAPTIVE_KINDS = ("head", "auto")  # drafts whose rounds can choose their length (engine.decoding.draft_length)
 RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
                "gumbel": "Drafter-invariant (Gumbel-max: plain's text)"}
+ARITHMETIC_LABELS = {"int8": "int8 (as llama.cpp)", "fp32": "fp32 (exact reference)"}
 ACCEPT_LABELS = {"exact": "Exact (lossless)", "typical": "Typical acceptance (Medusa; lossy)"}
 TREE_BRANCH_DEFAULT = 4  # the engine's own default (the tree drafts' branching, as the CLI uses)
 
@@ -114,6 +118,7 @@ intro(
 
 # ------------------------------------------------------------------------------------------ settings
 url_param("lv_target", EMBEDDED, str)
+url_param("lv_arith", process_arithmetic(), str, choices=list(ARITHMETICS))  # how the target multiplies its blocks
 _default_spec = default_draft_spec(st.session_state["lv_target"].strip() or EMBEDDED)
 url_param("lv_preset", default_preset(default_draft_kind(_default_spec)), str,
           choices=list(PROMPT_PRESETS) + [CUSTOM])
@@ -221,12 +226,18 @@ with st.sidebar:
     _prompt_box = st.container()  # the prompt first: what a reader changes most (filled below)
     st.text_input("Target model", key="lv_target", on_change=_on_target_change,
                   help="`embedded` (SmolLM2-135M-Instruct), a Hugging Face id in the local cache, or a folder.")
+    st.radio("Arithmetic", list(ARITHMETICS), key="lv_arith", horizontal=True, format_func=ARITHMETIC_LABELS.get,
+             help="How the target multiplies its 4-bit (GGUF) weights. int8, as llama.cpp: each product's "
+                  "activations are rounded to 8 bits per block of 32 and multiplied in int8, several times the "
+                  "multiply-adds per instruction, so a pass over a few tokens costs little more than one; it changes "
+                  "the model's numbers slightly. fp32: every weight rebuilt exactly to fp32, the fp32 model's own "
+                  "numbers (the reference). Speculation is lossless on both.")
     if note := st.session_state.pop("lv_draft_note", None):
         st.info(note)
 
 target = None
 try:
-    target = get_model(st.session_state["lv_target"].strip() or EMBEDDED)
+    target = get_model(st.session_state["lv_target"].strip() or EMBEDDED, arithmetic=st.session_state["lv_arith"])
 except SpeedupLabError as e:
     st.error(str(e))
 
@@ -240,6 +251,8 @@ if target is not None and target.compute is not None:
                    help="At load the engine timed, on this CPU, the ways it can multiply the model's weights by a "
                         "few tokens and uses the fastest for every pass (engine/decoding/compute/). "
                         + target.compute.reason)
+        if target.compute.formats.get("count"):  # the arithmetic applies to GGUF block weights (the embedded model's)
+            st.caption(arithmetic_note(target.compute.arithmetic))
 
 with _prompt_box:
     st.selectbox("Prompt preset", list(PROMPT_PRESETS) + [CUSTOM], key="lv_preset", on_change=_on_preset,
@@ -357,18 +370,20 @@ class LiveConfig(NamedTuple):
     accept: str            # a tree's rule under sampling: "exact" or "typical" (lossy); "exact" otherwise
     rule: str              # the sampling rule of a sampled run: "standard" or "gumbel"; "standard" when greedy
     length: str            # the head's draft length: "adaptive" or "fixed" (other drafts: their own)
+    arithmetic: str = "int8"  # how the target multiplies its GGUF blocks (engine.decoding.compute.arithmetic)
 
 
 CONFIG_LABELS = {"early_exit_k": "early-exit k", "draft_model": "draft model", "gamma": "γ", "top_k": "top-k",
                  "top_p": "top-p", "max_new_tokens": "max new tokens", "confidence_gate": "confidence gate",
-                 "tree": "tree size", "accept": "acceptance rule", "rule": "sampling rule", "length": "draft length"}
+                 "tree": "tree size", "accept": "acceptance rule", "rule": "sampling rule", "length": "draft length",
+                 "arithmetic": "arithmetic"}
 config = LiveConfig(S["lv_target"].strip() or EMBEDDED, S["lv_prompt"], S["lv_draft"], S["lv_k"],
                     S["lv_draft_model"].strip(), S["lv_gamma"], float(S["lv_temp"]), int(S["lv_topk"]),
                     float(S["lv_topp"]), int(S["lv_seed"]), int(S["lv_max_new"]), float(S["lv_conf"]),
                     int(S["lv_tree"]), int(S["lv_branch"]) if S["lv_tree"] else TREE_BRANCH_DEFAULT,
                     S["lv_accept"] if S["lv_tree"] and S["lv_temp"] > 0 and S["lv_rule"] != "gumbel" else "exact",
                     S["lv_rule"] if S["lv_temp"] > 0 else "standard",
-                    S["lv_length"] if S["lv_draft"] == "head" and not S["lv_tree"] else "fixed")
+                    S["lv_length"] if S["lv_draft"] == "head" and not S["lv_tree"] else "fixed", S["lv_arith"])
 
 
 def _decoder(cfg: LiveConfig, baseline: bool = False, max_new: int | None = None) -> SpeculativeDecoder:

@@ -8,6 +8,7 @@ from app.navigation import go_button
 from app.resources import get_tokenizer
 from app.tour import intro
 from engine.errors import SpeedupLabError
+from engine.explain.measured import arithmetic_agreement
 from engine.explain.teaching import (
     MISTAKE_LINKS,
     large_batch_mistake,
@@ -141,6 +142,16 @@ c2.metric("Naive rule: distance to the target's p", f"{qm.tvd_naive:.3f}",
           delta=f"χ² p-value {qm.chi2_p_naive:.2g}", delta_color="off", delta_arrow="off")
 st.caption("With the correct rule the output follows the target exactly (the small distance is sampling "
            "noise); only a wrong rule changes quality.")
+_arith = arithmetic_agreement()
+if _arith is not None:
+    _where = "this machine" if _arith["own"] else f"another machine ({_arith['cpu']})"
+    st.markdown(
+        "What does trade quality is the **arithmetic**: quantized weights and activations. This engine's default "
+        "arithmetic rounds each product's activations to 8 bits (as llama.cpp does); measured on "
+        f"{_where} ({_arith['date'][:10]}), {_arith['identical']} of {_arith['prompts']} greedy texts stay identical "
+        f"to the exact fp32 arithmetic's and the most likely next token agrees at {100 * _arith['top1']:.1f} % of "
+        "positions. Speculation on top changes nothing more: on either arithmetic its greedy text is plain "
+        "decoding's, token for token (the Live page's Arithmetic switch shows both).")
 go_button(MISTAKE_LINKS["quality"], "Reproduce on the What-if page (distribution check)", key="mk_quality")
 
 # 4 ------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from app.resources import get_model
 from app.state import stage_text, stop_page, sync_url, url_param
 from app.tour import intro, presenting
 from app.why_view import why_card
+from engine.decoding.compute import arithmetic as process_arithmetic
 from engine.decoding.measure import SpeedupAB
 from engine.decoding.models import EMBEDDED, default_draft_spec
 from engine.decoding.race import RaceStopped, load_race, run_race, survival
@@ -38,7 +39,11 @@ GAMMA_MAX = 16
 MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 URL_KEYS = ["rc_target", "rc_preset", "rc_draft", "rc_k", "rc_draft_model", "rc_gamma", "rc_tree", "rc_temp", "rc_seed",
-            "rc_max_new", "rc_speed", "rc_rule"]
+            "rc_max_new", "rc_speed", "rc_rule", "rc_arith"]
+LANE_ARITHMETIC = {"int8": ("int8", "int8", "int8, both lanes (as llama.cpp)"),
+                   "fp32": ("fp32", "fp32", "fp32, both lanes (the exact reference)"),
+                   "each": ("fp32", "int8", "One each: plain on fp32, speculative on int8")}
+"""The Race's arithmetic choice: (the plain lane's, the speculative lane's, its label)."""
 RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
                "gumbel": "Drafter-invariant (Gumbel-max, same text)"}
 S = st.session_state
@@ -68,6 +73,7 @@ url_param("rc_tree", 0, int, lo=0, hi=TREE_MAX_NODES)
 url_param("rc_temp", 0.0, float, lo=0.0, hi=2.0, step=0.05)
 url_param("rc_seed", 0, int, lo=0, hi=999_999)
 url_param("rc_rule", "standard", str, choices=list(RULE_LABELS))
+url_param("rc_arith", process_arithmetic(), str, choices=list(LANE_ARITHMETIC))
 url_param("rc_max_new", 64, int, lo=8, hi=MAX_NEW_UI)
 url_param("rc_speed", 1.0, float, choices=list(SPEEDS))
 if "rc_prompt" not in S:
@@ -121,6 +127,13 @@ with st.sidebar:
                       "Gumbel noise fixed by the seed, the position and the token, and the draft proposes with the "
                       "same noise, so both lanes give the same text for a seed. Both follow the target's p exactly.")
     st.number_input("Seed", 0, 999_999, key="rc_seed")
+    st.radio("Arithmetic", list(LANE_ARITHMETIC), key="rc_arith", format_func=lambda k: LANE_ARITHMETIC[k][2],
+             help="How each lane's target multiplies its 4-bit weights. int8 (as llama.cpp): activations rounded to 8 "
+                  "bits, int8 multiply-adds, so a verify pass over a few tokens costs little more than one. fp32: "
+                  "the exact reference, where each extra token of a pass costs its own fp32 multiply-adds. One lane "
+                  "each: plain decoding on fp32 against speculation on int8, both regimes side by side (then the "
+                  "speedup is the arithmetic's and speculation's together, and the texts may part: that is the "
+                  "arithmetic, not speculation).")
     st.slider("Max new tokens", 8, MAX_NEW_UI, key="rc_max_new")
     st.select_slider("Playback speed", list(SPEEDS), key="rc_speed",
                      format_func=lambda v: "1× (measured)" if v == 1 else f"{v:g}×",
@@ -221,9 +234,10 @@ recorded = _recorded()
 # drawn before the model loads: on a server's first visit the recorded race plays while the model is loading
 _draw_current(recorded)
 
-target = None
+target = plain_target = None
 try:
-    target = get_model(TARGET)
+    target = get_model(TARGET, arithmetic=LANE_ARITHMETIC[S["rc_arith"]][1])  # the speculative lane's
+    plain_target = get_model(TARGET, arithmetic=LANE_ARITHMETIC[S["rc_arith"]][0])
 except SpeedupLabError as e:
     st.error(str(e))
 
@@ -247,15 +261,19 @@ def _settings() -> dict:
                          early_exit_k=int(S["rc_k"]), draft_model=S["rc_draft_model"].strip(),
                          gamma=int(S["rc_gamma"]), tree=int(S["rc_tree"]), temperature=float(S["rc_temp"]),
                          seed=int(S["rc_seed"]), max_new_tokens=int(S["rc_max_new"]),
-                         rule=S["rc_rule"] if float(S["rc_temp"]) > 0 else "standard")
+                         rule=S["rc_rule"] if float(S["rc_temp"]) > 0 else "standard",
+                         arithmetic=LANE_ARITHMETIC[S["rc_arith"]][1],
+                         plain_arithmetic=LANE_ARITHMETIC[S["rc_arith"]][0])
 
 
-def _make(settings: dict, baseline: bool, room):
+def _make(settings: dict, baseline: bool, room, lane_target=None):
     """A builder of one lane's fresh decoder from the race's recorded settings (as the Live page builds its own),
     stepping through the room: alone its passes are its own; beside other readers they share the room's passes,
-    and the race records how many rows they had."""
+    and the race records how many rows they had. ``lane_target``: the lane's model (its arithmetic), default the
+    speculative lane's."""
     kw = decoder_kwargs(settings)
-    return lambda: room.bind(make_decoder(target, **kw, baseline=baseline, load=get_model))
+    model = target if lane_target is None else lane_target
+    return lambda: room.bind(make_decoder(model, **kw, baseline=baseline, load=get_model))
 
 
 if recorded_clicked and recorded is not None:
@@ -285,7 +303,9 @@ if race_clicked and target is not None:
         f", tree of {S['rc_tree']}" if S["rc_tree"] else "") + f", γ = {S['rc_gamma']}"
     settings = _settings()
     try:
-        race = run_race(_make(settings, False, room), _make(settings, True, room), label, settings=settings,
+        plain_room = room if plain_target is target else room_for(plain_target)
+        race = run_race(_make(settings, False, room), _make(settings, True, plain_room, plain_target), label,
+                        settings=settings,
                         machine=machine, greedy=float(S["rc_temp"]) == 0, on_progress=_progress, busy=room.readers,
                         pass_rows=lambda: room.stats().last_pass_rows)
     except RaceStopped as e:

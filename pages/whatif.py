@@ -409,6 +409,55 @@ def _section_batch() -> None:
     from engine.decoding.models import resolve_device
 
     _section_weight_bytes(_machine(resolve_device(None).type).bandwidth_gbs)
+    _section_arithmetic(_machine(resolve_device(None).type).bandwidth_gbs)
+
+def _section_arithmetic(bandwidth_gbs: float) -> None:
+    """What arithmetic costs: each arithmetic's measured t(k)/t(1) against the pass roofline with this CPU's int8 and
+    fp32 ceilings (``engine.explain.arithmetic_roofline``; the measurements: ``benchmarks/bench_int8.py``)."""
+    from engine.explain.arithmetic_roofline import floor_ratios, ridge_tokens
+    from engine.explain.measured import arithmetic_agreement
+
+    data = arithmetic_agreement()
+    if data is None or not data.get("peaks"):
+        return
+    st.subheader("What arithmetic costs")
+    weight_mb, params = 96.0, 134.5e6  # the embedded model's GGUF blocks as the int8 kernel reads them; its weights
+    fig = go.Figure()
+    colors = {"int8": "#2ca02c", "fp32": "#d62728"}
+    ks = sorted(next(iter(data["ratio"].values())))
+    ridges = {}
+    for a in ("int8", "fp32"):
+        peak = data["peaks"].get(a)
+        if not peak or a not in data["ratio"]:
+            continue
+        ridges[a] = ridge_tokens(weight_mb * 1e6, params, bandwidth_gbs, peak)
+        fig.add_scatter(x=ks, y=[data["ratio"][a][k] for k in ks], mode="lines+markers", name=f"{a}, measured",
+                        line={"color": colors[a]})
+        floor = floor_ratios(ks, weight_mb * 1e6, params, bandwidth_gbs, peak)
+        fig.add_scatter(x=ks, y=[floor[k] for k in ks], mode="lines", name=f"{a}, roofline floor ({peak:.0f} G/s)",
+                        line={"color": colors[a], "dash": "dash"})
+    fig.update_layout(title="A pass over k tokens ÷ a one-token pass, per arithmetic", xaxis_title="tokens in the pass k",
+                      yaxis_title="t(k) / t(1)", height=CHART_H, margin={"t": 40, "b": 10},
+                      legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"})
+    left, right = st.columns(2)
+    show_chart(fig, key="wi_fig_arith", where=left)
+    where = "this machine" if data["own"] else f"another machine ({data['cpu']})"
+    r = data["ratio"]
+    right.markdown(
+        f"Reading the weights sets a pass's floor ({weight_mb:.0f} MB at {bandwidth_gbs:.1f} GB/s); each token in "
+        f"the pass adds {params / 1e6:.0f} M multiply-adds. This CPU does {data['peaks'].get('int8', 0):.0f} G int8 "
+        f"and {data['peaks'].get('fp32', 0):.0f} G fp32 multiply-adds a second, so the multiply-adds take over from "
+        f"about **{ridges.get('fp32', float('nan')):.0f} tokens** in fp32 but **{ridges.get('int8', float('nan')):.0f}** "
+        f"in int8: a verify pass of γ + 1 = 3 tokens is near the floor on both, one of 8 or 16 only in int8. "
+        f"Measured on {where} ({data['date'][:10]}): 3 tokens cost {r['int8'].get(3, float('nan')):.2f}× one in "
+        f"int8 and {r['fp32'].get(3, float('nan')):.2f}× in fp32; 8 tokens {r['int8'].get(8, float('nan')):.2f}× "
+        f"and {r['fp32'].get(8, float('nan')):.2f}×; 16 tokens {r['int8'].get(16, float('nan')):.2f}× and "
+        f"{r['fp32'].get(16, float('nan')):.2f}×. The measured curves sit above the floor: attention, norms and the "
+        "kernels' own efficiency.")
+    st.caption(f"Measured by `benchmarks/bench_int8.py` (`benchmarks/results/{data['file']}`); the ceilings by "
+               "register-only int8 and fp32 loops on every thread; the floor uses this machine's bandwidth "
+               "(`engine.explain.arithmetic_roofline`).")
+
 
 # tick values of the bytes chart's log axes (plotly's own ticks label every digit on a short log range)
 LOG_TICKS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]

@@ -105,8 +105,8 @@ def compare_arithmetic(int8: LoadedModel, fp32: LoadedModel, prompts: list[list[
     for i, prompt in enumerate(prompts):
         if progress:
             progress(f"Comparing the int8 and fp32 arithmetic on prompt {i + 1} of {len(prompts)}…", i / len(prompts))
-        a = generate(fp32, None, prompt, max_new_tokens=max_new_tokens).new_ids
-        b = generate(int8, None, prompt, max_new_tokens=max_new_tokens).new_ids
+        a = generate(fp32, None, prompt, max_new_tokens=max_new_tokens).token_ids
+        b = generate(int8, None, prompt, max_new_tokens=max_new_tokens).token_ids
         first = _first_difference(a, b)
         identical += first is None
         firsts.append(first)

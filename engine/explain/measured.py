@@ -67,3 +67,51 @@ def tree_pass_costs(path: str | Path | None = None) -> dict | None:
         return None
     return {"rows": rows, "cpu": str(mm.get("cpu", "another machine")), "compute": str(mm.get("compute", "?")),
             "file": path.name}
+
+
+def arithmetic_agreement(path: str | Path | None = None) -> dict | None:
+    """What the int8 arithmetic changes against the fp32 arithmetic and what it buys, as ``benchmarks/bench_int8.py``
+    measured them on this machine (else the reference machine; None when neither result exists or it lacks them).
+
+    Returns:
+        {"identical", "prompts", "first_divergence" (the earliest and latest parting token, or None), "top1" (share of
+        positions whose most likely next token agrees), "mean_kl" (nats), "ratio": {"int8": {k: t(k)/t(1)}, "fp32":
+        …}, "cpu", "date", "file", "own" (measured on this kind of CPU)}.
+    """
+    import json
+
+    path = result_path("int8") if path is None else Path(path)
+    try:
+        data = json.loads(Path(path).read_text())
+        g = data["agreement"]
+        parted = [d for d in g["first_divergence"] if d is not None]
+        return {"identical": g["identical_texts"], "prompts": g["prompts"],
+                "first_divergence": (min(parted), max(parted)) if parted else None, "top1": g["top1"],
+                "mean_kl": g["mean_kl"], "max_new_tokens": g["max_new_tokens"],
+                "ratio": {a: {int(k): v for k, v in p["ratio"].items()} for a, p in data["passes"].items()},
+                "peaks": data.get("peaks_gmac_s", {}), "cpu": data["meta"]["cpu"], "date": data.get("date", ""),
+                "file": Path(path).name, "own": machine_slug(data["meta"]["cpu"]) == machine_slug()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def arithmetic_note(arithmetic: str, data: dict | None = None) -> str:
+    """One or two sentences for a page: which arithmetic runs the target, and (from ``arithmetic_agreement``) what the
+    int8 arithmetic changes against the fp32 one, labelled with the machine and date it was measured on. The same
+    words wherever the arithmetic is shown (Live, Race, Common mistakes)."""
+    data = arithmetic_agreement() if data is None else data
+    if arithmetic == "fp32":
+        head = ("Arithmetic: **fp32** (every 4-bit weight rebuilt exactly to fp32 and multiplied in fp32: the fp32 "
+                "model's own numbers, the reference).")
+    else:
+        head = ("Arithmetic: **int8** (as llama.cpp: each product's activations rounded to 8 bits per block of 32, "
+                "int8 multiply-adds; much cheaper per token in a pass, and it changes the model's numbers slightly).")
+    if data is None:
+        return head
+    where = "this machine" if data["own"] else f"another machine ({data['cpu']})"
+    parted = data["first_divergence"]
+    part = f"; the others part at token {parted[0]}–{parted[1]}" if parted else ""
+    return (f"{head} Measured on {where}, {data['date'][:10]}: **{data['identical']} of {data['prompts']}** greedy "
+            f"texts of {data['max_new_tokens']} tokens identical to the fp32 arithmetic's{part}; the most likely next "
+            f"token agrees at {100 * data['top1']:.1f} % of positions (mean KL {data['mean_kl']:.4f} nats). That is "
+            "the arithmetic, not speculation: speculative decoding gives exactly plain decoding's text on either.")
