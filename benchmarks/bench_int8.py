@@ -160,13 +160,52 @@ def lookup_speedups(models: dict, reps: int) -> dict:
     return out
 
 
+LLAMA_TOKENS = (1, 2, 3, 4, 8, 16)
+
+
+def llama_passes() -> dict:
+    """llama.cpp's passes on this machine, measured by its own ``llama-bench`` (built beside llama-server:
+    ``cmake --build <build> --target llama-bench llama-quantize``): ms for a pass over k tokens (``pp k``: k ÷ its
+    tokens/s) and a decode step (``tg``), 100 cached tokens, 2 threads, 5 reps, for the shipped Q4_1 GGUF and the same
+    model requantized to Q4_0 (its repacked int8 gemm). {} when llama-bench is not built here."""
+    import subprocess
+    import tempfile
+
+    from engine.decoding.models import embedded_gguf_path
+    from engine.serving import llamacpp
+
+    binary = llamacpp.built_binary().parent
+    bench, quant = binary / "llama-bench", binary / "llama-quantize"
+    if not bench.exists() or not quant.exists():
+        return {}
+    gguf = embedded_gguf_path()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        q40 = Path(tmp) / "q4_0.gguf"
+        subprocess.run([str(quant), "--allow-requantize", str(gguf), str(q40), "Q4_0"], check=True,
+                       capture_output=True)
+        for name, model in (("Q4_1 (shipped)", gguf), ("Q4_0 (requantized)", q40)):
+            got = subprocess.run([str(bench), "-m", str(model), "-p", ",".join(map(str, LLAMA_TOKENS)), "-n", "64",
+                                  "-d", "100", "-t", str(torch.get_num_threads()), "-r", "5", "-o", "json"],
+                                 check=True, capture_output=True, text=True)
+            rows = json.loads(got.stdout)
+            ms = {}
+            for r in rows:
+                if r.get("n_gen"):
+                    ms["tg"] = round(1e3 / r["avg_ts"], 3)
+                else:
+                    ms[str(r["n_prompt"])] = round(1e3 * r["n_prompt"] / r["avg_ts"], 3)
+            out[name] = ms
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--prompts", type=int, default=len(HELD_OUT))
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=str(RESULTS / f"int8_{machine_slug()}"))
-    ap.add_argument("--parts", default="peaks,passes,prefill,plain,lookup,agreement",
+    ap.add_argument("--parts", default="peaks,passes,llama,prefill,plain,lookup,agreement",
                     help="what to measure (the rest is kept from the result file at --out, when there is one)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -194,6 +233,9 @@ def main() -> int:
     if "lookup" in parts:
         res["prompt_lookup"] = lookup_speedups(models, max(3, args.reps // 3))
         print("lookup", res["prompt_lookup"], flush=True)
+    if "llama" in parts:
+        res["llama_bench_ms"] = llama_passes()
+        print("llama", res["llama_bench_ms"], flush=True)
     if "agreement" in parts:
         tok = models["fp32"].tokenizer
         agreement = compare_arithmetic(models["int8"], models["fp32"],
@@ -202,7 +244,9 @@ def main() -> int:
         res["agreement"] = agreement.to_dict()
         print("agreement", agreement.summary(), flush=True)
     res["meta"]["load_avg_1min_end"] = round(__import__("os").getloadavg()[0], 2)
-    res["command"] = "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_int8.py " + " ".join(sys.argv[1:])
+    res.pop("command", None)
+    cmd = "flock -x /tmp/speedup-cpu.lock .venv/bin/python benchmarks/bench_int8.py " + " ".join(sys.argv[1:])
+    res["commands"] = [c for c in res.get("commands", []) if "--parts" in c and c != cmd] + [cmd]
     res["date"] = time.strftime("%Y-%m-%d %H:%M")
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     out.with_suffix(".md").write_text(markdown(res))
@@ -213,7 +257,7 @@ def main() -> int:
 def markdown(r: dict) -> str:
     p = r["passes"]
     lines = [f"# The int8 arithmetic against the fp32 arithmetic ({r['date']})", "", machine_line(r["meta"]), "",
-             f"Command: `{r['command']}`", "",
+             "Commands: " + "; ".join(f"`{c}`" for c in r.get("commands", [])), "",
              f"int8 products on this build: **{r['impl']}**. This CPU's ceilings (register-only loops, "
              f"{r['meta']['threads']} threads): int8 {r['peaks_gmac_s']['int8']:.0f} G multiply-adds/s, fp32 "
              f"{r['peaks_gmac_s']['fp32']:.0f} G/s ({r['peaks_gmac_s']['int8'] / r['peaks_gmac_s']['fp32']:.1f}×).", "",
@@ -222,6 +266,15 @@ def markdown(r: dict) -> str:
     for a in ("int8", "fp32"):
         lines.append(f"| {a} ms | " + " | ".join(f"{p[a]['ms'][str(n)]:.2f}" for n in SIZES) + " |")
         lines.append(f"| {a} × t(1) | " + " | ".join(f"{p[a]['ratio'][str(n)]:.2f}" for n in SIZES) + " |")
+    lb = r.get("llama_bench_ms") or {}
+    if lb:
+        lines += ["", "llama.cpp on the same machine, in the same run (`llama-bench -p 1,2,3,4,8,16 -n 64 -d 100 -r 5`), "
+                  "ms for a pass over k tokens (tg: a decode step):", "",
+                  "| llama.cpp | tg | " + " | ".join(str(k) for k in LLAMA_TOKENS) + " |",
+                  "|---|---|" + "---|" * len(LLAMA_TOKENS)]
+        for name, ms in lb.items():
+            lines.append(f"| {name} | {ms.get('tg', float('nan')):.2f} | "
+                         + " | ".join(f"{ms.get(str(k), float('nan')):.2f}" for k in LLAMA_TOKENS) + " |")
     pf = r["prefill_ms"]
     lines += ["", f"Prefill of a {pf['tokens']}-token prompt: int8 **{pf['int8']:.0f} ms**, fp32 {pf['fp32']:.0f} ms "
               f"({pf['fp32'] / pf['int8']:.2f}× faster).", "",

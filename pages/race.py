@@ -40,10 +40,10 @@ MAX_NEW_UI = 256
 PROMPT_MAX_CHARS = 8000
 URL_KEYS = ["rc_target", "rc_preset", "rc_draft", "rc_k", "rc_draft_model", "rc_gamma", "rc_tree", "rc_temp", "rc_seed",
             "rc_max_new", "rc_speed", "rc_rule", "rc_arith"]
+# the Race's arithmetic choice: (the plain lane's, the speculative lane's, its label)
 LANE_ARITHMETIC = {"int8": ("int8", "int8", "int8, both lanes (as llama.cpp)"),
                    "fp32": ("fp32", "fp32", "fp32, both lanes (the exact reference)"),
                    "each": ("fp32", "int8", "One each: plain on fp32, speculative on int8")}
-"""The Race's arithmetic choice: (the plain lane's, the speculative lane's, its label)."""
 RULE_LABELS = {"standard": "Standard (min(1, p/q), residual draws)",
                "gumbel": "Drafter-invariant (Gumbel-max, same text)"}
 S = st.session_state

@@ -162,10 +162,10 @@ def test_label_is_short_and_names_the_path():
     assert c.label() == "oneDNN (measured: 1.82× faster than default)"
     assert ComputePath("default", "forced by override", "x", 1).label().startswith("PyTorch default")
     assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496).label().endswith(
-        "(forced by override; exact compact copies of weights: +32 MB)")
+        "(forced by override; compact copies of weights (the blocks the kernel reads): +32 MB)")
     assert ComputePath("stream", "forced by override", "x", 1, extra_bytes=31_850_496,
                        packable_bytes=538_060_032).label().endswith(
-        "(forced by override; exact compact copies of weights: +32 MB; packed copies for products of ≥ 17 rows, "
+        "(forced by override; compact copies of weights (the blocks the kernel reads): +32 MB; packed copies for products of ≥ 17 rows, "
         "made on first use: up to +538 MB)")
     formats = {"count": {"q41": 120, "q8": 1, "fp32": 0}, "read_bytes": 104_000_000, "fp32_bytes": 538_000_000}
     assert ComputePath("stream", "forced by override", "x", 1, formats=formats).label() == (

@@ -105,7 +105,8 @@ class ComputePath:
         """Short label for pages and result headers, e.g. ``"oneDNN (measured: 1.82× faster than default)"``:
         the name and the reason without its timing details."""
         extra = f"; {self.formats_label()}" if self.formats_label() else ""
-        extra += f"; exact compact copies of weights: +{self.extra_bytes / 1e6:.0f} MB" if self.extra_bytes else ""
+        extra += (f"; compact copies of weights (the blocks the kernel reads): +{self.extra_bytes / 1e6:.0f} MB"
+                  if self.extra_bytes else "")
         extra += (f"; their fp32 copies not kept (−{self.released_bytes / 1e6:.0f} MB): those products run the "
                   "kernel at every row count, a prefill's too" if self.released_bytes else "")
         if self.packable_bytes:
