@@ -399,10 +399,14 @@ class BatchDecoder:
     # ---------------------------------------------------------------- the target pass
     @torch.inference_mode()
     def _forward(self, inp: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor | None,
-                 n_logits: int, cache=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 n_logits: int, cache=None, spans: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target pass (into ``cache``, default the batch's); returns ([rows, n_logits, V] float32 logits of
         the last n fed positions on the CPU, [rows, Q, H] hidden states when a draft head reads them). The
-        operations are those of ``proposers.CachedLM._feed`` (which the single-sequence engine runs)."""
+        operations are those of ``proposers.CachedLM._feed`` (which the single-sequence engine runs).
+
+        ``spans``: each row's (its cached key columns: a LongTensor, or an int start of [start, cache length); its fed
+        tokens) for a pass of several rows on the batch-invariant layout (``compute.batch_invariant``), where it is
+        on offer (``_invariant_rows``): each row then gets the bits of its lone pass, whatever its neighbours."""
         cache = self.cache if cache is None else cache
         model = self.target.model
         dev = self.target.device
@@ -412,15 +416,30 @@ class BatchDecoder:
             kw["attention_mask"] = mask.to(dev)
         if pos is not None:
             kw["position_ids"] = pos.to(dev)
-        # one sequence after its cache: the batch-invariant layout, as ``CachedLM._feed`` runs it
-        lone = inp.shape[0] == 1 and mask is None and cache.get_seq_length() > 0
-        with batch_invariant() if lone else contextlib.nullcontext():
+        # one sequence: the batch-invariant layout, as ``CachedLM._feed`` runs it (a prefill too); several rows with
+        # their spans: the same layout, each row from its own keys
+        lone = inp.shape[0] == 1 and mask is None
+        if spans is not None and self._invariant_rows():
+            layout = batch_invariant(spans, cache.get_seq_length())
+        else:
+            layout = batch_invariant() if lone else contextlib.nullcontext()
+        with layout:
             if self.keep_hidden:
                 h = model.get_decoder()(input_ids=inp, cache=cache, use_cache=True, **kw).last_hidden_state
                 logits = model.get_output_embeddings()(h[:, -n_logits:]).float()
                 return logits.cpu(), h
             out = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=n_logits, **kw)
             return out.logits[:, -n_logits:].float().cpu(), None
+
+    def _invariant_rows(self) -> bool:
+        """Whether a pass of several rows runs on the batch-invariant layout: on the CPU in fp32 with this project's
+        attention kernel built (``compute.invariant_attention``), as the room's passes. Why: the int8 arithmetic rounds
+        each activation to an 8-bit step, so a last-bit difference between a row batched and alone (another attention
+        order) could part their texts at once; here every row gets its lone bits."""
+        from engine.decoding.compute import extension
+
+        return (self.target.device.type == "cpu" and extension._STREAM.get("attention") is not None
+                and next(self.target.model.parameters()).dtype == torch.float32)
 
     def _mask(self, new_visible: torch.Tensor, cached_valid: torch.Tensor) -> torch.Tensor:
         return model_mask(fed_visibility(new_visible, cached_valid), self.target.model)
@@ -445,7 +464,9 @@ class BatchDecoder:
         for r in rows:
             if r.proposer is not None:
                 r.proposer.reset()
-        if all(n == width for n in lens):  # no padding: the model's own causal mask, as a single prompt gets
+        if len(rows) > 1 and self._invariant_rows():  # each prompt alone: its lone bits (see _invariant_rows)
+            self._lone_prefills(lens)
+        elif all(n == width for n in lens):  # no padding: the model's own causal mask, as a single prompt gets
             logits, h = self._forward(torch.tensor([r.prompt_ids for r in rows], dtype=torch.long), None, None, 1)
             for b, r in enumerate(rows):
                 r.last_logits = logits[b, -1]
@@ -461,6 +482,21 @@ class BatchDecoder:
         self.elapsed_ms += self.prefill_ms
         self.passes.append(BatchPass(len(rows), width, sum(lens), sum(lens), self.prefill_ms, True))
         self._prefilled = True
+
+    def _lone_prefills(self, lens: list[int]) -> None:
+        """Prefill each prompt in a pass of its own on the batch-invariant layout (``_forward``: its lone bits, as a
+        single sequence's prefill) and stack their KV entries left-padded into the batch cache."""
+        from transformers import DynamicCache
+
+        per_row = []
+        for r in self.rows:
+            cache = DynamicCache()
+            logits, h = self._forward(torch.tensor([r.prompt_ids], dtype=torch.long), None, None, 1, cache=cache)
+            r.last_logits = logits[0, -1]
+            if h is not None:
+                r.hidden = h[0]
+            per_row.append([(layer.keys, layer.values) for layer in cache.layers])
+        self.cache, _ = stack_left_padded(per_row, lens)
 
     def _packed_prefill(self, lens: list[int], width: int) -> None:
         """Prefill prompts of different lengths packed end to end (see ``prefill``) and fill the batch cache."""
@@ -563,7 +599,12 @@ class BatchDecoder:
                 new_vis = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
                 mask = self._mask(new_vis, self.valid)
                 pos = torch.tensor([[r.cached_n + i for i in range(width)] for r in rows], dtype=torch.long)
-            logits, h = self._forward(inp, mask, pos, width)
+            # each row's cached keys and fed tokens, for the batch-invariant layout (``_forward``)
+            spans = ([(self.valid[s].nonzero().flatten(), w) for s, w in enumerate(widths)]
+                     if len(rows) > 1 else None)
+            if spans is not None and pos is None:
+                pos = torch.tensor([[r.cached_n + i for i in range(width)] for r in rows], dtype=torch.long)
+            logits, h = self._forward(inp, mask, pos, width, spans=spans)
         pass_ms = (time.perf_counter() - t0) * 1000
         if width > 0:
             self.passes.append(BatchPass(len(rows), width, len(rows) * width, sum(widths), pass_ms))
