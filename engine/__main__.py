@@ -23,6 +23,13 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     target = load_model("embedded", device="cpu", progress=progress)
     print(f"Compute path: {target.compute.label()} [{target.compute.cpu}, {target.compute.threads} threads]")
+    from engine.explain.machine import arithmetic_ceilings
+
+    progress("Measuring this CPU's int8 and fp32 multiply-add ceilings…", 0.96)
+    ceil = arithmetic_ceilings()
+    if ceil:
+        print(f"This CPU's arithmetic ceilings ({ceil['threads']} threads): int8 {ceil['int8']:.0f} G multiply-adds/s, "
+              f"fp32 {ceil['fp32']:.0f} G/s ({ceil['int8'] / ceil['fp32']:.1f}×)")
     curve = machine_pass_cost(target, progress=progress)
     print("Target pass cost on this machine, × one token: "
           + ", ".join(f"{n}: {curve.ratio(n):.2f}" for n in sorted(curve.ms)) + f" ({curve.source})")

@@ -417,9 +417,14 @@ def _section_arithmetic(bandwidth_gbs: float) -> None:
     from engine.explain.arithmetic_roofline import floor_ratios, ridge_tokens
     from engine.explain.measured import arithmetic_agreement
 
+    from engine.explain.machine import arithmetic_ceilings
+
     data = arithmetic_agreement()
     if data is None or not data.get("peaks"):
         return
+    here = arithmetic_ceilings() if data["own"] else None  # this CPU's own ceilings, measured once (prepare)
+    if here:
+        data = {**data, "peaks": {"int8": here["int8"], "fp32": here["fp32"]}}
     st.subheader("What arithmetic costs")
     weight_mb, params = 96.0, 134.5e6  # the embedded model's GGUF blocks as the int8 kernel reads them; its weights
     fig = go.Figure()
@@ -454,9 +459,10 @@ def _section_arithmetic(bandwidth_gbs: float) -> None:
         f"and {r['fp32'].get(8, float('nan')):.2f}×; 16 tokens {r['int8'].get(16, float('nan')):.2f}× and "
         f"{r['fp32'].get(16, float('nan')):.2f}×. The measured curves sit above the floor: attention, norms and the "
         "kernels' own efficiency.")
-    st.caption(f"Measured by `benchmarks/bench_int8.py` (`benchmarks/results/{data['file']}`); the ceilings by "
-               "register-only int8 and fp32 loops on every thread; the floor uses this machine's bandwidth "
-               "(`engine.explain.arithmetic_roofline`).")
+    ceil_src = (f"this machine's, measured {here['measured_at']}" if here else "the benchmark's")
+    st.caption(f"Measured by `benchmarks/bench_int8.py` (`benchmarks/results/{data['file']}`); the ceilings "
+               f"({ceil_src}) by register-only int8 and fp32 loops on every thread; the floor uses this machine's "
+               "bandwidth (`engine.explain.arithmetic_roofline`).")
 
 
 # tick values of the bytes chart's log axes (plotly's own ticks label every digit on a short log range)

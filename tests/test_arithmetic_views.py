@@ -59,3 +59,18 @@ def test_the_note_reads_bench_int8s_result_and_names_the_machine(tmp_path):
     assert "98.8 %" in note and "not speculation" in note
     assert "**fp32**" in arithmetic_note("fp32", None) or "fp32" in arithmetic_note("fp32", data)
     assert arithmetic_agreement(tmp_path / "missing.json") is None
+
+
+def test_the_arithmetic_ceilings_are_measured_once_and_stored(tmp_path):
+    from engine.explain.machine import arithmetic_ceilings
+
+    path = tmp_path / "peaks.json"
+    got = arithmetic_ceilings(path=path, seconds=0.05)
+    if got is None:
+        import pytest
+
+        pytest.skip("no kernel here")
+    assert got["int8"] > 0 and got["fp32"] > 0 and got["threads"] >= 1
+    again = arithmetic_ceilings(path=path, seconds=0.05)
+    assert again == got  # read back, not measured again
+    assert json.loads(path.read_text())  # stored beside the bandwidth

@@ -89,3 +89,39 @@ def stored_peaks(device: str = "cpu", remeasure: bool = False, path: Path | None
     except OSError:
         pass  # a read-only cache: the pages still share the process's copy (app.resources.machine_peaks)
     return dated
+
+
+def arithmetic_ceilings(remeasure: bool = False, path: Path | None = None, seconds: float = 0.5) -> dict | None:
+    """This CPU's int8 and fp32 multiply-add ceilings, G/s on torch's threads (the kernel's ``arithmetic_peak``:
+    register-only loops of int8 ``vpdpbusd`` and fp32 fused multiply-adds), measured once per CPU and thread count and
+    stored beside the bandwidth (``peaks_file``); ``python -m engine prepare`` measures them as it measures the
+    bandwidth. None where the kernel is not built here.
+
+    Returns:
+        {"int8": G/s, "fp32": G/s, "measured_at": "2026-12-07 20:30", "cpu": the CPU model, "threads": n}."""
+    import torch
+
+    from engine.decoding.compute import cpu_model, extension, stream_kernel
+
+    stream_kernel()
+    ops = extension._STREAM.get("int8")
+    if ops is None:
+        return None
+    path = peaks_file() if path is None else path
+    key = f"arithmetic|{cpu_model()}|{torch.get_num_threads()}"
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        data = {}
+    if not remeasure and isinstance(data.get(key), dict):
+        return data[key]
+    got = {"int8": round(ops["peak"]("int8", seconds) / 1e9, 1), "fp32": round(ops["peak"]("fp32", seconds) / 1e9, 1),
+           "measured_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu_model(),
+           "threads": torch.get_num_threads()}
+    data[key] = got
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+    except OSError:
+        pass
+    return got
