@@ -157,13 +157,14 @@ def room_line(race: Race) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- a round in Live
 RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0, "rule": "standard",
-                 "arithmetic": "fp32", "plain_arithmetic": "fp32"}
+                 "arithmetic": "fp32", "plain_arithmetic": "fp32", "length": "fixed"}
 """What a race record made before these settings were recorded raced with (the page's defaults then)."""
 
 LIVE_KEYS = {"prompt": "lv_prompt", "kind": "lv_draft", "gamma": "lv_gamma", "temperature": "lv_temp",
              "top_k": "lv_topk", "top_p": "lv_topp", "seed": "lv_seed", "max_new_tokens": "lv_max_new",
              "tree": "lv_tree", "branching": "lv_branch", "accept": "lv_accept", "early_exit_k": "lv_k",
-             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf", "rule": "lv_rule"}
+             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf", "rule": "lv_rule",
+             "length": "lv_length"}
 """The Live page's URL key of each ``app.decoders.make_decoder`` argument (the target travels as ``lv_target``; a
 preset's prompt as ``lv_preset``, a custom one as ``lv_preset=custom`` with ``lv_prompt``)."""
 
@@ -173,17 +174,19 @@ LIVE_PATH = "live"
 
 def race_settings(*, target: str, prompt: str, preset: str, draft: str, early_exit_k: int, draft_model: str,
                   gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int,
-                  rule: str = "standard", arithmetic: str = "int8", plain_arithmetic: str | None = None) -> dict:
+                  rule: str = "standard", arithmetic: str = "int8", plain_arithmetic: str | None = None,
+                  length: str | None = None) -> dict:
     """The settings a race records and builds both lanes from (``decoder_kwargs``): every one that shapes a lane's
     run, so its rounds can be rebuilt (the Live page's view of a round: ``live_link``). ``draft_label`` rides along
     for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel"). ``arithmetic``: the
     speculative lane's target arithmetic ("int8" or "fp32", ``engine.decoding.compute.arithmetic``), ``plain_arithmetic``
-    the plain lane's (default the same)."""
+    the plain lane's (default the same). ``length``: the head's draft length ("adaptive" or "fixed"; None: the
+    draft's default, recorded as ""; a record made before races recorded it raced a fixed γ)."""
     return {"target": target, "prompt": prompt, "preset": preset, "draft": draft,
             "draft_label": DRAFT_KINDS.get(draft, draft), "early_exit_k": int(early_exit_k),
             "draft_model": draft_model, "gamma": int(gamma), "tree": int(tree), "temperature": float(temperature),
             "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule), "arithmetic": str(arithmetic),
-            "plain_arithmetic": str(plain_arithmetic or arithmetic)}
+            "plain_arithmetic": str(plain_arithmetic or arithmetic), "length": str(length or "")}
 
 
 def race_target(settings: dict) -> str:
@@ -206,7 +209,9 @@ def decoder_kwargs(settings: dict) -> dict:
             "temperature": float(s["temperature"]), "top_k": 0, "top_p": 1.0, "seed": int(s["seed"]),
             "max_new_tokens": int(s["max_new_tokens"]), "tree": int(s["tree"]), "branching": TREE_BRANCH_DEFAULT,
             "accept": "exact", "early_exit_k": int(s["early_exit_k"]), "draft_model": str(s["draft_model"]),
-            "confidence_gate": 0.0, "rule": str(s["rule"])}
+            "confidence_gate": 0.0, "rule": str(s["rule"]),
+            # the head's draft length (its default adaptive), as the Live page's settings read it; other drafts: fixed
+            "length": (str(s["length"]) or "adaptive") if str(s["draft"]) == "head" and not int(s["tree"]) else "fixed"}
 
 
 def live_link(settings: dict, round_no: int) -> PageLink:
@@ -232,7 +237,7 @@ def live_link(settings: dict, round_no: int) -> PageLink:
     else:
         raise InputError(f"This race's prompt is over {PROMPT_URL_MAX} characters, too long for a link: open the "
                          "Live page and paste it there.")
-    params.update({LIVE_KEYS[k]: v for k, v in kw.items()})
+    params.update({LIVE_KEYS[k]: v for k, v in kw.items() if v is not None})
     params["lv_round"] = int(round_no)
     return PageLink(LIVE_PATH, params)
 

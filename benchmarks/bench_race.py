@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.decoders import DRAFT_KINDS, DRAFT_SHORT, draft_spec, make_decoder  # noqa: E402
+from app.race_view import decoder_kwargs, race_settings  # noqa: E402
 from benchmarks.machine import machine_line, machine_meta  # noqa: E402
 from engine.decoding.compute import cpu_model  # noqa: E402
 from engine.decoding.models import load_model  # noqa: E402
@@ -69,15 +70,17 @@ def main() -> None:
     for kind, preset, temp, seed in RACES:
         gamma = default_gamma_here(draft_spec(kind))[0]
         prompt = preset_text(preset)
-        settings = {"prompt": prompt, "preset": preset, "draft": kind, "draft_label": DRAFT_KINDS[kind],
-                    "gamma": gamma, "tree": 0, "temperature": temp, "seed": seed,
-                    "max_new_tokens": args.max_new_tokens}
+        # every setting the page records (its arithmetic and the head's draft length included), and the lanes built
+        # from them as the page builds its own (app.race_view.decoder_kwargs)
+        settings = race_settings(target="embedded", prompt=prompt, preset=preset, draft=kind, early_exit_k=8,
+                                 draft_model="", gamma=gamma, tree=0, temperature=temp, seed=seed,
+                                 max_new_tokens=args.max_new_tokens, arithmetic=target.compute.arithmetic)
+        kw = decoder_kwargs(settings)
 
         room = room_for(target)
 
         def make(baseline: bool):
-            return lambda: room.bind(make_decoder(target, prompt, kind, baseline=baseline, gamma=gamma,
-                                                  temperature=temp, seed=seed, max_new_tokens=args.max_new_tokens))
+            return lambda: room.bind(make_decoder(target, **kw, baseline=baseline))
 
         for rep in range(args.repeat):
             marks = []

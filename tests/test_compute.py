@@ -170,7 +170,7 @@ def test_label_is_short_and_names_the_path():
     formats = {"count": {"q41": 120, "q8": 1, "fp32": 0}, "read_bytes": 104_000_000, "fp32_bytes": 538_000_000}
     assert ComputePath("stream", "forced by override", "x", 1, formats=formats).label() == (
         "streaming kernel (≤ 16 rows) + oneDNN (forced by override; weights read as GGUF Q4_1 blocks (120 matrices) "
-        "and Q8_0 blocks (1 matrix), exactly: 104 MB a token instead of 538 as fp32)")
+        "and Q8_0 blocks (1 matrix) rebuilt exactly to fp32 and multiplied in fp32 (the fp32 model's own numbers): 104 MB a token instead of 538 as fp32)")
     assert ComputePath("stream", "x", "x", 1, formats={"count": {"fp32": 3}, "read_bytes": 4_000_000,
                                                        "fp32_bytes": 4_000_000}).formats_label() == (
         "weights read as fp32: 4 MB a token")
