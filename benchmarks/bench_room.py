@@ -300,8 +300,6 @@ def _head_gamma() -> int:
 
     return ADAPTIVE_GAMMA_MAX
 
-    return default_gamma_here(EMBEDDED_HEAD)[0]
-
 
 def _share(x) -> str:
     """A share as a whole percentage, or — when unknown."""
