@@ -146,13 +146,14 @@ def room_line(race: Race) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- a round in Live
-RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0, "rule": "standard"}
+RACE_DEFAULTS = {"target": EMBEDDED, "early_exit_k": 8, "draft_model": "", "tree": 0, "rule": "standard",
+                 "length": "fixed"}
 """What a race record made before these settings were recorded raced with (the page's defaults then)."""
 
 LIVE_KEYS = {"prompt": "lv_prompt", "kind": "lv_draft", "gamma": "lv_gamma", "temperature": "lv_temp",
              "top_k": "lv_topk", "top_p": "lv_topp", "seed": "lv_seed", "max_new_tokens": "lv_max_new",
              "tree": "lv_tree", "branching": "lv_branch", "accept": "lv_accept", "early_exit_k": "lv_k",
-             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf", "rule": "lv_rule"}
+             "draft_model": "lv_draft_model", "confidence_gate": "lv_conf", "rule": "lv_rule", "length": "lv_length"}
 """The Live page's URL key of each ``app.decoders.make_decoder`` argument (the target travels as ``lv_target``; a
 preset's prompt as ``lv_preset``, a custom one as ``lv_preset=custom`` with ``lv_prompt``)."""
 
@@ -162,14 +163,16 @@ LIVE_PATH = "live"
 
 def race_settings(*, target: str, prompt: str, preset: str, draft: str, early_exit_k: int, draft_model: str,
                   gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int,
-                  rule: str = "standard") -> dict:
+                  rule: str = "standard", length: str = "adaptive") -> dict:
     """The settings a race records and builds both lanes from (``decoder_kwargs``): every one that shapes a lane's
     run, so its rounds can be rebuilt (the Live page's view of a round: ``live_link``). ``draft_label`` rides along
-    for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel")."""
+    for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel"). ``length``: the head's draft
+    length ("adaptive", the default since the engine's draft-length rule, or "fixed"; a record without it raced a fixed
+    γ)."""
     return {"target": target, "prompt": prompt, "preset": preset, "draft": draft,
             "draft_label": DRAFT_KINDS.get(draft, draft), "early_exit_k": int(early_exit_k),
             "draft_model": draft_model, "gamma": int(gamma), "tree": int(tree), "temperature": float(temperature),
-            "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule)}
+            "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule), "length": str(length)}
 
 
 def race_target(settings: dict) -> str:
@@ -192,7 +195,7 @@ def decoder_kwargs(settings: dict) -> dict:
             "temperature": float(s["temperature"]), "top_k": 0, "top_p": 1.0, "seed": int(s["seed"]),
             "max_new_tokens": int(s["max_new_tokens"]), "tree": int(s["tree"]), "branching": TREE_BRANCH_DEFAULT,
             "accept": "exact", "early_exit_k": int(s["early_exit_k"]), "draft_model": str(s["draft_model"]),
-            "confidence_gate": 0.0, "rule": str(s["rule"])}
+            "confidence_gate": 0.0, "rule": str(s["rule"]), "length": str(s["length"])}
 
 
 def live_link(settings: dict, round_no: int) -> PageLink:
