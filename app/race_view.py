@@ -175,18 +175,18 @@ LIVE_PATH = "live"
 def race_settings(*, target: str, prompt: str, preset: str, draft: str, early_exit_k: int, draft_model: str,
                   gamma: int, tree: int, temperature: float, seed: int, max_new_tokens: int,
                   rule: str = "standard", arithmetic: str = "int8", plain_arithmetic: str | None = None,
-                  length: str | None = None) -> dict:
+                  length: str = "adaptive") -> dict:
     """The settings a race records and builds both lanes from (``decoder_kwargs``): every one that shapes a lane's
     run, so its rounds can be rebuilt (the Live page's view of a round: ``live_link``). ``draft_label`` rides along
     for people reading the record. ``rule``: the sampling rule ("standard" or "gumbel"). ``arithmetic``: the
     speculative lane's target arithmetic ("int8" or "fp32", ``engine.decoding.compute.arithmetic``), ``plain_arithmetic``
-    the plain lane's (default the same). ``length``: the head's draft length ("adaptive" or "fixed"; None: the
-    draft's default, recorded as ""; a record made before races recorded it raced a fixed γ)."""
+    the plain lane's (default the same). ``length``: the head's draft length ("adaptive", the default since the
+    engine's draft-length rule, or "fixed"; a record without it raced a fixed γ)."""
     return {"target": target, "prompt": prompt, "preset": preset, "draft": draft,
             "draft_label": DRAFT_KINDS.get(draft, draft), "early_exit_k": int(early_exit_k),
             "draft_model": draft_model, "gamma": int(gamma), "tree": int(tree), "temperature": float(temperature),
             "seed": int(seed), "max_new_tokens": int(max_new_tokens), "rule": str(rule), "arithmetic": str(arithmetic),
-            "plain_arithmetic": str(plain_arithmetic or arithmetic), "length": str(length or "")}
+            "plain_arithmetic": str(plain_arithmetic or arithmetic), "length": str(length)}
 
 
 def race_target(settings: dict) -> str:

@@ -250,7 +250,6 @@ def engine_room(k: int, max_new: int, no_draft_above: str = "") -> dict:
     import threading
 
     from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, load_model
-    from engine.explain.analytic import default_gamma_here
     from engine.decoding.drafts import make_proposer
     from engine.decoding.sampling import SamplingConfig
     from engine.decoding.scheduler import Room
@@ -263,7 +262,7 @@ def engine_room(k: int, max_new: int, no_draft_above: str = "") -> dict:
     try:
         decs = _in_thread(lambda: [
             SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids,
-                               gamma=default_gamma_here(EMBEDDED_HEAD)[0],
+                               gamma=_head_gamma(),
                                sampling=SamplingConfig(temperature=0.0 if i % 2 == 0 else 0.8), seed=i,
                                max_new_tokens=max_new) for i in range(k)])
         # the prefills first, as the pages are prefilled before their Run is pressed; the clock starts after them
@@ -295,11 +294,11 @@ def engine_room(k: int, max_new: int, no_draft_above: str = "") -> dict:
 
 
 def _head_gamma() -> int:
-    """The head's γ the page picks on this machine (``default_gamma_here``)."""
-    from engine.decoding.models import EMBEDDED_HEAD
-    from engine.explain.analytic import default_gamma_here
+    """The head's γ the Live page picks: with its default adaptive length, the cap (``ADAPTIVE_GAMMA_MAX``; each round
+    drafts 0 to γ, ``engine.decoding.draft_length``)."""
+    from engine.decoding.draft_length import ADAPTIVE_GAMMA_MAX
 
-    return default_gamma_here(EMBEDDED_HEAD)[0]
+    return ADAPTIVE_GAMMA_MAX
 
 
 def _share(x) -> str:

@@ -246,6 +246,31 @@ def test_combined_draft_uses_lookup_where_the_context_repeats(tiny):
         CombinedProposer(make_proposer(str(tiny["head_dir"]), target), PromptLookupProposer(32))
 
 
+def test_combined_drafts_choose_as_alone_when_batched(tiny):
+    """The room drafts rows of combined drafts together: each row picks its drafter and length as alone."""
+    target = tiny["target"]
+    from engine.decoding.speculative import SpeculativeDecoder
+
+    def comb():
+        head = adaptive_head(tiny)
+        head.length_rule.rate_prior = 0.3  # so that a lookup match wins its round
+        return CombinedProposer(head, PromptLookupProposer(32, stop_ids=target.eos_token_ids))
+
+    prompts = [[5, 6, 7, 8, 9, 10] * 3 + [5, 6], PROMPTS[1]]
+    decs = [SpeculativeDecoder(target, comb(), ids, gamma=4, max_new_tokens=16, stop_on_eos=False) for ids in prompts]
+    alone = [SpeculativeDecoder(target, comb(), ids, gamma=4, max_new_tokens=16, stop_on_eos=False) for ids in prompts]
+    for d in decs + alone:
+        d.prefill()
+    cfg = SamplingConfig()
+    props = CombinedProposer.propose_many([(d.proposer, d.seq, 4, cfg, d.generator) for d in decs])
+    for a, prop in zip(alone, props):
+        want = a.proposer.propose(a.seq, 4, cfg, a.generator)
+        assert prop.tokens == want.tokens and prop.choice.source == want.choice.source
+        assert prop.choice.k == want.choice.k
+    assert {p.choice.source for p in props} == {LOOKUP, HEAD}  # one row each
+    assert decs[0].proposer.batch_key() == decs[1].proposer.batch_key()
+
+
 def test_make_proposer_length_policies(tiny):
     assert default_length(EMBEDDED_HEAD) == "adaptive" and default_length(EMBEDDED_AUTO) == "adaptive"
     assert default_length("ngram") == "fixed"

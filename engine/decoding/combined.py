@@ -83,13 +83,14 @@ class CombinedProposer(Proposer):
         k_l, s_l = self.lookup_rule.plan_flat(a_l, k_max)
         return {HEAD: (k_h, s_h, a_h), LOOKUP: (k_l, s_l, a_l)}
 
-    def propose(self, seq: list[int], k: int, cfg: SamplingConfig, generator: torch.Generator) -> Proposal:
+    def _lookup_round(self, seq: list[int], k: int) -> tuple[Proposal | None, dict[str, float]]:
+        """Steps 1–3 of the module docstring up to the choice: prompt lookup's proposal when it wins the round
+        (else None: the head drafts), and the expected speedups compared."""
         cont = self.lookup.lookup(seq, k) if k > 0 else []
         est = self.expected(k)
         alternatives = {HEAD: round(est[HEAD][1], 4)}
         if cont:
-            a_l = est[LOOKUP][2]
-            k_l, s_l = self.lookup_rule.plan_flat(a_l, len(cont))
+            k_l, s_l = self.lookup_rule.plan_flat(est[LOOKUP][2], len(cont))
             alternatives[LOOKUP] = round(s_l, 4)
             if k_l > 0 and s_l >= est[HEAD][1]:
                 tokens = cont[:k_l]
@@ -102,9 +103,44 @@ class CombinedProposer(Proposer):
                 q = torch.zeros(len(tokens), self.lookup.target_vocab)
                 q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
                 self.last_source = LOOKUP
-                return Proposal(tokens, q, point_mass=True, choice=choice)
+                return Proposal(tokens, q, point_mass=True, choice=choice), alternatives
+        self.last_source = HEAD
+        return None, alternatives
+
+    def propose(self, seq: list[int], k: int, cfg: SamplingConfig, generator: torch.Generator) -> Proposal:
+        prop, alternatives = self._lookup_round(seq, k)
+        if prop is not None:
+            return prop
         prop = self.head.propose(seq, k, cfg, generator)
         if prop.choice is not None:
             prop.choice.alternatives = alternatives
-        self.last_source = HEAD
         return prop
+
+    def batch_key(self):
+        """Rows of combined drafts sharing one head draft together (``propose_many``)."""
+        return ("combined", id(self.head.head))
+
+    @staticmethod
+    def propose_many(jobs: list[tuple["CombinedProposer", list[int], int, SamplingConfig, torch.Generator]]
+                     ) -> list[Proposal]:
+        """``propose`` of several sequences (a room's pass, ``engine.decoding.scheduler``): each row chooses its
+        drafter as alone; the rows the head drafts for draft together (``FeatureHeadProposer.propose_many``: each
+        row's tokens, q and length choice are the ones it gets alone where the batch-invariant kernel runs).
+
+        Raises:
+            ValueError: rows whose heads differ (``FeatureHeadProposer.propose_many``).
+        """
+        out: list[Proposal | None] = [None] * len(jobs)
+        head_rows: list[tuple[int, dict]] = []
+        for i, (p, seq, k, cfg, g) in enumerate(jobs):
+            prop, alternatives = p._lookup_round(seq, k)
+            if prop is not None:
+                out[i] = prop
+            else:
+                head_rows.append((i, alternatives))
+        props = FeatureHeadProposer.propose_many([(jobs[i][0].head, *jobs[i][1:]) for i, _ in head_rows])
+        for (i, alternatives), prop in zip(head_rows, props):
+            if prop.choice is not None:
+                prop.choice.alternatives = alternatives
+            out[i] = prop
+        return out

@@ -112,19 +112,21 @@ def run_all(readers: list[Reader], timeout_s: float = 600.0, poll_s: float = 1.0
 
 def alone_texts(readers: list[Reader]) -> list[str]:
     """Each reader's settings decoded alone by the engine, as the Live page builds them (the default draft: the
-    trained head, its γ on this machine (``default_gamma_here``, as the page picks it), the chat preset, top-k 0, top-p 1): the tokens' texts, as the page shows them."""
+    trained head with its adaptive draft length, γ its cap ``ADAPTIVE_GAMMA_MAX``, as the page picks it; the chat
+    preset, top-k 0, top-p 1): the tokens' texts, as the page shows them. (A sampled reader's text depends on the
+    cap: the rounds' lengths decide which draws are made.)"""
     from engine.decoding.models import EMBEDDED, EMBEDDED_HEAD, load_model
     from engine.decoding.drafts import make_proposer
     from engine.decoding.sampling import SamplingConfig
     from engine.decoding.speculative import SpeculativeDecoder, encode_prompt
-    from engine.explain.analytic import default_gamma_here
+    from engine.decoding.draft_length import ADAPTIVE_GAMMA_MAX
     from engine.explain.presets import preset_text
 
     target = load_model(EMBEDDED)
     ids = encode_prompt(target.tokenizer, preset_text("chat"))
     out = []
     for r in readers:
-        dec = SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=default_gamma_here(EMBEDDED_HEAD)[0],
+        dec = SpeculativeDecoder(target, make_proposer(EMBEDDED_HEAD, target), ids, gamma=ADAPTIVE_GAMMA_MAX,
                                  sampling=SamplingConfig(temperature=r.temperature, top_k=0, top_p=1.0,
                                                          rule=r.rule), seed=r.seed,
                                  max_new_tokens=r.max_new)
