@@ -187,3 +187,47 @@ def test_arithmetic_setting_names_its_values_on_error(monkeypatch):
     with pytest.raises(InputError):
         with arithmetic_scope("bf16"):
             pass
+
+
+AVX2_WRAP = """#include "{src}"
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ register_int8(m); }}
+"""
+
+
+@needs_int8
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["-mavx2", "-mfma", "-mf16c"], ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"]],
+                         ids=["avx2", "avx2-vnni"])
+def test_an_avx2_build_gives_the_same_bits(flags, tmp_path):
+    """The int8 products built for a CPU without AVX-512 (AVX2, with and without AVX-VNNI; built here from the same
+    source when the compiler can target them) give the scalar reference's bits, so the tests mean the same there."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    src = Path(compute.extension.INT8_SOURCE)
+    key = hashlib.sha1((src.read_text() + " ".join(flags) + torch.__version__).encode()).hexdigest()[:10]
+    name = f"speedup_lab_int8_{flags[-1].strip('-m').replace('-', '_')}_{key}"
+    folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    wrap = folder / "wrap.cpp"
+    wrap.write_text(AVX2_WRAP.format(src=src))
+    try:
+        mod = cpp_extension.load(name=name, sources=[str(wrap)], extra_cflags=["-O3", *flags],
+                                 extra_include_paths=[str(src.parent)], build_directory=str(folder), verbose=False)
+    except Exception as e:  # noqa: BLE001 - a compiler that cannot target these flags
+        pytest.skip(f"cannot build for {' '.join(flags)} here: {str(e).splitlines()[0][:200]}")
+    assert mod.int8_impl() in ("avx2", "avx2-vnni")
+    gen = torch.Generator().manual_seed(9)
+    codes, scales, mins = _q41(40, 576, gen)
+    values, s8 = _q8(24, 576, gen)
+    p41, p8 = mod.int8_pack_q41(codes, scales, mins), mod.int8_pack_q8(values, s8)
+    bias = torch.randn(40, generator=gen)
+    for m in (1, 3, 8, 13):
+        x = torch.randn(m, 576, generator=gen)
+        assert torch.equal(mod.small_linear_q41x8(x, *p41, bias), INT8["reference_q41"](x, codes, scales, mins, bias))
+        assert torch.equal(mod.small_linear_q8x8(x, *p8, None), INT8["reference_q8"](x, values, s8, None))
+        # and this build's own products (AVX-512 here): the same bits on either instruction set
+        assert torch.equal(mod.small_linear_q41x8(x, *p41, bias), INT8["q41x8"](x, *INT8["pack_q41"](codes, scales, mins), bias))
