@@ -194,11 +194,13 @@ def main() -> int:
     if ratios:
         lines += ["", "Plain decoding, decode alone (prefill excluded), ours ÷ llama.cpp per prompt: "
                   + ", ".join(f"{x:.2f}×" for x in ratios) + f" (median {statistics.median(ratios):.2f}×)."]
+    ours_how = ("the same 4-bit blocks by activations rounded to 8-bit blocks too (its int8 arithmetic), summed "
+                "in another order" if "int8 activations" in str(meta.get("ours_model", ""))
+                else "the blocks' exact fp32 values by fp32 activations")
     lines += ["", "Speculative ÷ plain on the same engine is the like-for-like ratio; llama.cpp ÷ ours also "
               "measures C++ against per-layer Python and the two engines' arithmetic. Their outputs differ after a "
               "few tokens: llama.cpp multiplies the 4-bit blocks by activations rounded to 8-bit blocks, this "
-              "engine the blocks' exact fp32 values by fp32 activations; `first_tokens_equal_llamacpp_plain` in "
-              "the JSON says after how many."]
+              f"engine {ours_how}; `first_tokens_equal_llamacpp_plain` in the JSON says after how many."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
