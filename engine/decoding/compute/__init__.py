@@ -40,6 +40,10 @@ does) keeps no fp32 copy of a weight read from an exact compact form (``dense.re
 kernel at every row count, and its values are rebuilt exactly where something asks for them (the state dict, another
 path).
 
+The arithmetic (``formats.arithmetic``, ``SPEEDUP_LAB_ARITHMETIC``): on "int8", the default, the GGUF block forms
+(Q4_1, Q8_0) are repacked for ``int8_product.cpp``, whose products quantize each row's activations to int8 per block of
+32 as llama.cpp does (a lossy path, batch-invariant by construction); on "fp32" they are read exactly as above.
+
 On both fast paths the siblings q/k/v and gate/up run as one product each (``_fuse_siblings``), every weight still
 read from a memory-mapped checkpoint is copied into the process's own memory so the mapping can go (``_own_memory``),
 and transformers' Llama decoder layers run one lean forward (``_lean_forward``: the same operations, bit-identical logits, without
@@ -66,7 +70,8 @@ Modules, each importing only those above it:
 - ``onednn``: oneDNN's ops, fp32 pinned, weights packed for big products (``_packed``, ``PACK_MIN_ROWS``).
 - ``memory``: weights still mapped from a checkpoint copied into own memory (``_own_memory``).
 - ``invariant``: batch-invariant decode passes (``batch_invariant``, ``invariant_attention``).
-- ``formats``: exact compact weights (``compact_weight``, ``CompactWeight``, ``weight_format``).
+- ``formats``: compact weights (``compact_weight``, ``CompactWeight``, ``weight_format``) and the arithmetic
+  (``arithmetic``, ``arithmetic_scope``, ``INT8_KINDS``).
 - ``products``: the active path's product (``linear``, ``OneDNNLinear``, ``prepare_weight``).
 - ``fusion``: sibling linears as one product (``FusedLeadLinear``, ``FusedFollowerLinear``).
 - ``lean``: the lean decoder layers (``_lean_forward``, ``lean_layer_count``); in a batch-invariant decode pass on the
