@@ -37,11 +37,12 @@ def test_live_step_round(page, app_url):
     assert "accepted draft token" in body and "target correction" in body  # the legend
     wait_url(page, "lv_draft=ngram", "lv_gamma=4")        # settings in the URL
     # the sidebar names the compute path; on the stream path with AVX-512 the weights' formats (the embedded
-    # model's GGUF blocks, read exactly) and the bytes a token reads
+    # model's GGUF blocks, in the process's arithmetic) and the bytes a token reads, and the arithmetic's note
     path = re.search(r"the compute path\): ([^(]+)", body)
     assert path, "the compute path is not shown beside the model"
     if path.group(1).startswith("streaming kernel") and "avx512f" in open("/proc/cpuinfo").read():
-        assert re.search(r"weights read as GGUF Q4_1 blocks \(\d+ matrices\).*exactly: \d+ MB a token", body)
+        assert re.search(r"weights read as GGUF Q4_1 blocks \(\d+ matrices\).*: \d+ MB a token", body)
+        assert re.search(r"Arithmetic: (int8|fp32)", body)
     assert not page.locator('[data-testid="stException"]').count()
     assert screenshot(page, "live").stat().st_size > 20_000
 
