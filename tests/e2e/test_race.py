@@ -90,7 +90,8 @@ def test_presenter_race_fits_a_projector_and_the_join_card_a_phone(page, app_url
     page.screenshot(path=str(screenshot(page, "race_presenter_1280x720")), full_page=False)
     # the join card: the app's address and its QR code, at a phone's size
     page.set_viewport_size({"width": 390, "height": 844})
-    page.get_by_role("button", name=re.compile("Join card")).click()
+    # the page's own button (every page's sidebar has one too)
+    page.get_by_test_id("stMainBlockContainer").get_by_role("button", name=re.compile("Join card")).click()
     dialog = page.locator('[role="dialog"]')
     dialog.wait_for(timeout=30_000)
     dialog.locator("img").first.wait_for(timeout=30_000)
