@@ -115,6 +115,31 @@ class SpeedupAB:
             first_difference=_first_difference(spec_ids, self.base_ids))
 
 
+SPREAD_WARN = SpeedupAB.SPREAD_WARN
+"""Timed runs of one kind further apart than this (slowest ÷ fastest ms per token): the machine was busy."""
+ABOVE_ROUNDS = 1.02
+"""A measured speedup above the run's tokens per round × this is noise (a round costs at least a plain step)."""
+
+
+def unsure_reasons(speedup_x: float | None, tokens_per_round: float | None, spread: float | None) -> list[str]:
+    """Why a measured speedup is unsure (empty: it is not), in words a page puts after "Unsure: ".
+
+    Args:
+        speedup_x: the measured speedup (None: none measured, nothing to doubt).
+        tokens_per_round: the run's new tokens ÷ rounds (None: unknown).
+        spread: slowest ÷ fastest timed run of one kind, the larger of the two kinds (None: unknown).
+    """
+    if speedup_x is None:
+        return []
+    why = []
+    if spread is not None and spread > SPREAD_WARN:
+        why.append(f"the timed runs of one kind differed by up to {spread:.1f}×")
+    if tokens_per_round and speedup_x > tokens_per_round * ABOVE_ROUNDS:
+        why.append(f"it is above the {tokens_per_round:.2f} tokens a round gave, which bounds it (a round costs at "
+                   "least a plain step)")
+    return why
+
+
 def measure_speedup_ab(make_spec, make_base, reps: int = 2, on_progress=None) -> SpeedupAB:
     """Time speculative against plain decoding: ``reps`` runs of each, alternating A B B A A B …, each run
     to its end with nothing drawn between rounds (a page that redraws while a run computes slows the run
@@ -167,7 +192,6 @@ def measured_run(stats: RunStats, gamma: int, measured_speedup: float | None,
     ``SpeedupAB.spread``) and the run's tokens per round decide whether the measured speedup is unsure
     (``engine.explain.why.unsure_reasons``): the record's ``unsure`` lists why (empty: it is not), so every page
     that reads the run says so beside its numbers."""
-    from engine.explain.why import unsure_reasons
 
     if stats.acceptance_rate is None or stats.draft_cost_ratio is None:
         return None

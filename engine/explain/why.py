@@ -29,36 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.decoding.measure import SpeedupAB
+from engine.decoding.measure import ABOVE_ROUNDS, SPREAD_WARN, unsure_reasons  # noqa: F401 - the pages read them here
 from engine.explain.analytic import GAMMA_MAX, expected_tokens_per_pass, speedup, verify_cost_ratio
 from engine.explain.teaching import PageLink
 
-SPREAD_WARN = SpeedupAB.SPREAD_WARN
-"""Timed runs of one kind further apart than this (slowest ÷ fastest ms per token): the machine was busy."""
-ABOVE_ROUNDS = 1.02
-"""A measured speedup above the run's tokens per round × this is noise (a round costs at least a plain step)."""
 PAYS = 1.15
 """Below this measured speedup the pages offer a case that pays on this machine (:func:`paying_case`)."""
 CONDITIONS = ("acceptance", "verify", "draft")
-
-
-def unsure_reasons(speedup_x: float | None, tokens_per_round: float | None, spread: float | None) -> list[str]:
-    """Why a measured speedup is unsure (empty: it is not), in words a page puts after "Unsure: ".
-
-    Args:
-        speedup_x: the measured speedup (None: none measured, nothing to doubt).
-        tokens_per_round: the run's new tokens ÷ rounds (None: unknown).
-        spread: slowest ÷ fastest timed run of one kind, the larger of the two kinds (None: unknown).
-    """
-    if speedup_x is None:
-        return []
-    why = []
-    if spread is not None and spread > SPREAD_WARN:
-        why.append(f"the timed runs of one kind differed by up to {spread:.1f}×")
-    if tokens_per_round and speedup_x > tokens_per_round * ABOVE_ROUNDS:
-        why.append(f"it is above the {tokens_per_round:.2f} tokens a round gave, which bounds it (a round costs at "
-                   "least a plain step)")
-    return why
 
 
 @dataclass
