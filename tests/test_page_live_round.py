@@ -161,6 +161,14 @@ def test_the_recorded_races_link_rebuilds_its_rounds_on_the_embedded_model():
     """The shipped race (the draft head, greedy): Live opened at its last round shows the lane's rounds and text."""
     race = load_race(RECORDED)
     n = len(race.spec.rounds)
+    # the process's product path is the last one applied (another test's model may have set its own): give the
+    # embedded target its own back, so its products run the arithmetic the race recorded (int8 rounds differently)
+    from app.race_view import RACE_DEFAULTS
+    from app.resources import get_model
+    from engine.decoding import compute
+
+    target = get_model("embedded", arithmetic={**RACE_DEFAULTS, **race.settings}["arithmetic"])
+    compute.use_path(target.model, target.compute, release=True)
     live = _live(_query(live_link(race.settings, n).url()))
     dec = live.session_state["lv_dec"]
     assert len(dec.rounds) == n and dec.finished
